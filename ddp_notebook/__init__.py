@@ -1,0 +1,36 @@
+"""ddp_notebook: PyTorch DistributedDataParallel from a notebook, with every worker in view.
+
+>>> import ddp_notebook
+>>> def train(ctx):
+...     return f"rank {ctx.rank} of {ctx.world_size} on {ctx.device_name}"
+>>> ddp_notebook.launch(train, devices="cpu:0,cpu:1").wait()
+'rank 0 of 2 on cpu:0'
+"""
+from .context import WorkerContext
+from .devices import Device, parse_devices
+from .errors import (
+    DDPNotebookError,
+    DeviceSpecError,
+    InvalidDevicesError,
+    NoResultError,
+    NotPicklableError,
+    RunStoppedError,
+    WaitTimeoutError,
+    WorkerFailedError,
+)
+from .failures import WorkerFailure
+from .launcher import default_devices, last_run, launch
+from .probes import Probe, StaticProbe
+from .run import Run
+from .state import RunState, RunStatus, WorkerState, WorkerStatus
+from .validation import Finding, ValidationReport, validate_devices
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "launch", "Run", "WorkerContext", "last_run", "default_devices",
+    "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
+    "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
+    "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
+    "WorkerFailedError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
+]

@@ -1,0 +1,160 @@
+"""The worker process: ``python -m ddp_notebook._worker`` (started by the supervisor only).
+
+It reports to the supervisor over an inherited pipe (never a socket), watches a second pipe
+as its lifeline (EOF = the notebook is gone: exit at once), sets up the process group from a
+file rendezvous, runs the function, and leaves with ``os._exit`` once the supervisor has its
+result, so interpreter teardown can neither hang nor turn a success into a failure.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+from .wire import encode, write_all
+
+CONFIG_ENV = "DDP_NOTEBOOK_WORKER"
+EXIT_FAILED = 1
+EXIT_ORPHANED = 75  # the supervisor went away
+
+
+class _Channel:
+    """Thread-safe frame writer to the supervisor; a broken pipe means the notebook is gone."""
+
+    def __init__(self, fd: int, rank: int) -> None:
+        self.fd = fd
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, event: dict, blob: Optional[bytes] = None) -> None:
+        event.setdefault("rank", self.rank)
+        event.setdefault("time", time.time())
+        data = encode(event, blob)
+        with self._lock:
+            try:
+                write_all(self.fd, data)
+            except OSError:
+                os._exit(EXIT_ORPHANED)
+
+
+def _watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(EXIT_ORPHANED)
+        if b"s" in data:
+            stop.set()
+        if b"x" in data:
+            release.set()
+            return
+
+
+def _error_event(exc: BaseException, phase: str) -> dict:
+    tb = traceback.TracebackException.from_exception(exc)
+    frames = [{"file": f.filename, "line": f.lineno, "name": f.name} for f in tb.stack]
+    return {
+        "kind": "error",
+        "phase": phase,
+        "exc_type": type(exc).__qualname__,
+        "exc_module": type(exc).__module__,
+        "message": str(exc),
+        "traceback": "".join(tb.format()),
+        "frames": frames,
+    }
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def main() -> None:
+    cfg: dict[str, Any] = json.loads(os.environ.pop(CONFIG_ENV))
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    channel = _Channel(cfg["event_fd"], rank)
+    stop, release = threading.Event(), threading.Event()
+    threading.Thread(target=_watch_lifeline, args=(cfg["control_fd"], stop, release),
+                     name="ddp-lifeline", daemon=True).start()
+    # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    # SIGUSR1 dumps every thread's stack into a file: the stall watchdog reads it.
+    stack_file = open(cfg["stack_file"], "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    channel.send({"kind": "started", "pid": os.getpid(), "main_thread": threading.get_ident()})
+
+    phase = "startup"
+    try:
+        for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank,
+                           "LOCAL_WORLD_SIZE": world_size}.items():
+            os.environ[key] = str(value)
+        for p in reversed(cfg.get("sys_path", [])):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        import cloudpickle
+        import torch
+        import torch.distributed as dist
+
+        if cfg.get("threads"):
+            torch.set_num_threads(int(cfg["threads"]))
+
+        phase = "unpickle"
+        with open(cfg["payload"], "rb") as f:
+            payload = cloudpickle.load(f)
+        # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
+        linecache.cache.update(payload.get("sources", {}))
+        fn, args, kwargs = payload["fn"], payload["args"], payload["kwargs"]
+
+        phase = "init"
+        kind, index = cfg["device"].split(":")
+        if kind == "cuda":
+            torch.cuda.set_device(int(index))
+            device = torch.device("cuda", int(index))
+        else:
+            device = torch.device("cpu")
+        import datetime
+
+        dist.init_process_group(
+            backend=cfg["backend"], init_method="file://" + cfg["init_file"], rank=rank,
+            world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
+            **({"device_id": device} if kind == "cuda" else {}),
+        )
+
+        from .context import WorkerContext
+
+        ctx = WorkerContext(
+            rank=rank, world_size=world_size, device=device, device_name=cfg["device"],
+            backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=channel.send,
+            stop_event=stop, progress_interval=cfg.get("progress_interval", 0.1),
+        )
+        channel.send({"kind": "ready"})
+        phase = "run"
+        result = fn(ctx, *args, **kwargs)
+        ctx.flush()
+        phase = "result"
+        blob = cloudpickle.dumps(result) if rank == 0 else None
+        channel.send({"kind": "done"}, blob)
+    except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
+        channel.send(_error_event(exc, phase))
+        _flush_std()
+        os._exit(EXIT_FAILED)
+    # Stay until every rank is done: a rank leaving early could cut a peer's last collective.
+    release.wait()
+    _flush_std()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

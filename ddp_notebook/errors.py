@@ -1,0 +1,88 @@
+"""The package's exception tree: every error a user can see derives from DDPNotebookError.
+
+Nothing here imports torch or IPython, so the errors can be raised from the pure core.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .failures import WorkerFailure
+    from .validation import ValidationReport
+
+__all__ = [
+    "DDPNotebookError",
+    "DeviceSpecError",
+    "InvalidDevicesError",
+    "NotPicklableError",
+    "WorkerFailedError",
+    "RunStoppedError",
+    "WaitTimeoutError",
+    "NoResultError",
+]
+
+
+class DDPNotebookError(Exception):
+    """Base class of every error raised by ddp_notebook."""
+
+
+class DeviceSpecError(DDPNotebookError, ValueError):
+    """A device list could not be read (bad syntax, unknown device kind, bad index)."""
+
+
+class InvalidDevicesError(DDPNotebookError, ValueError):
+    """A device list failed validation; nothing was started.
+
+    ``report`` holds every finding (errors and warnings)."""
+
+    def __init__(self, report: "ValidationReport") -> None:
+        self.report = report
+        super().__init__(report.summary())
+
+
+class NotPicklableError(DDPNotebookError, TypeError):
+    """The function, an argument or a keyword argument cannot be sent to the workers."""
+
+    def __init__(self, what: str, obj_type: str, reason: str) -> None:
+        self.what = what
+        self.obj_type = obj_type
+        self.reason = reason
+        super().__init__(
+            f"{what} (a {obj_type}) cannot be sent to the worker processes: {reason}. "
+            "Pass something picklable instead, or create the object inside the function."
+        )
+
+
+class WorkerFailedError(DDPNotebookError, RuntimeError):
+    """A worker of a run failed; the message names the worker that caused it.
+
+    ``rank``, ``device`` and ``failure`` describe the root cause; ``failures`` lists every
+    failure of the run (knock-on failures of peers marked ``consequence=True``).
+    """
+
+    def __init__(self, failure: "WorkerFailure", failures: Sequence["WorkerFailure"], run_dir: str | None = None) -> None:
+        self.failure = failure
+        self.failures = tuple(failures)
+        self.rank = failure.rank
+        self.device = failure.device
+        self.run_dir = run_dir
+        super().__init__(failure.headline())
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing the supervisor's stack: users need the
+        # worker's traceback, which is where their bug is.
+        from .failures import render_failure_report
+
+        return render_failure_report(self.failure, self.failures).rstrip("\n").split("\n")
+
+
+class RunStoppedError(DDPNotebookError):
+    """The run was stopped before the main worker returned a result."""
+
+
+class WaitTimeoutError(DDPNotebookError, TimeoutError):
+    """``Run.wait(timeout=...)`` returned before the run finished; the run goes on."""
+
+
+class NoResultError(DDPNotebookError):
+    """``Run.result()`` was called before the run finished."""

@@ -1,0 +1,126 @@
+"""Failures as data: one ``WorkerFailure`` per failed worker, rendered in one place.
+
+Pure Python; the supervisor builds these, the exception and every front end render them.
+"""
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
+
+__all__ = ["WorkerFailure", "FailureKind", "worker_name", "render_failure_report", "signal_name"]
+
+
+class FailureKind:
+    """How a worker failed (the values of ``WorkerFailure.kind``)."""
+
+    EXCEPTION = "exception"  # the function raised
+    UNPICKLE = "unpickle"  # the function or its arguments could not be loaded in the worker
+    INIT = "init"  # device or process-group set-up raised
+    RESULT = "result"  # the return value could not be sent back
+    SIGNAL = "signal"  # killed by a signal without reporting (SIGKILL, SIGSEGV, ...)
+    EXIT = "exit"  # exited with a code without reporting (os._exit, sys.exit in C code, ...)
+    STALL = "stall"  # made no progress while its peers waited for it
+
+
+def worker_name(rank: int) -> str:
+    """``main worker`` for rank 0, ``worker N`` otherwise (burn's words)."""
+    return "main worker" if rank == 0 else f"worker {rank}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass
+class WorkerFailure:
+    """Everything known about one failed worker.
+
+    ``consequence`` is True for a failure that followed the root cause (for instance a gloo
+    "Connection reset by peer" in a peer of the worker that died).
+    """
+
+    rank: int
+    device: str
+    kind: str
+    time: float
+    pid: Optional[int] = None
+    phase: str = "run"  # startup, init, run, result
+    exc_type: Optional[str] = None
+    message: str = ""
+    traceback: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    consequence: bool = False
+    stalled_for: Optional[float] = None
+    last_step: Optional[int] = None
+    stderr_tail: list[str] = field(default_factory=list)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def summary(self) -> str:
+        """What went wrong, in one line (the part after "failed: ")."""
+        exc = f"{self.exc_type}: {self.message}" if self.message else (self.exc_type or "")
+        if self.kind == FailureKind.EXCEPTION:
+            return exc
+        if self.kind == FailureKind.UNPICKLE:
+            return f"the function or its arguments could not be unpickled in the worker: {exc}"
+        if self.kind == FailureKind.INIT:
+            return f"setting up the device or process group failed: {exc}"
+        if self.kind == FailureKind.RESULT:
+            return f"the return value could not be sent back to the notebook: {exc}"
+        when = " during start-up, before running the function" if self.phase == "startup" else ""
+        if self.kind == FailureKind.SIGNAL:
+            sig = self.signal or "an unknown signal"
+            if sig == "SIGKILL":
+                return (f"killed by signal SIGKILL{when} (often the out-of-memory killer: "
+                        "check the memory use of the data, model and batch size)")
+            if sig == "SIGSEGV":
+                return f"crashed with a segmentation fault (SIGSEGV){when}"
+            return f"killed by signal {sig}{when}"
+        if self.kind == FailureKind.EXIT:
+            return f"exited with code {self.exit_code}{when or ' before reporting a result'}"
+        if self.kind == FailureKind.STALL:
+            step = f" (last step {self.last_step})" if self.last_step is not None else ""
+            return (f"stalled: no progress for {self.stalled_for:.1f} s{step} while the other "
+                    "workers waited for it")
+        return exc or self.kind
+
+    def headline(self) -> str:
+        """``Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom``"""
+        return f"Distributed data parallel {worker_name(self.rank)} ({self.device}) failed: {self.summary()}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WorkerFailure":
+        return cls(**data)
+
+
+def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure], stderr_lines: int = 15) -> str:
+    """The full text shown for a failed run: the root cause's traceback, its stderr tail,
+    the knock-on failures, and the one-line headline last (where eyes land)."""
+    name = f"{worker_name(root.rank)} ({root.device})"
+    parts: list[str] = []
+    if root.traceback:
+        parts.append(f"Traceback from {name}, pid {root.pid}:")
+        parts.append(root.traceback.rstrip("\n"))
+    tail = [line for line in root.stderr_tail if line.strip()][-stderr_lines:]
+    if tail and root.kind not in (FailureKind.EXCEPTION,):
+        parts.append(f"Last lines of the stderr of {name}:")
+        parts.extend("  " + line for line in tail)
+    others = [f for f in failures if f is not root]
+    if others:
+        parts.append("")
+        for f in others:
+            how = "as a consequence" if f.consequence else "as well"
+            parts.append(f"Also: {worker_name(f.rank)} ({f.device}) failed {how}: {f.summary()}")
+    parts.append("")
+    parts.append(f"WorkerFailedError: {root.headline()}")
+    return "\n".join(parts) + "\n"

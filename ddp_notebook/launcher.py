@@ -1,0 +1,120 @@
+"""``launch``: validate the devices, pack the function, start the workers, return a ``Run``."""
+from __future__ import annotations
+
+import linecache
+from typing import Any, Callable, Optional
+
+from .devices import DeviceSpec
+from .errors import InvalidDevicesError, NotPicklableError
+from .probes import Probe, default_probe
+from .run import LaunchOptions, Run
+from .validation import validate_devices
+
+__all__ = ["launch", "default_devices", "last_run"]
+
+_last_run: Optional[Run] = None
+
+
+def default_devices(probe: Optional[Probe] = None) -> str:
+    """Every visible GPU, or two CPU workers on a machine without one."""
+    probe = probe or default_probe()
+    return "cuda" if probe.cuda_count() > 0 else "cpu*2"
+
+
+def last_run() -> Optional[Run]:
+    """The most recently launched run of this process (or None)."""
+    return _last_run
+
+
+def _describe(obj: Any) -> str:
+    return type(obj).__module__ + "." + type(obj).__qualname__ if type(obj).__module__ != "builtins" \
+        else type(obj).__qualname__
+
+
+def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    """cloudpickle the call, so functions defined in notebook cells travel by value.
+
+    On failure, find the piece that cannot be pickled and say which one it is."""
+    import cloudpickle
+
+    # Cell sources are only in this process's linecache: ship them so tracebacks raised in the
+    # worker show the lines of the cell.
+    sources = {name: entry for name, entry in list(linecache.cache.items())
+               if len(entry) == 4 and entry[1] is None}
+    try:
+        return cloudpickle.dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
+    except Exception as whole:  # noqa: BLE001 - pickling raises many types
+        parts = [(f"the function {getattr(fn, '__qualname__', repr(fn))!r}", fn)]
+        parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
+        parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for what, obj in parts:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as e:  # noqa: BLE001
+                raise NotPicklableError(what, _describe(obj), str(e) or type(e).__name__) from None
+        raise NotPicklableError("the call", "function call", str(whole)) from None
+
+
+def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, probe: Optional[Probe] = None,
+              parent: Optional[Run] = None) -> Run:
+    """Validate ``devices`` and start a run of an already packed call (used by retries too)."""
+    global _last_run
+    report = validate_devices(devices, backend=options.backend, min_free_memory=options.min_free_memory,
+                              probe=probe)
+    if not report.ok:
+        raise InvalidDevicesError(report)
+    run = Run(payload, report, options, parent=parent)._start()
+    _last_run = run
+    return run
+
+
+def launch(
+    fn: Callable[..., Any],
+    devices: Optional[DeviceSpec] = None,
+    args: tuple = (),
+    kwargs: Optional[dict] = None,
+    *,
+    backend: Optional[str] = None,
+    min_free_memory: Optional[int] = None,
+    stall_timeout: Optional[float] = None,
+    timeout: float = 1800.0,
+    threads_per_worker: Optional[int] = None,
+    stop_grace: float = 10.0,
+    kill_grace: float = 3.0,
+    progress_interval: float = 0.1,
+    run_root: Optional[str] = None,
+    env: Optional[dict] = None,
+    probe: Optional[Probe] = None,
+) -> Run:
+    """Start ``fn(ctx, *args, **kwargs)`` on every device in background workers; return at once.
+
+    Each worker is a fresh process with a torch.distributed process group already set up
+    (gloo for CPU, nccl for an all-CUDA list). ``fn`` may be defined in a notebook cell, be a
+    closure or a lambda. ``ctx`` is a :class:`~ddp_notebook.context.WorkerContext`.
+
+    The device list is validated first; an invalid one raises ``InvalidDevicesError`` (with
+    the report) before any process starts. ``stall_timeout`` (seconds) fails the run, naming
+    the stalled rank, when no rank reports progress for that long once one has reported.
+
+    >>> import ddp_notebook
+    >>> def train(ctx, steps):
+    ...     for step in range(1, steps + 1):
+    ...         ctx.log(step=step, total=steps, loss=1.0 / step)
+    ...     return ctx.world_size
+    >>> ddp_notebook.launch(train, devices="cpu*2", args=(3,)).wait()
+    2
+    """
+    if not callable(fn):
+        raise TypeError(f"launch() needs a function to run, not {type(fn).__name__}")
+    options = LaunchOptions(
+        backend=backend, min_free_memory=min_free_memory, stall_timeout=stall_timeout, timeout=timeout,
+        run_root=run_root, threads_per_worker=threads_per_worker, stop_grace=stop_grace,
+        kill_grace=kill_grace, progress_interval=progress_interval, env=dict(env or {}),
+    )
+    if devices is None:
+        devices = default_devices(probe)
+    report = validate_devices(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
+    if not report.ok:
+        raise InvalidDevicesError(report)
+    payload = _pack(fn, tuple(args), dict(kwargs or {}))
+    return start_run(payload, list(report.devices), options, probe=probe)

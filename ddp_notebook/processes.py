@@ -1,0 +1,126 @@
+"""One worker OS process and its pipes: start, poll, signal, close.
+
+Workers are fresh interpreters (``python -m ddp_notebook._worker``), never forks of the
+notebook: a notebook process may hold a CUDA context, and a forked child of it cannot use
+CUDA. Each worker leads its own process group so that terminating it also ends anything it
+started (DataLoader workers), and is handed exactly two inherited pipe ends: one to report
+events, one to hear from the supervisor (whose EOF means the notebook is gone).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .devices import Device
+
+__all__ = ["WorkerProcess", "start_worker"]
+
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class WorkerProcess:
+    """A started worker: its Popen, the supervisor's ends of its pipes, and what we did to it."""
+
+    rank: int
+    device: Device
+    popen: subprocess.Popen
+    event_fd: int  # read end: frames from the worker
+    control_fd: Optional[int]  # write end: b"s" = stop, b"x" = release; closing it = lifeline cut
+    pidfd: Optional[int]
+    stack_file: str
+    signalled: Optional[int] = None  # the first signal the supervisor sent, if any
+    returncode: Optional[int] = None
+    open_fds: set = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def send_control(self, byte: bytes) -> None:
+        if self.control_fd is None:
+            return
+        try:
+            os.write(self.control_fd, byte)
+        except OSError:  # already gone: its exit will be seen by the supervisor
+            pass
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the worker's whole process group (it and anything it started)."""
+        if self.signalled is None and self.returncode is None:
+            self.signalled = signum
+        try:
+            os.killpg(self.popen.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            rc = self.popen.poll()
+            if rc is not None:
+                self.returncode = rc
+        return self.returncode
+
+    def reap(self) -> int:
+        """Collect the exit status of an exited worker, after ending its leftover children."""
+        # The zombie still holds the pid, so the group id cannot have been reused yet.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.returncode = self.popen.wait()
+        return self.returncode
+
+    def close(self) -> None:
+        for fd in (self.control_fd, self.pidfd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.control_fd = self.pidfd = None
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    # A pidfd becomes readable the moment the process exits: exits are seen without polling.
+    try:
+        return os.pidfd_open(pid)  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return None
+
+
+def start_worker(rank: int, device: Device, config: dict, env: dict[str, str]) -> WorkerProcess:
+    """Start one worker process; ``config`` is the JSON the worker reads at start."""
+    event_r, event_w = os.pipe()
+    control_r, control_w = os.pipe()
+    stack_file = os.path.join(config["run_dir"], f"stacks-rank{rank}.txt")
+    cfg = dict(config, rank=rank, device=str(device), event_fd=event_w, control_fd=control_r,
+               stack_file=stack_file)
+    full_env = dict(os.environ)
+    full_env.update(env)
+    full_env["DDP_NOTEBOOK_WORKER"] = json.dumps(cfg)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    # The worker must import this very copy of the package, wherever it was imported from.
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_PARENT, full_env.get("PYTHONPATH", "")) if p)
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "ddp_notebook._worker"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(event_w, control_r), env=full_env, start_new_session=True,
+        )
+    except BaseException:
+        for fd in (event_r, event_w, control_r, control_w):
+            os.close(fd)
+        raise
+    os.close(event_w)
+    os.close(control_r)
+    for fd in (event_r, popen.stdout.fileno(), popen.stderr.fileno()):  # type: ignore[union-attr]
+        os.set_blocking(fd, False)
+    return WorkerProcess(rank=rank, device=device, popen=popen, event_fd=event_r, control_fd=control_w,
+                         pidfd=_pidfd(popen.pid), stack_file=stack_file)

@@ -1,0 +1,286 @@
+"""``Run``: a launched DDP run — its workers, events, state, result, and the way to stop or retry it.
+
+>>> run = ddp_notebook.launch(train, devices="cpu*2", args=(100,))   # doctest: +SKIP
+>>> run.status                                                       # doctest: +SKIP
+'running'
+>>> state_dict = run.wait()      # the main worker's return value, or WorkerFailedError
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+from .devices import Device, format_devices
+from .errors import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+from .failures import WorkerFailure
+from .processes import WorkerProcess, start_worker
+from .state import RunState, RunStatus, WorkerState
+from .supervisor import Supervisor, SupervisorOptions
+from .validation import ValidationReport
+
+__all__ = ["Run", "LaunchOptions", "WorkerTraceback"]
+
+_live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+class WorkerTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a WorkerFailedError,
+    so plain Python shows the worker's stack above the notebook's."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Everything about a launch except the function and the devices (kept for retries)."""
+
+    backend: Optional[str] = None
+    min_free_memory: Optional[int] = None
+    stall_timeout: Optional[float] = None
+    timeout: float = 1800.0  # process-group collectives, as torch's default for gloo
+    run_root: Optional[str] = None
+    threads_per_worker: Optional[int] = None
+    stop_grace: float = 10.0
+    kill_grace: float = 3.0
+    progress_interval: float = 0.1
+    env: dict = field(default_factory=dict)
+
+
+def default_run_root() -> str:
+    """``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``."""
+    if os.environ.get("DDP_NOTEBOOK_RUNS"):
+        return os.environ["DDP_NOTEBOOK_RUNS"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "ddp_notebook", "runs")
+
+
+class Run:
+    """A DDP run in background worker processes (one per device; rank 0 is the main worker).
+
+    Created by :func:`ddp_notebook.launch`; everything here is safe to call from any thread.
+    """
+
+    def __init__(self, payload: bytes, report: ValidationReport, options: LaunchOptions,
+                 parent: Optional["Run"] = None) -> None:
+        self.devices: list[Device] = list(report.devices)
+        self.backend: str = report.backend or "gloo"
+        self.report = report
+        self.options = options
+        self.parent = parent
+        self.id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
+        root = options.run_root or default_run_root()
+        self.run_dir = os.path.join(os.path.abspath(root), self.id)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=False)
+        self.state = RunState()
+        self.events: list[dict] = []
+        self._payload = payload
+        self._lock = threading.RLock()
+        self._finished = threading.Event()
+        self._subscribers: list[Callable[[dict], None]] = []
+        self._log = open(os.path.join(self.run_dir, "events.jsonl"), "a", buffering=1)
+        self._supervisor: Optional[Supervisor] = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def _start(self) -> "Run":
+        payload_path = os.path.join(self.run_dir, "payload.pkl")
+        with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(self._payload)
+        n = len(self.devices)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = self.options.threads_per_worker or max(1, cores // n)
+        config = {
+            "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
+            "payload": payload_path, "init_file": os.path.join(self.run_dir, "rendezvous"),
+            "timeout": self.options.timeout, "threads": threads, "sys_path": _sys_path(),
+            "progress_interval": self.options.progress_interval,
+        }
+        # Gloo and NCCL listen on the loopback interface only; CPU runs see no GPU at all.
+        env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(threads)}
+        if all(d.kind == "cpu" for d in self.devices):
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        env.update({k: str(v) for k, v in self.options.env.items()})
+        self._emit({"kind": "run_started", "time": time.time(), "run_id": self.id,
+                    "devices": [str(d) for d in self.devices], "backend": self.backend,
+                    "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None}, None)
+        workers: list[WorkerProcess] = []
+        try:
+            for rank, device in enumerate(self.devices):
+                workers.append(start_worker(rank, device, config, env))
+        except BaseException:
+            for w in workers:
+                w.signal_group(signal.SIGKILL)
+                w.reap()
+                w.close()
+            raise
+        opts = SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
+                                 stall_timeout=self.options.stall_timeout)
+        self._supervisor = Supervisor(workers, opts, self._emit)
+        _live_runs.add(self)
+        threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()
+        return self
+
+    def _supervise(self) -> None:
+        sup = self._supervisor
+        assert sup is not None
+        try:
+            sup.run()
+        finally:
+            if sup.root is not None:
+                status = RunStatus.FAILED
+            elif sup.stop_reason is not None:
+                status = RunStatus.STOPPED
+            elif all(sup.reported.get(r) == "done" for r in range(len(self.devices))):
+                status = RunStatus.SUCCEEDED
+            else:
+                status = RunStatus.FAILED
+            self._emit({"kind": "run_finished", "time": time.time(), "status": status}, None)
+            for name in ("payload.pkl", "rendezvous"):
+                try:
+                    os.unlink(os.path.join(self.run_dir, name))
+                except OSError:
+                    pass
+            self._log.close()
+            self._finished.set()
+
+    def _emit(self, event: dict, blob: Optional[bytes]) -> None:
+        with self._lock:
+            self.events.append(event)
+            self.state.apply(event)
+            if not self._log.closed:
+                self._log.write(json.dumps(event, default=str) + "\n")
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            try:
+                callback(event)
+            except Exception:  # a front end's bug must not stop supervision
+                pass
+
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
+        """Call ``callback(event)`` for each future event (from the supervisor thread)."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+    # ---- what users read ----------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """starting, running, succeeded, failed or stopped."""
+        return self.state.status
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        """Per-rank state: rank, device, pid, status, step, total, epoch, metrics, output."""
+        return [self.state.workers[r] for r in sorted(self.state.workers)]
+
+    @property
+    def failures(self) -> list[WorkerFailure]:
+        return list(self.state.failures)
+
+    @property
+    def root_failure(self) -> Optional[WorkerFailure]:
+        return self.state.root_failure
+
+    def output(self, rank: int, stream: Optional[str] = None) -> str:
+        """Everything rank ``rank`` printed (``stream`` = "stdout" or "stderr" to choose one)."""
+        with self._lock:
+            return "".join(e["text"] for e in self.events if e["kind"] == "output" and e["rank"] == rank
+                           and (stream is None or e["stream"] == stream))
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Block until the run ends; return the main worker's return value.
+
+        Raises WorkerFailedError when a worker failed, RunStoppedError when the run was stopped
+        before the main worker returned, WaitTimeoutError when ``timeout`` passes first
+        (the run goes on)."""
+        if not self._finished.wait(timeout):
+            raise WaitTimeoutError(f"run {self.id} is still {self.status} after {timeout} s")
+        return self._outcome()
+
+    def result(self) -> Any:
+        """The main worker's return value of a finished run (raises like ``wait``)."""
+        if not self._finished.is_set():
+            raise NoResultError(f"run {self.id} is still {self.status}; use run.wait() to block until it ends")
+        return self._outcome()
+
+    def _outcome(self) -> Any:
+        import cloudpickle
+
+        sup = self._supervisor
+        assert sup is not None
+        root = self.state.root_failure
+        if self.state.status == RunStatus.FAILED and root is not None:
+            error = WorkerFailedError(root, self.state.failures, self.run_dir)
+            cause = WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
+            raise error from cause
+        if sup.result_blob is None:
+            if self.state.status == RunStatus.STOPPED:
+                raise RunStoppedError(f"run {self.id} was stopped ({self.state.stop_reason}) before the main "
+                                      "worker returned a result")
+            raise WorkerFailedError(*_unexplained(self))
+        return cloudpickle.loads(sup.result_blob)
+
+    # ---- control ---------------------------------------------------------------------
+    def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
+        """Ask every worker to stop (``ctx.should_stop`` becomes True); workers still running
+        after ``grace`` seconds (default ``stop_grace``) are terminated."""
+        if self._supervisor is not None and not self.done:
+            self._supervisor.request_stop(self.options.stop_grace if grace is None else grace,
+                                          "stopped by the user")
+        if wait:
+            self._finished.wait()
+
+    def retry(self, device: Any = None, **changes: Any) -> "Run":
+        """Run the same function with the same arguments and options again, on one device:
+        by default the main device, or the first device that did not fail when it did."""
+        from .launcher import start_run
+
+        if device is None:
+            device = self.retry_device()
+        return start_run(self._payload, device, replace(self.options, **changes), parent=self)
+
+    def retry_device(self) -> Device:
+        """The device ``retry()`` picks: the main one unless it caused the failure."""
+        failed = {f.rank for f in self.state.failures if not f.consequence}
+        for rank, d in enumerate(self.devices):
+            if rank not in failed:
+                return d
+        return self.devices[0]
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
+
+
+def _unexplained(run: Run) -> tuple[WorkerFailure, list[WorkerFailure], str]:
+    f = WorkerFailure(rank=0, device=str(run.devices[0]), kind="exit", time=time.time(),
+                      message="the run ended without a result from the main worker")
+    return f, [f], run.run_dir
+
+
+def _sys_path() -> list[str]:
+    import sys
+
+    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+
+
+@atexit.register
+def _kill_live_runs() -> None:
+    # The lifeline pipe already ends orphans; this only makes a normal exit tidy and quick.
+    for run in list(_live_runs):
+        sup = run._supervisor
+        if sup is not None and not run.done:
+            for w in sup.workers.values():
+                w.signal_group(signal.SIGKILL)

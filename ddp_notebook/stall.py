@@ -1,0 +1,83 @@
+"""Naming the straggler when a run stops making progress.
+
+When no rank reports progress for a while, every live worker dumps its Python stacks
+(faulthandler on SIGUSR1, which works even while the thread is blocked in C code). A rank
+whose main thread is inside torch's collective machinery is waiting for a peer; the others
+are the stalled ones. Pure text processing here; the supervisor sends the signals.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from typing import Optional, Sequence
+
+__all__ = ["main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
+
+_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+
+
+def _torch_dir() -> Optional[str]:
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0])
+
+
+# Where a rank that waits for its peers sits: collectives, DDP's reducer, autograd's engine
+# (DDP all-reduces gradients from backward hooks).
+_WAITING_PARTS = (("distributed",), ("nn", "parallel"), ("autograd",))
+
+
+def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, int, str]]:
+    """The frames (most recent first) of the main thread in a faulthandler dump."""
+    want = f"0x{main_ident:016x}" if main_ident is not None else None
+    blocks: dict[str, list[tuple[str, int, str]]] = {}
+    current: Optional[str] = None
+    first: Optional[str] = None
+    for line in dump.splitlines():
+        h = _HEADER.match(line)
+        if h:
+            current = h.group(2).lower()
+            blocks.setdefault(current, [])
+            first = first or current
+            continue
+        f = _FRAME.match(line)
+        if f and current is not None:
+            blocks[current].append((f.group("file"), int(f.group("line")), f.group("name")))
+    if want is not None and want in blocks:
+        return blocks[want]
+    return blocks.get(first, []) if first else []
+
+
+def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
+    """A traceback-style text, most recent call last."""
+    lines = ["Stack (most recent call last):"]
+    for file, line, name in reversed(frames):
+        lines.append(f'  File "{file}", line {line}, in {name}')
+    return "\n".join(lines) + "\n"
+
+
+def is_waiting_in_collective(frames: Sequence[tuple[str, int, str]], torch_dir: Optional[str] = None) -> bool:
+    """True when the innermost frame is in torch.distributed, DDP or autograd."""
+    if not frames:
+        return False
+    torch_dir = torch_dir or _torch_dir()
+    if torch_dir is None:
+        return False
+    path = os.path.realpath(frames[0][0])
+    if not path.startswith(torch_dir + os.sep):
+        return False
+    parts = tuple(os.path.relpath(path, torch_dir).split(os.sep))
+    return any(parts[: len(p)] == p for p in _WAITING_PARTS)
+
+
+def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> list[int]:
+    """The ranks to blame: those not waiting in a collective; when every rank waits (or
+    none does), the ranks that got least far."""
+    stalled = [r for r, w in sorted(waiting.items()) if not w]
+    if stalled and len(stalled) < len(waiting):
+        return stalled
+    lowest = min((steps.get(r) if steps.get(r) is not None else -1) for r in waiting)
+    return [r for r in sorted(waiting) if (steps.get(r) if steps.get(r) is not None else -1) == lowest]

@@ -1,0 +1,156 @@
+"""The state of a run as a pure fold of its events.
+
+Every front end (text view, widget panel, magics) renders a ``RunState``; tests build one by
+feeding events. No torch, no IPython, no threads here.
+
+>>> s = RunState()
+>>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"]})
+>>> s.apply({"kind": "ready", "time": 0.5, "rank": 1})
+>>> s.apply({"kind": "progress", "time": 1.0, "rank": 1, "step": 3, "total": 10, "metrics": {"loss": 0.5}})
+>>> s.workers[1].step, s.workers[1].metrics["loss"], s.status
+(3, 0.5, 'running')
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .failures import WorkerFailure
+
+__all__ = ["RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT"]
+
+OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
+
+
+class RunStatus:
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    FINISHED = (SUCCEEDED, FAILED, STOPPED)
+
+
+class WorkerStatus:
+    STARTING = "starting"  # process started, function not yet called
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # returned from the function
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended by the supervisor (a peer failed, or the user stopped the run)
+
+
+@dataclass
+class WorkerState:
+    """What is known about one rank."""
+
+    rank: int
+    device: str
+    pid: Optional[int] = None
+    status: str = WorkerStatus.STARTING
+    step: Optional[int] = None
+    total: Optional[int] = None
+    epoch: Optional[int] = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    started_at: Optional[float] = None
+    last_progress_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    returned: bool = False
+    output: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.STOPPED)
+
+    def stderr_tail(self, n: int = 30) -> list[str]:
+        return [text for stream, text in self.output if stream == "stderr"][-n:]
+
+
+@dataclass
+class RunState:
+    """A run's status, its workers, its failures, folded from events in order."""
+
+    run_id: str = ""
+    devices: list[str] = field(default_factory=list)
+    backend: Optional[str] = None
+    run_dir: Optional[str] = None
+    status: str = RunStatus.STARTING
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    stop_reason: Optional[str] = None
+    workers: dict[int, WorkerState] = field(default_factory=dict)
+    failures: list[WorkerFailure] = field(default_factory=list)
+    events_seen: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in RunStatus.FINISHED
+
+    @property
+    def root_failure(self) -> Optional[WorkerFailure]:
+        causes = [f for f in self.failures if not f.consequence]
+        return causes[0] if causes else (self.failures[0] if self.failures else None)
+
+    def apply(self, event: dict) -> None:
+        """Fold one event into the state."""
+        self.events_seen += 1
+        kind = event["kind"]
+        t = event.get("time")
+        if kind == "run_started":
+            self.run_id = event.get("run_id", "")
+            self.devices = list(event.get("devices", []))
+            self.backend = event.get("backend")
+            self.run_dir = event.get("run_dir")
+            self.started_at = t
+            self.workers = {r: WorkerState(r, d) for r, d in enumerate(self.devices)}
+            return
+        if kind == "run_finished":
+            self.status = event["status"]
+            self.ended_at = t
+            return
+        if kind == "stopping":
+            self.stop_reason = event.get("reason")
+            return
+        if kind == "failure":
+            self.failures.append(WorkerFailure.from_dict(event["failure"]))
+            w = self.workers.get(event["failure"]["rank"])
+            if w is not None:
+                w.status = WorkerStatus.FAILED
+            return
+        rank = event.get("rank")
+        w = self.workers.get(rank) if rank is not None else None
+        if w is None:
+            return
+        if kind == "started":
+            w.pid = event.get("pid")
+            w.started_at = t
+        elif kind == "ready":
+            w.status = WorkerStatus.RUNNING
+            if self.status == RunStatus.STARTING:
+                self.status = RunStatus.RUNNING
+        elif kind == "progress":
+            for key in ("step", "total", "epoch"):
+                if event.get(key) is not None:
+                    setattr(w, key, event[key])
+            w.metrics.update(event.get("metrics") or {})
+            w.last_progress_at = t
+        elif kind == "output":
+            for line in event["text"].splitlines():
+                w.output.append((event["stream"], line))
+        elif kind == "done":
+            w.returned = True
+            w.status = WorkerStatus.SUCCEEDED
+        elif kind == "exited":
+            w.exit_code = event.get("exit_code")
+            w.ended_at = t
+            if not w.finished:
+                w.status = WorkerStatus.STOPPED if event.get("by_supervisor") else WorkerStatus.FAILED

@@ -60,6 +60,9 @@ def _watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) ->
 
 
 def _error_event(exc: BaseException, phase: str) -> dict:
+    # The first frame is main() here: users need their own frames only.
+    if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is main.__code__:
+        exc.__traceback__ = exc.__traceback__.tb_next
     tb = traceback.TracebackException.from_exception(exc)
     frames = [{"file": f.filename, "line": f.lineno, "name": f.name} for f in tb.stack]
     return {
@@ -103,7 +106,7 @@ def main() -> None:
         for p in reversed(cfg.get("sys_path", [])):
             if p not in sys.path:
                 sys.path.insert(0, p)
-        import cloudpickle
+        from . import pickling
         import torch
         import torch.distributed as dist
 
@@ -112,7 +115,7 @@ def main() -> None:
 
         phase = "unpickle"
         with open(cfg["payload"], "rb") as f:
-            payload = cloudpickle.load(f)
+            payload = pickling.loads(f.read())
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
         linecache.cache.update(payload.get("sources", {}))
         fn, args, kwargs = payload["fn"], payload["args"], payload["kwargs"]
@@ -144,7 +147,7 @@ def main() -> None:
         result = fn(ctx, *args, **kwargs)
         ctx.flush()
         phase = "result"
-        blob = cloudpickle.dumps(result) if rank == 0 else None
+        blob = pickling.dumps(result) if rank == 0 else None
         channel.send({"kind": "done"}, blob)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
         channel.send(_error_event(exc, phase))

@@ -35,21 +35,21 @@ def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle the call, so functions defined in notebook cells travel by value.
 
     On failure, find the piece that cannot be pickled and say which one it is."""
-    import cloudpickle
+    from .pickling import dumps
 
     # Cell sources are only in this process's linecache: ship them so tracebacks raised in the
     # worker show the lines of the cell.
     sources = {name: entry for name, entry in list(linecache.cache.items())
                if len(entry) == 4 and entry[1] is None}
     try:
-        return cloudpickle.dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
+        return dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
     except Exception as whole:  # noqa: BLE001 - pickling raises many types
         parts = [(f"the function {getattr(fn, '__qualname__', repr(fn))!r}", fn)]
         parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
         parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
         for what, obj in parts:
             try:
-                cloudpickle.dumps(obj)
+                dumps(obj)
             except Exception as e:  # noqa: BLE001
                 raise NotPicklableError(what, _describe(obj), str(e) or type(e).__name__) from None
         raise NotPicklableError("the call", "function call", str(whole)) from None

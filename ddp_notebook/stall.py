@@ -8,6 +8,7 @@ are the stalled ones. Pure text processing here; the supervisor sends the signal
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import os
 import re
 from typing import Optional, Sequence
@@ -54,8 +55,14 @@ def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, i
 def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
     """A traceback-style text, most recent call last."""
     lines = ["Stack (most recent call last):"]
+    own = os.path.join("ddp_notebook", "_worker.py")
     for file, line, name in reversed(frames):
+        if file.endswith(own) or file.startswith("<frozen runpy"):
+            continue  # the worker's own frames say nothing to users
         lines.append(f'  File "{file}", line {line}, in {name}')
+        source = linecache.getline(file, line).strip()
+        if source:
+            lines.append(f"    {source}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,44 @@
+"""Shared fixtures: every test fails if it leaves a worker process behind."""
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+WORKER_MARK = "ddp_notebook._worker"
+
+
+def _workers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and WORKER_MARK in " ".join(p.info["cmdline"] or ()):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    """Fail a test that leaves a worker (or any child process) running."""
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    yield
+    leaked = [p for p in _workers()]
+    leaked += [c for c in me.children(recursive=True) if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE
+               and c not in leaked]
+    for p in leaked:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not leaked, f"processes left behind: {[(p.pid, p.info.get('cmdline') if hasattr(p, 'info') else p.cmdline()) for p in leaked]}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def runs_in_tmp(tmp_path_factory):
+    """Keep the event logs of test runs out of the user's cache."""
+    os.environ["DDP_NOTEBOOK_RUNS"] = str(tmp_path_factory.mktemp("runs"))
+    yield

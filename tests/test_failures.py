@@ -1,0 +1,42 @@
+import pytest
+
+from ddp_notebook.failures import WorkerFailure, render_failure_report
+
+
+def failure(**kw):
+    base = dict(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="ValueError", message="boom at step 5")
+    base.update(kw)
+    return WorkerFailure(**base)
+
+
+def test_headline_secondary_and_main():
+    assert failure().headline() == "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 5"
+    assert failure(rank=0, device="cuda:0").headline() == \
+        "Distributed data parallel main worker (cuda:0) failed: ValueError: boom at step 5"
+
+
+@pytest.mark.parametrize("kw, text", [
+    (dict(kind="signal", signal="SIGKILL", exc_type=None, message=""), "killed by signal SIGKILL (often the out-of-memory killer"),
+    (dict(kind="signal", signal="SIGSEGV", exc_type=None, message=""), "crashed with a segmentation fault (SIGSEGV)"),
+    (dict(kind="signal", signal="SIGBUS", exc_type=None, message=""), "killed by signal SIGBUS"),
+    (dict(kind="exit", exit_code=3, exc_type=None, message=""), "exited with code 3 before reporting a result"),
+    (dict(kind="exit", exit_code=1, phase="startup", exc_type=None, message=""), "exited with code 1 during start-up, before running the function"),
+    (dict(kind="unpickle", exc_type="AttributeError", message="no attr"), "could not be unpickled in the worker: AttributeError: no attr"),
+    (dict(kind="stall", stalled_for=12.0, last_step=7, exc_type=None, message=""), "stalled: no progress for 12.0 s (last step 7)"),
+])
+def test_summaries(kw, text):
+    assert text in failure(**kw).summary()
+
+
+def test_report_puts_traceback_first_and_headline_last():
+    root = failure(traceback="Traceback (most recent call last):\n  File \"cell\", line 3, in train\nValueError: boom at step 5\n")
+    peer = failure(rank=0, device="cpu:0", exc_type="RuntimeError", message="Connection reset by peer", consequence=True)
+    text = render_failure_report(root, [root, peer])
+    assert text.index("Traceback from worker 1 (cpu:1)") < text.index("in train")
+    assert "Also: main worker (cpu:0) failed as a consequence: RuntimeError: Connection reset by peer" in text
+    assert text.rstrip().endswith("WorkerFailedError: " + root.headline())
+
+
+def test_round_trip():
+    f = failure(stderr_tail=["a"])
+    assert WorkerFailure.from_dict(f.to_dict()) == f

@@ -1,0 +1,41 @@
+from ddp_notebook.failures import WorkerFailure
+from ddp_notebook.state import RunState
+
+
+def feed(*events):
+    s = RunState()
+    for e in events:
+        s.apply(e)
+    return s
+
+
+START = {"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "backend": "gloo"}
+
+
+def test_progress_output_and_success():
+    s = feed(START,
+             {"kind": "started", "time": 0.1, "rank": 0, "pid": 10},
+             {"kind": "ready", "time": 0.2, "rank": 0},
+             {"kind": "progress", "time": 0.3, "rank": 0, "step": 1, "total": 4, "epoch": 0, "metrics": {"loss": 2.0}},
+             {"kind": "progress", "time": 0.4, "rank": 0, "step": 2, "metrics": {"acc": 0.5}},
+             {"kind": "output", "time": 0.4, "rank": 1, "stream": "stderr", "text": "warn a\nwarn b\n"},
+             {"kind": "done", "time": 0.5, "rank": 0},
+             {"kind": "run_finished", "time": 0.6, "status": "succeeded"})
+    w0, w1 = s.workers[0], s.workers[1]
+    assert (w0.pid, w0.step, w0.total, w0.epoch, w0.status) == (10, 2, 4, 0, "succeeded")
+    assert w0.metrics == {"loss": 2.0, "acc": 0.5} and w0.is_main
+    assert w1.stderr_tail() == ["warn a", "warn b"] and w1.status == "starting"
+    assert s.status == "succeeded" and s.finished and s.world_size == 2
+
+
+def test_failure_and_stopped_peer():
+    f = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=1.0, exc_type="ValueError", message="boom")
+    g = WorkerFailure(rank=0, device="cpu:0", kind="exception", time=1.1, exc_type="RuntimeError",
+                      message="reset", consequence=True)
+    s = feed(START, {"kind": "failure", "time": 1, "rank": 1, "failure": f.to_dict()},
+             {"kind": "failure", "time": 1, "rank": 0, "failure": g.to_dict()},
+             {"kind": "exited", "time": 2, "rank": 1, "exit_code": 1, "by_supervisor": False},
+             {"kind": "run_finished", "time": 3, "status": "failed"})
+    assert s.root_failure.rank == 1 and s.workers[1].status == "failed"
+    s2 = feed(START, {"kind": "exited", "time": 2, "rank": 0, "exit_code": -15, "by_supervisor": True})
+    assert s2.workers[0].status == "stopped"

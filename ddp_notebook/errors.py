@@ -48,7 +48,7 @@ class NotPicklableError(DDPNotebookError, TypeError):
         self.obj_type = obj_type
         self.reason = reason
         super().__init__(
-            f"{what} (a {obj_type}) cannot be sent to the worker processes: {reason}. "
+            f"{what} is a {obj_type} and cannot be sent to the worker processes: {reason}. "
             "Pass something picklable instead, or create the object inside the function."
         )
 

@@ -31,6 +31,28 @@ def _describe(obj: Any) -> str:
         else type(obj).__qualname__
 
 
+def _captured(fn: Callable) -> list[tuple[str, Any]]:
+    """The variables a function closes over or reads as globals: the usual culprits."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    name = getattr(fn, "__name__", "fn")
+    out = [(f"{var!r}, used by the function {name!r},", cell.cell_contents)
+           for var, cell in zip(code.co_freevars, fn.__closure__ or ()) if _filled(cell)]
+    glb = getattr(fn, "__globals__", {})
+    out += [(f"the global {var!r}, used by the function {name!r},", glb[var])
+            for var in code.co_names if var in glb and not isinstance(glb[var], type(linecache))]
+    return out
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
 def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle the call, so functions defined in notebook cells travel by value.
 
@@ -44,7 +66,7 @@ def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     try:
         return dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
     except Exception as whole:  # noqa: BLE001 - pickling raises many types
-        parts = [(f"the function {getattr(fn, '__qualname__', repr(fn))!r}", fn)]
+        parts = _captured(fn) + [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
         parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
         parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
         for what, obj in parts:

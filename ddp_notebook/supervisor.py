@@ -119,12 +119,8 @@ class Supervisor(threading.Thread):
         finally:
             for w in self.workers.values():
                 w.close()
-            for fd in list(self._fds.values()):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self._fds.clear()
+            for rank, kind in list(self._fds):
+                self._close(rank, kind)
             self.sel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -152,9 +148,7 @@ class Supervisor(threading.Thread):
         except OSError:
             data = b""
         if not data:
-            self.sel.unregister(fd)
-            os.close(fd)
-            del self._fds[(rank, kind)]
+            self._close(rank, kind)
             if kind != "event":
                 self._output(rank, kind, b"", final=True)
             return False
@@ -164,6 +158,16 @@ class Supervisor(threading.Thread):
         else:
             self._output(rank, kind, data)
         return True
+
+    def _close(self, rank: int, kind: str) -> None:
+        """Close one pipe through its owner (Popen's file objects would close a reused fd later)."""
+        fd = self._fds.pop((rank, kind))
+        self.sel.unregister(fd)
+        w = self.workers[rank]
+        if kind == "event":
+            os.close(fd)
+        else:
+            getattr(w.popen, kind).close()
 
     def _drain(self, rank: int, kind: str) -> None:
         while (rank, kind) in self._fds:

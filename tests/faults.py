@@ -1,0 +1,74 @@
+"""Training functions with injected faults, importable by the worker processes."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def ddp_steps(ctx, steps: int = 5, fault: str | None = None, bad_rank: int = 1, at_step: int = 3):
+    """A DDP-like loop (one all_reduce per step) that injects ``fault`` on ``bad_rank``."""
+    t = torch.ones(2)
+    for step in range(1, steps + 1):
+        if fault and ctx.rank == bad_rank and step == at_step:
+            inject(fault, step)
+        dist.all_reduce(t)
+        ctx.log(step=step, total=steps, loss=1.0 / step)
+    return t.tolist()
+
+
+def inject(fault: str, step: int) -> None:
+    if fault == "raise":
+        raise ValueError(f"boom at step {step}")
+    if fault == "exit":
+        os._exit(3)
+    if fault == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "segfault":
+        ctypes.string_at(0)
+    if fault == "stall":
+        time.sleep(3600)
+    raise AssertionError(fault)
+
+
+def _load_on(rank: int, action: str):
+    if os.environ.get("RANK") == str(rank):
+        if action == "exit":
+            os._exit(5)
+        raise ModuleNotFoundError("No module named 'only_on_the_notebook_machine'")
+    return "loaded"
+
+
+class LoadFault:
+    """An argument that pickles fine and fails while a worker loads it (on one rank)."""
+
+    def __init__(self, rank: int, action: str) -> None:
+        self.rank, self.action = rank, action
+
+    def __reduce__(self):
+        return (_load_on, (self.rank, self.action))
+
+
+def takes_arg(ctx, arg):
+    return arg
+
+
+def wait_for_stop(ctx, honour: bool = True):
+    """Report progress until asked to stop; with honour=False, ignore the request."""
+    step = 0
+    while not (honour and ctx.should_stop):
+        step += 1
+        ctx.log(step=step)
+        time.sleep(0.01)
+    return f"stopped at step {step}" if ctx.is_main else None
+
+
+def ignore_term_then_allreduce(ctx, steps: int = 5):
+    """Rank 0 survives SIGTERM so that its knock-on error is reported; rank 1 is SIGKILLed."""
+    if ctx.rank == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return ddp_steps(ctx, steps=steps, fault="sigkill", bad_rank=1, at_step=3)

@@ -1,0 +1,15 @@
+import threading
+
+
+def wait_for(run, predicate, timeout=60.0):
+    """Block until ``predicate(run.state)`` holds, woken by the run's own events (no polling)."""
+    cond = threading.Condition()
+
+    def on_event(_event):
+        with cond:
+            cond.notify_all()
+
+    run.subscribe(on_event)
+    with cond:
+        ok = cond.wait_for(lambda: predicate(run.state) or run.done, timeout)
+    assert ok and predicate(run.state), f"condition not reached; run is {run.status}"

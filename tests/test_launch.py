@@ -1,0 +1,110 @@
+"""Real 2-rank runs on CPU with gloo: results, progress, output, stop, retry, on-disk log."""
+import json
+import os
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+
+import faults
+from helpers import wait_for
+
+SCALE = 3.0  # a global read by a function sent by value
+
+
+def test_success_returns_main_result_and_tracks_every_rank():
+    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu:0,cpu:1", kwargs={"steps": 4})
+    assert run.status in ("starting", "running")
+    assert run.wait(timeout=60) == [16.0, 16.0]
+    assert run.status == "succeeded" and run.failures == [] and run.result() == [16.0, 16.0]
+    for w in run.workers:
+        assert (w.status, w.step, w.total, w.exit_code) == ("succeeded", 4, 4, 0)
+        assert w.metrics["loss"] == 0.25 and w.pid
+    assert [w.device for w in run.workers] == ["cpu:0", "cpu:1"] and run.workers[0].is_main
+
+
+def test_closures_lambdas_and_globals_reach_the_workers():
+    offset = 10
+
+    def train(ctx, x, *, y):
+        return (x + y) * SCALE + offset + ctx.rank
+
+    assert ddp_notebook.launch(train, devices="cpu*2", args=(1,), kwargs={"y": 2}).wait(timeout=60) == 19.0
+    assert ddp_notebook.launch(lambda ctx: (ctx.rank, ctx.world_size, ctx.is_main, str(ctx.device)),
+                               devices="cpu:0").wait(timeout=60) == (0, 1, True, "cpu")
+
+
+def test_output_is_attributed_to_its_rank_and_log_kept_on_disk():
+    def talk(ctx):
+        import sys
+
+        print(f"hello from rank {ctx.rank}")
+        print(f"warning on rank {ctx.rank}", file=sys.stderr)
+
+    run = ddp_notebook.launch(talk, devices="cpu*2")
+    run.wait(timeout=60)
+    assert run.output(0, "stdout") == "hello from rank 0\n"
+    assert run.output(1, "stdout") == "hello from rank 1\n"
+    assert "warning on rank 1" in run.output(1, "stderr") and "rank 0" not in run.output(1)
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        kinds = [json.loads(line)["kind"] for line in f]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished" and kinds.count("done") == 2
+    assert not os.path.exists(os.path.join(run.run_dir, "payload.pkl"))
+    assert run.events[-1] == {"kind": "run_finished", "time": run.events[-1]["time"], "status": "succeeded"}
+
+
+def test_cooperative_stop_returns_what_the_main_worker_returned():
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()))
+    with pytest.raises(NoResultError):
+        run.result()
+    with pytest.raises(WaitTimeoutError):
+        run.wait(timeout=0.01)
+    run.stop()
+    assert run.wait(timeout=60).startswith("stopped at step")
+    assert run.status == "stopped" and run.state.stop_reason == "stopped by the user"
+
+
+def test_stop_is_forced_after_the_grace_period():
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2", kwargs={"honour": False}, stop_grace=0.5)
+    wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+    run.stop(wait=True)
+    assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
+    with pytest.raises(RunStoppedError, match="was stopped"):
+        run.wait()
+
+
+@pytest.mark.parametrize("bad_rank, retry_device", [(1, "cpu:0"), (0, "cpu:1")])
+def test_retry_on_a_single_device(bad_rank, retry_device):
+    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu:0,cpu:1",
+                              kwargs={"fault": "raise", "bad_rank": bad_rank, "at_step": 2})
+    with pytest.raises(WorkerFailedError):
+        run.wait(timeout=60)
+    assert str(run.retry_device()) == retry_device
+    again = run.retry()
+    assert again.parent is run and [str(d) for d in again.devices] == [retry_device]
+    if bad_rank == 0:  # the fault is on rank 0, which the retry has too: it reproduces alone
+        with pytest.raises(WorkerFailedError, match=r"main worker \(cpu:1\) failed: ValueError: boom at step 2"):
+            again.wait(timeout=60)
+    else:
+        assert again.wait(timeout=60) == [1.0, 1.0]
+    assert ddp_notebook.last_run() is again
+    explicit = run.retry(device="cpu:5")
+    assert [str(d) for d in explicit.devices] == ["cpu:5"]
+    if bad_rank == 1:
+        assert explicit.wait(timeout=60) == [1.0, 1.0]
+    else:
+        with pytest.raises(WorkerFailedError, match=r"main worker \(cpu:5\) failed"):
+            explicit.wait(timeout=60)
+
+
+def test_process_group_is_ready_and_threads_are_split():
+    def probe(ctx):
+        import torch
+        import torch.distributed as dist
+
+        return dist.is_initialized(), dist.get_backend(), dist.get_world_size(), torch.get_num_threads(), \
+            os.environ["CUDA_VISIBLE_DEVICES"]
+
+    assert ddp_notebook.launch(probe, devices="cpu*2").wait(timeout=60) == (True, "gloo", 2, max(1, (os.cpu_count() or 1) // 2), "")

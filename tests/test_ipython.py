@@ -1,0 +1,71 @@
+"""Functions defined in a notebook's ``__main__``: in an IPython shell and in a real kernel."""
+
+import pytest
+from IPython.testing.globalipapp import get_ipython
+from IPython.utils.capture import capture_output
+
+CELL_DEFINE = '''
+import ddp_notebook, torch, torch.distributed as dist
+factor = 5
+def train(ctx, steps):
+    t = torch.ones(1) * (ctx.rank + 1)
+    for step in range(1, steps + 1):
+        dist.all_reduce(t)
+        ctx.log(step=step, total=steps)
+        if ctx.rank == 1 and steps == 99:
+            raise ValueError(f"boom at step {step}")
+    return t.item() * factor
+'''
+
+
+@pytest.fixture(scope="module")
+def ip():
+    return get_ipython()
+
+
+def test_cell_function_runs_on_two_workers(ip):
+    assert ip.run_cell(CELL_DEFINE).success
+    assert ip.user_ns["train"].__module__ == "__main__"
+    assert ip.run_cell("result = ddp_notebook.launch(train, devices='cpu*2', args=(2,)).wait(timeout=60)").success
+    assert ip.user_ns["result"] == 30.0  # 1 + 2 = 3, doubled by the second all_reduce, times factor
+
+
+def test_failure_shows_the_workers_traceback_with_cell_source(ip):
+    assert ip.run_cell(CELL_DEFINE).success
+    with capture_output() as out:
+        result = ip.run_cell("ddp_notebook.launch(train, devices='cpu*2', args=(99,)).wait(timeout=60)")
+    assert not result.success
+    text = out.stdout + out.stderr
+    assert 'raise ValueError(f"boom at step {step}")' in text  # the cell's line, from the worker
+    assert "Traceback from worker 1 (cpu:1)" in text
+    assert "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 1" in text
+    assert "supervisor" not in text and "_outcome" not in text  # not the notebook side's frames
+
+
+def test_real_kernel_runs_a_cell_defined_function():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")  # inherits DDP_NOTEBOOK_RUNS from conftest
+    try:
+        outputs = []
+
+        def hook(msg):
+            if msg["msg_type"] in ("stream", "execute_result", "error"):
+                outputs.append(msg["content"])
+
+        reply = kc.execute_interactive(CELL_DEFINE, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "ok", outputs
+        reply = kc.execute_interactive("print(ddp_notebook.launch(train, devices='cpu:0,cpu:1', args=(3,)).wait(60))",
+                                       timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "ok", outputs
+        assert any(o.get("text") == "60.0\n" for o in outputs), outputs
+        reply = kc.execute_interactive("ddp_notebook.launch(train, devices='cpu:0,cpu:1', args=(99,)).wait(60)",
+                                       timeout=120, output_hook=hook)
+        err = reply["content"]
+        assert err["status"] == "error" and err["ename"] == "WorkerFailedError"
+        tb = "\n".join(err["traceback"])
+        assert 'raise ValueError(f"boom at step {step}")' in tb
+        assert tb.rstrip().endswith("Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 1")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -1,0 +1,57 @@
+"""A local run listens on loopback only, and its workers never outlive the notebook process."""
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+
+import ddp_notebook
+
+import faults
+from helpers import wait_for
+
+
+def test_local_run_listens_on_loopback_only():
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    try:
+        wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+        pids = [w.pid for w in run.workers]
+        listening = []
+        for pid in pids:
+            for proc in [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True):
+                listening += [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        # gloo does listen (each pair connects over TCP), but never on a routable address
+        assert listening, "expected gloo's listeners to be visible"
+        assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
+    finally:
+        run.stop(grace=5, wait=True)
+
+
+ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys, ddp_notebook
+    sys.path.insert(0, {tests!r})
+    import faults
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    import threading
+    seen = threading.Event()
+    run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
+    seen.wait(60)
+    print(" ".join(str(w.pid) for w in run.workers), flush=True)
+    threading.Event().wait()  # a busy kernel, until it is killed
+""")
+
+
+def test_workers_exit_when_the_notebook_process_dies():
+    script = ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__))
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in kernel.stdout.readline().split()]
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    kernel.send_signal(signal.SIGKILL)
+    kernel.wait()
+    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    assert not alive, f"workers outlived their notebook: {alive}"
+    kernel.stdout.close()

@@ -1,13 +1,15 @@
 """What the training function receives as its first argument, inside a worker process.
 
->>> def train(ctx, steps):                      # doctest: +SKIP
-...     model = torch.nn.Linear(4, 1).to(ctx.device)
-...     for step in range(1, steps + 1):
-...         if ctx.should_stop:
-...             break
-...         ...
-...         ctx.log(step=step, total=steps, loss=loss.item())
-...     return model.state_dict() if ctx.is_main else None
+Example::
+
+    def train(ctx, steps):
+        model = torch.nn.Linear(4, 1).to(ctx.device)
+        for step in range(1, steps + 1):
+            if ctx.should_stop:
+                break
+            ...
+            ctx.log(step=step, total=steps, loss=loss.item())
+        return model.state_dict() if ctx.is_main else None
 """
 from __future__ import annotations
 

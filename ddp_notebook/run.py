@@ -1,9 +1,12 @@
 """``Run``: a launched DDP run — its workers, events, state, result, and the way to stop or retry it.
 
->>> run = ddp_notebook.launch(train, devices="cpu*2", args=(100,))   # doctest: +SKIP
->>> run.status                                                       # doctest: +SKIP
-'running'
->>> state_dict = run.wait()      # the main worker's return value, or WorkerFailedError
+Example::
+
+    run = ddp_notebook.launch(train, devices="cpu*2", args=(100,))
+    run.status          # 'running'
+    run.workers[1].step # how far rank 1 got
+    state_dict = run.wait()   # the main worker's return value, or WorkerFailedError
+    single = run.retry()      # the same call on one device
 """
 from __future__ import annotations
 

@@ -1,0 +1,13 @@
+"""The benchmark suite's quick mode, as a smoke test (no timing assertions)."""
+import os
+import subprocess
+import sys
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "launch_bench.py")
+
+
+def test_launch_benchmark_quick_mode_prints_its_table():
+    out = subprocess.run([sys.executable, BENCH, "--quick"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["ddp_notebook", "mp-fork", "mp-spawn"]

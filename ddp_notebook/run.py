@@ -137,7 +137,7 @@ class Run:
         sup = self._supervisor
         assert sup is not None
         try:
-            sup.run()
+            sup.supervise()
         finally:
             if sup.root is not None:
                 status = RunStatus.FAILED
@@ -268,8 +268,10 @@ class Run:
 
 
 def _unexplained(run: Run) -> tuple[WorkerFailure, list[WorkerFailure], str]:
-    f = WorkerFailure(rank=0, device=str(run.devices[0]), kind="exit", time=time.time(),
-                      message="the run ended without a result from the main worker")
+    # Only reachable through a bug in the supervisor: say so rather than guess.
+    f = WorkerFailure(rank=0, device=str(run.devices[0]), kind="exception", time=time.time(),
+                      exc_type="SupervisorError",
+                      message=f"the run ended without a result from the main worker; see {run.run_dir}/events.jsonl")
     return f, [f], run.run_dir
 
 

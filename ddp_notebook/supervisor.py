@@ -1,4 +1,4 @@
-"""The supervisor thread: watches a run's worker processes and turns what it sees into events.
+"""The supervisor: watches a run's worker processes and turns what it sees into events.
 
 One thread per run multiplexes every worker's event pipe, stdout, stderr and exit (pidfd)
 with a selector, so a death is seen the moment it happens. Failures become ``WorkerFailure``
@@ -42,12 +42,12 @@ class SupervisorOptions:
     stall_timeout: Optional[float] = None
 
 
-class Supervisor(threading.Thread):
-    """Runs until every worker has exited; reports through ``emit(event, blob)``."""
+class Supervisor:
+    """Watches a run's workers until every one has exited (``supervise()``, on the run's own
+    thread); reports through ``emit(event, blob)``. ``request_stop`` may be called from any thread."""
 
     def __init__(self, workers: list[WorkerProcess], options: SupervisorOptions,
                  emit: Callable[[dict, Optional[bytes]], None]) -> None:
-        super().__init__(name="ddp-supervisor", daemon=True)
         self.workers = {w.rank: w for w in workers}
         self.options = options
         self._emit = emit
@@ -93,7 +93,7 @@ class Supervisor(threading.Thread):
             pass
 
     # ---- main loop -----------------------------------------------------------------
-    def run(self) -> None:
+    def supervise(self) -> None:
         try:
             while len(self._exited) < len(self.workers):
                 ready = self.sel.select(self._timeout())

@@ -12,13 +12,16 @@ from .errors import (
     DDPNotebookError,
     DeviceSpecError,
     InvalidDevicesError,
+    NoCheckpointError,
     NoResultError,
     NotPicklableError,
+    PreflightError,
     RunStoppedError,
     WaitTimeoutError,
     WorkerFailedError,
 )
 from .failures import WorkerFailure
+from .fit import FitConfigError, FitResult, fit
 from .launcher import default_devices, last_run, launch
 from .probes import Probe, StaticProbe
 from .run import Run
@@ -28,9 +31,10 @@ from .validation import Finding, ValidationReport, validate_devices
 __version__ = "0.1.0"
 
 __all__ = [
-    "launch", "Run", "WorkerContext", "last_run", "default_devices",
+    "launch", "fit", "FitResult", "Run", "WorkerContext", "last_run", "default_devices",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
+    "NoCheckpointError", "PreflightError", "FitConfigError",
 ]

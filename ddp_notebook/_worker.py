@@ -141,6 +141,7 @@ def main() -> None:
             rank=rank, world_size=world_size, device=device, device_name=cfg["device"],
             backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=channel.send,
             stop_event=stop, progress_interval=cfg.get("progress_interval", 0.1),
+            resume_from=cfg.get("resume_from"),
         )
         channel.send({"kind": "ready"})
         phase = "run"

@@ -17,16 +17,19 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .training import TrainingHelpers
 from .wire import to_json_value
 
 __all__ = ["WorkerContext"]
 
 
-class WorkerContext:
+class WorkerContext(TrainingHelpers):
     """A worker's view of the run: who it is, where it computes, how it reports.
 
     ``rank`` is the position of the worker's device in the device list; rank 0 is the main
-    worker. ``device`` is the ``torch.device`` to compute on.
+    worker. ``device`` is the ``torch.device`` to compute on. The training helpers
+    (``prepare``, ``loader``, ``epochs``, ``batches``, checkpoints) are described in
+    :mod:`ddp_notebook.training`.
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class WorkerContext:
         send: Callable[[dict], None],
         stop_event: threading.Event,
         progress_interval: float = 0.1,
+        resume_from: Optional[str] = None,
     ) -> None:
         self.rank = rank
         self.local_rank = rank
@@ -57,6 +61,7 @@ class WorkerContext:
         self._last_sent = 0.0
         self._pending: Optional[dict] = None
         self._lock = threading.Lock()
+        self.resume_from = resume_from
 
     @property
     def is_main(self) -> bool:
@@ -78,8 +83,12 @@ class WorkerContext:
 
         Metric values may be numbers, strings or one-element tensors. Reports are sent at
         most every ``progress_interval`` seconds (the latest one wins); the last step of a run
-        (``step == total``) is always sent.
+        (``step == total``) is always sent. Inside ``ctx.epochs()`` / ``ctx.batches()`` the
+        step, total and epoch are filled in: ``ctx.log(loss=...)`` is enough.
         """
+        step = self.step if step is None and self.step else step
+        total = self.total if total is None else total
+        epoch = self.epoch if epoch is None else epoch
         event: dict[str, Any] = {"kind": "progress", "rank": self.rank}
         if step is not None:
             event["step"] = int(step)

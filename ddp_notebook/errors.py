@@ -19,6 +19,8 @@ __all__ = [
     "RunStoppedError",
     "WaitTimeoutError",
     "NoResultError",
+    "NoCheckpointError",
+    "PreflightError",
 ]
 
 
@@ -86,3 +88,13 @@ class WaitTimeoutError(DDPNotebookError, TimeoutError):
 
 class NoResultError(DDPNotebookError):
     """``Run.result()`` was called before the run finished."""
+
+
+class NoCheckpointError(DDPNotebookError):
+    """``retry(resume=True)`` on a run that saved no checkpoint."""
+
+
+class PreflightError(DDPNotebookError):
+    """The single-device preflight step failed; nothing was launched.
+
+    The original exception is the ``__cause__``, so its traceback is shown as usual."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import linecache
+from dataclasses import fields
 from typing import Any, Callable, Optional
 
 from .devices import DeviceSpec
@@ -10,7 +11,7 @@ from .probes import Probe, default_probe
 from .run import LaunchOptions, Run
 from .validation import validate_devices
 
-__all__ = ["launch", "default_devices", "last_run"]
+__all__ = ["launch", "launch_with", "default_devices", "last_run", "options_from", "first_unpicklable"]
 
 _last_run: Optional[Run] = None
 
@@ -53,6 +54,23 @@ def _filled(cell: Any) -> bool:
     return True
 
 
+def first_unpicklable(parts: list[tuple[str, Any]]) -> Optional[NotPicklableError]:
+    """The error for the first of ``(description, object)`` that cannot be pickled, else None."""
+    from .pickling import dumps
+
+    for what, obj in parts:
+        try:
+            dumps(obj)
+        except Exception as e:  # noqa: BLE001 - pickling raises many types
+            for inner_what, inner in _captured(obj) if callable(obj) else []:
+                try:
+                    dumps(inner)
+                except Exception as inner_e:  # noqa: BLE001
+                    return NotPicklableError(inner_what, _describe(inner), str(inner_e) or type(inner_e).__name__)
+            return NotPicklableError(what, _describe(obj), str(e) or type(e).__name__)
+    return None
+
+
 def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle the call, so functions defined in notebook cells travel by value.
 
@@ -66,15 +84,10 @@ def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     try:
         return dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
     except Exception as whole:  # noqa: BLE001 - pickling raises many types
-        parts = _captured(fn) + [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
+        parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
         parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
         parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-        for what, obj in parts:
-            try:
-                dumps(obj)
-            except Exception as e:  # noqa: BLE001
-                raise NotPicklableError(what, _describe(obj), str(e) or type(e).__name__) from None
-        raise NotPicklableError("the call", "function call", str(whole)) from None
+        raise (first_unpicklable(parts) or NotPicklableError("the call", "function call", str(whole))) from None
 
 
 def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, probe: Optional[Probe] = None,
@@ -133,10 +146,26 @@ def launch(
         run_root=run_root, threads_per_worker=threads_per_worker, stop_grace=stop_grace,
         kill_grace=kill_grace, progress_interval=progress_interval, env=dict(env or {}),
     )
+    return launch_with(fn, devices, tuple(args), dict(kwargs or {}), options, probe)
+
+
+def launch_with(fn: Callable, devices: Optional[DeviceSpec], args: tuple, kwargs: dict, options: LaunchOptions,
+                probe: Optional[Probe] = None) -> Run:
+    """``launch`` with its options already gathered (``fit`` and ``spawn`` use it)."""
     if devices is None:
         devices = default_devices(probe)
-    report = validate_devices(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
+    report = validate_devices(devices, backend=options.backend, min_free_memory=options.min_free_memory, probe=probe)
     if not report.ok:
         raise InvalidDevicesError(report)
-    payload = _pack(fn, tuple(args), dict(kwargs or {}))
+    payload = _pack(fn, args, kwargs)
     return start_run(payload, list(report.devices), options, probe=probe)
+
+
+def options_from(caller: str, overrides: dict) -> LaunchOptions:
+    """LaunchOptions from keyword arguments, refusing unknown names in the caller's words."""
+    known = {f.name for f in fields(LaunchOptions)} - {"postprocess", "mode", "resume_from"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                        f"launch options are {', '.join(sorted(known))}")
+    return LaunchOptions(**overrides)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from .devices import Device, format_devices
-from .errors import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+from .errors import NoCheckpointError, NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
 from .failures import WorkerFailure
 from .processes import WorkerProcess, start_worker
 from .state import RunState, RunStatus, WorkerState
@@ -58,6 +58,11 @@ class LaunchOptions:
     kill_grace: float = 3.0
     progress_interval: float = 0.1
     env: dict = field(default_factory=dict)
+    resume_from: Optional[str] = None  # a checkpoint directory the function may resume from
+    mode: str = "context"  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group
+    # Turns the main worker's return value into what wait() gives back (fit's FitResult);
+    # stays in the notebook, never sent to the workers.
+    postprocess: Optional[Callable[[Any, "Run"], Any]] = field(default=None, compare=False)
 
 
 def default_run_root() -> str:
@@ -106,7 +111,8 @@ class Run:
             "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
             "payload": payload_path, "init_file": os.path.join(self.run_dir, "rendezvous"),
             "timeout": self.options.timeout, "threads": threads, "sys_path": _sys_path(),
-            "progress_interval": self.options.progress_interval,
+            "progress_interval": self.options.progress_interval, "resume_from": self.options.resume_from,
+            "mode": self.options.mode,
         }
         # Gloo and NCCL listen on the loopback interface only; CPU runs see no GPU at all.
         env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(threads)}
@@ -234,7 +240,8 @@ class Run:
                 raise RunStoppedError(f"run {self.id} was stopped ({self.state.stop_reason}) before the main "
                                       "worker returned a result")
             raise WorkerFailedError(*_unexplained(self))
-        return cloudpickle.loads(sup.result_blob)
+        value = cloudpickle.loads(sup.result_blob)
+        return self.options.postprocess(value, self) if self.options.postprocess else value
 
     # ---- control ---------------------------------------------------------------------
     def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
@@ -246,14 +253,28 @@ class Run:
         if wait:
             self._finished.wait()
 
-    def retry(self, device: Any = None, **changes: Any) -> "Run":
+    def retry(self, device: Any = None, resume: bool = False, **changes: Any) -> "Run":
         """Run the same function with the same arguments and options again, on one device:
-        by default the main device, or the first device that did not fail when it did."""
+        by default the main device, or the first device that did not fail when it did.
+
+        With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
+        checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
         from .launcher import start_run
+        from .training import latest_checkpoint
 
         if device is None:
             device = self.retry_device()
+        if resume:
+            if latest_checkpoint(self.checkpoint_dir) is None:
+                raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
+                                        f"(looked in {self.checkpoint_dir})")
+            changes["resume_from"] = self.checkpoint_dir
         return start_run(self._payload, device, replace(self.options, **changes), parent=self)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where ``ctx.save_checkpoint`` (and ``fit``) saved this run's checkpoints."""
+        return os.path.join(self.run_dir, "checkpoints")
 
     def retry_device(self) -> Device:
         """The device ``retry()`` picks: the main one unless it caused the failure."""

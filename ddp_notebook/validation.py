@@ -19,7 +19,7 @@ from .devices import Device, DeviceSpec, format_devices, parse_devices
 from .errors import DeviceSpecError
 from .probes import Probe, default_probe
 
-__all__ = ["Finding", "ValidationReport", "validate_devices", "choose_backend", "BACKENDS"]
+__all__ = ["Finding", "ValidationReport", "validate_devices", "choose_backend", "BACKENDS", "shard_sizes", "check_shards"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -103,11 +103,15 @@ def validate_devices(
     backend: Optional[str] = None,
     min_free_memory: Optional[int] = None,
     probe: Optional[Probe] = None,
+    dataset_size: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    drop_last: bool = False,
 ) -> ValidationReport:
     """Validate a device list; never raises for bad input, the report says what is wrong.
 
     ``min_free_memory`` is the bytes each worker needs free on its device (host memory for
-    CPU workers). ``backend`` defaults to nccl for all-CUDA lists and gloo otherwise.
+    CPU workers). ``backend`` defaults to nccl for all-CUDA lists and gloo otherwise. With
+    ``dataset_size`` and ``batch_size``, a rank whose data shard would yield no batch is an error.
     """
     probe = probe or default_probe()
     text = _spec_text(spec)
@@ -181,4 +185,51 @@ def validate_devices(
                 err("memory", f"{len(cpu)} CPU workers need {_gib(need)} of host memory and "
                     f"{_gib(avail)} is available.")
 
+    if dataset_size is not None and batch_size is not None:
+        findings += check_shards(devices, dataset_size, batch_size, drop_last)
     return ValidationReport(text, tuple(devices), chosen, tuple(findings))
+
+
+def shard_sizes(n_samples: int, world_size: int, batch_size: int, drop_last: bool = False) -> list[tuple[int, int]]:
+    """(samples, batches) each rank gets from a ``DistributedSampler`` + ``DataLoader``.
+
+    Without drop_last the sampler pads the shards to equal size (repeating samples), so every
+    rank of a non-empty dataset gets at least one batch; with drop_last both the sampler and the
+    loader drop the remainder.
+
+    >>> shard_sizes(100, 2, 64, drop_last=True)
+    [(50, 0), (50, 0)]
+    >>> shard_sizes(100, 3, 16)
+    [(34, 3), (34, 3), (34, 3)]
+    """
+    if n_samples <= 0:
+        return [(0, 0)] * world_size
+    per_rank = n_samples // world_size if drop_last else -(-n_samples // world_size)
+    batches = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+    return [(per_rank, batches)] * world_size
+
+
+def check_shards(devices: Sequence[Device], n_samples: int, batch_size: int, drop_last: bool = False,
+                 what: str = "training data") -> list[Finding]:
+    """An ``empty_shard`` error for every rank whose shard would yield no batch."""
+    if batch_size < 1:
+        return [Finding("error", "batch_size", f"batch_size must be at least 1, not {batch_size}.")]
+    out = []
+    w = len(devices)
+    for rank, (samples, batches) in enumerate(shard_sizes(n_samples, w, batch_size, drop_last)):
+        if batches:
+            continue
+        name = "the main worker" if rank == 0 else f"worker {rank}"
+        if n_samples == 0:
+            why = f"the {what} is empty"
+        else:
+            why = (f"{n_samples} samples over {w} worker{'s' if w > 1 else ''} is {samples} per worker, "
+                   f"fewer than batch_size {batch_size} with drop_last=True")
+        fixes = [f"batch_size <= {max(samples, 1)}", "drop_last=False"] if samples else []
+        if w > 1:
+            fixes.append("fewer devices")
+        fix = f" Use {', or '.join(fixes)}." if fixes and n_samples else ""
+        out.append(Finding("error", "empty_shard",
+                           f"Rank {rank} ({name}, {devices[rank]}) would get 0 batches of {what}: {why}.{fix}",
+                           str(devices[rank])))
+    return out

@@ -6,7 +6,7 @@
 >>> ddp_notebook.launch(train, devices="cpu:0,cpu:1").wait()
 'rank 0 of 2 on cpu:0'
 """
-from .context import WorkerContext
+from .context import WorkerContext, current_context
 from .devices import Device, parse_devices
 from .errors import (
     DDPNotebookError,
@@ -25,13 +25,14 @@ from .fit import FitConfigError, FitResult, fit
 from .launcher import default_devices, last_run, launch
 from .probes import Probe, StaticProbe
 from .run import Run
+from .spawn import spawn
 from .state import RunState, RunStatus, WorkerState, WorkerStatus
 from .validation import Finding, ValidationReport, validate_devices
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "launch", "fit", "FitResult", "Run", "WorkerContext", "last_run", "default_devices",
+    "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "last_run", "default_devices",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",

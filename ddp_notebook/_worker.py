@@ -129,12 +129,15 @@ def main() -> None:
             device = torch.device("cpu")
         import datetime
 
-        dist.init_process_group(
-            backend=cfg["backend"], init_method="file://" + cfg["init_file"], rank=rank,
-            world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
-            **({"device_id": device} if kind == "cuda" else {}),
-        )
+        spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
+        if not spawn_mode:
+            dist.init_process_group(
+                backend=cfg["backend"], init_method="file://" + cfg["init_file"], rank=rank,
+                world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
+                **({"device_id": device} if kind == "cuda" else {}),
+            )
 
+        from . import context
         from .context import WorkerContext
 
         ctx = WorkerContext(
@@ -143,9 +146,10 @@ def main() -> None:
             stop_event=stop, progress_interval=cfg.get("progress_interval", 0.1),
             resume_from=cfg.get("resume_from"),
         )
+        context._current = ctx
         channel.send({"kind": "ready"})
         phase = "run"
-        result = fn(ctx, *args, **kwargs)
+        result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)
         ctx.flush()
         phase = "result"
         blob = pickling.dumps(result) if rank == 0 else None

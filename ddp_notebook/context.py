@@ -20,7 +20,17 @@ from typing import Any, Callable, Optional
 from .training import TrainingHelpers
 from .wire import to_json_value
 
-__all__ = ["WorkerContext"]
+__all__ = ["WorkerContext", "current_context"]
+
+_current: Optional["WorkerContext"] = None
+
+
+def current_context() -> Optional["WorkerContext"]:
+    """The context of the worker this code runs in (None outside a worker).
+
+    Code started with ``ddp_notebook.spawn`` gets no context argument; it can still report
+    progress: ``ddp_notebook.current_context().log(step=i, total=n, loss=...)``."""
+    return _current
 
 
 class WorkerContext(TrainingHelpers):

@@ -1,0 +1,40 @@
+"""Models and data for the fit tests (importable by the worker processes)."""
+import os
+
+import torch
+
+
+def regression_data(n=512, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.randn(d, 1, generator=g)
+    return x, x @ w + 0.05 * torch.randn(n, 1, generator=g)
+
+
+def linear(d=8):
+    return torch.nn.Linear(d, 1)
+
+
+class FailsOnRank1(torch.nn.Module):
+    """A linear model whose forward raises on rank 1 once ``fail_after`` batches were seen."""
+
+    def __init__(self, d=8, fail_after=10**9):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, 1)
+        self.fail_after = fail_after
+        self.seen = 0
+
+    def forward(self, x):
+        if self.training:
+            self.seen += 1
+        if os.environ.get("RANK") == "1" and self.seen > self.fail_after:
+            raise ValueError(f"bad batch {self.seen} on rank 1")
+        return self.lin(x)
+
+
+def sgd(lr):
+    return lambda params: torch.optim.SGD(params, lr=lr)
+
+
+def within(tol):
+    return lambda pred, y: ((pred - y).abs() < tol).float().mean()

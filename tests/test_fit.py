@@ -1,0 +1,136 @@
+"""The built-in fit with real 2-rank CPU runs."""
+import threading
+
+import psutil
+import pytest
+import torch
+
+import ddp_notebook
+from ddp_notebook import FitResult, InvalidDevicesError, NotPicklableError, PreflightError, WorkerFailedError
+
+import models
+
+
+def test_two_rank_fit_converges_with_identical_weights_on_every_rank():
+    x, y = models.regression_data()
+    model = models.linear()
+    before = model.weight.detach().clone()
+    result = ddp_notebook.fit(model=model, train_data=(x, y), loss=torch.nn.MSELoss(), optimizer=models.sgd(0.1),
+                              epochs=5, batch_size=32, devices="cpu:0,cpu:1")
+    first, last = result.history[0]["train_loss"], result.history[-1]["train_loss"]
+    assert last < first / 20, (first, last)  # stated factor: the loss drops more than 20x
+    assert result.ranks_in_sync
+    assert result.model is model and not torch.equal(model.weight, before)  # trained in place
+    assert [h["epoch"] for h in result.history] == [0, 1, 2, 3, 4]
+    ranks = result.run.workers
+    assert all(w.step == w.total == 5 * 8 for w in ranks)  # 512 / 2 ranks / 32 = 8 steps an epoch
+    assert all("train_loss" in w.metrics and w.metrics["samples_per_s"] > 0 for w in ranks)
+
+
+def test_one_device_and_two_devices_agree_with_the_same_global_batch():
+    # Same seed and global batch (1 x 64 vs 2 x 32): DistributedSampler gives the two ranks the
+    # even and odd positions of one shuffled order, so each step averages the same 64 samples.
+    # Only the order of floating-point additions differs, so the weights agree to ~1e-6;
+    # we allow 1e-4.
+    x, y = models.regression_data()
+    kw = dict(train_data=(x, y), loss=torch.nn.MSELoss(), optimizer=models.sgd(0.05), epochs=3, seed=7)
+    one = ddp_notebook.fit(model=models.linear, batch_size=64, devices="cpu:0", **kw)
+    two = ddp_notebook.fit(model=models.linear, batch_size=32, devices="cpu*2", **kw)
+    for a, b in zip(one.model.parameters(), two.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+    assert abs(one.history[-1]["train_loss"] - two.history[-1]["train_loss"]) < 1e-4
+
+
+def test_gradient_accumulation_matches_the_larger_batch():
+    x, y = models.regression_data()
+    kw = dict(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), optimizer=models.sgd(0.05),
+              epochs=2, devices="cpu:0", shuffle=False)
+    big = ddp_notebook.fit(batch_size=64, **kw)
+    accumulated = ddp_notebook.fit(batch_size=32, grad_accum=2, **kw)
+    for a, b in zip(big.model.parameters(), accumulated.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_validation_metrics_and_early_stopping():
+    x, y = models.regression_data()
+    result = ddp_notebook.fit(model=models.linear, train_data=(x[:384], y[:384]), valid_data=(x[384:], y[384:]),
+                              loss=torch.nn.MSELoss(), optimizer=models.sgd(0.0), metrics={"close": models.within(0.5)},
+                              epochs=10, batch_size=32, devices="cpu*2", early_stopping=2)
+    assert result.stopped_early and len(result.history) == 3  # lr 0: never improves after the first epoch
+    assert {"valid_loss", "close", "train_loss"} <= set(result.history[0])
+    assert 0.0 <= result.history[0]["close"] <= 1.0
+
+
+def test_empty_shard_is_refused_before_any_worker_starts(tmp_path):
+    x, y = models.regression_data(n=100)
+    before = psutil.Process().children(recursive=True)
+    with pytest.raises(InvalidDevicesError) as e:
+        ddp_notebook.fit(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), batch_size=64,
+                         drop_last=True, devices="cpu*2", run_root=str(tmp_path))
+    assert ("Rank 1 (worker 1, cpu:1) would get 0 batches of training data: 100 samples over 2 workers is 50 per "
+            "worker, fewer than batch_size 64 with drop_last=True. Use batch_size <= 50, or drop_last=False, "
+            "or fewer devices.") in str(e.value)
+    assert psutil.Process().children(recursive=True) == before and list(tmp_path.iterdir()) == []
+
+
+def test_unpicklable_model_is_named_before_any_worker_starts(tmp_path):
+    lock = threading.Lock()
+
+    def make():
+        model = models.linear()
+        model.lock = lock
+        return model
+
+    with pytest.raises(NotPicklableError, match=r"^'lock', used by the function 'make', is a _thread.lock"):
+        ddp_notebook.fit(model=make, train_data=models.regression_data(), loss=torch.nn.MSELoss(),
+                         devices="cpu*2", run_root=str(tmp_path))
+    model = models.linear()
+    model.lock = lock
+    with pytest.raises(NotPicklableError, match=r"^fit\(model=...\) is a torch.nn.modules.linear.Linear"):
+        ddp_notebook.fit(model=model, train_data=models.regression_data(), loss=torch.nn.MSELoss(),
+                         devices="cpu*2", run_root=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_preflight_failure_shows_the_plain_error_before_any_worker_starts(tmp_path):
+    x, y = models.regression_data(d=8)
+    with pytest.raises(PreflightError) as e:
+        ddp_notebook.fit(model=lambda: torch.nn.Linear(6, 1), train_data=(x, y), loss=torch.nn.MSELoss(),
+                         devices="cpu*2", run_root=str(tmp_path))
+    assert str(e.value).startswith("The single-device preflight step on cpu:0 failed, so no DDP worker was started: "
+                                   "RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arguments_get_clear_errors():
+    data = models.regression_data()
+    with pytest.raises(ddp_notebook.FitConfigError, match="epochs must be a whole number >= 1, not 0"):
+        ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), epochs=0)
+    with pytest.raises(ddp_notebook.FitConfigError, match="train_data must be a Dataset"):
+        ddp_notebook.fit(model=models.linear, train_data=42, loss=torch.nn.MSELoss())
+    with pytest.raises(ddp_notebook.FitConfigError, match="monitor 'acc' is not recorded; choose one of train_loss"):
+        ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), monitor="acc")
+    with pytest.raises(TypeError, match=r"fit\(\) got unexpected keyword argument\(s\) 'epoch'"):
+        ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), epoch=3)
+
+
+def test_failed_fit_resumes_from_its_last_checkpoint_on_retry():
+    x, y = models.regression_data()
+    # 8 batches an epoch on each rank: rank 1 fails in epoch 2, after checkpoints of epochs 0 and 1
+    run = ddp_notebook.fit(model=models.FailsOnRank1(fail_after=20), train_data=(x, y), loss=torch.nn.MSELoss(),
+                           optimizer=models.sgd(0.05), epochs=4, batch_size=32, devices="cpu*2", wait=False)
+    with pytest.raises(WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: ValueError: bad batch 21 on rank 1"):
+        run.wait(timeout=120)
+    assert [e["epoch"] for e in run.events if e["kind"] == "checkpoint"] == [0, 1]
+    again = run.retry(resume=True)
+    assert [str(d) for d in again.devices] == ["cpu:0"]
+    result = again.wait(timeout=120)
+    assert isinstance(result, FitResult) and result.resumed_from_epoch == 1
+    assert [h["epoch"] for h in result.history] == [0, 1, 2, 3]
+    first_epoch = next(e["epoch"] for e in again.events if e["kind"] == "progress" and "epoch" in e)
+    assert first_epoch == 2
+    plain = ddp_notebook.launch(lambda ctx: None, devices="cpu:0")
+    plain.wait(timeout=60)
+    with pytest.raises(ddp_notebook.NoCheckpointError, match="saved no checkpoint to resume from"):
+        plain.retry(resume=True)

@@ -1,0 +1,48 @@
+"""DDP code written the way PyTorch's DDP tutorial writes it (used unchanged by the spawn tests)."""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(rank, world_size):
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", "12355")
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def demo_basic(rank, world_size, fail_rank=None):
+    print(f"Running basic DDP example on rank {rank}.")
+    setup(rank, world_size)
+    model = ToyModel().to("cpu")
+    ddp_model = DDP(model)
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    if rank == fail_rank:
+        raise ValueError(f"bad batch on rank {rank}")
+    labels = torch.randn(20, 5)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+    weight = ddp_model.module.net1.weight.detach().clone()
+    cleanup()
+    return (rank, world_size, weight.sum().item())

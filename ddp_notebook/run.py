@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from .devices import Device, format_devices
-from .errors import NoCheckpointError, NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+from .errors import DDPNotebookError, NoCheckpointError, NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
 from .failures import WorkerFailure
 from .processes import WorkerProcess, start_worker
 from .state import RunState, RunStatus, WorkerState
@@ -98,6 +98,39 @@ class Run:
         self._subscribers: list[Callable[[dict], None]] = []
         self._log = open(os.path.join(self.run_dir, "events.jsonl"), "a", buffering=1)
         self._supervisor: Optional[Supervisor] = None
+        self._result_blob: Optional[bytes] = None
+
+    @classmethod
+    def load(cls, run_dir: str) -> "Run":
+        """A finished run read back from its directory (for instance after a kernel restart):
+        its state, events, failures and (when it succeeded) its result. It cannot be retried:
+        the function and its arguments are not kept on disk.
+
+        >>> run = ddp_notebook.Run.load("~/.cache/ddp_notebook/runs/20261129-174217-5266c4")  # doctest: +SKIP
+        """
+        from .devices import parse_devices
+
+        run_dir = os.path.abspath(os.path.expanduser(run_dir))
+        run = cls.__new__(cls)
+        run.run_dir, run.id = run_dir, os.path.basename(run_dir)
+        run.state, run.events = RunState(), []
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            for line in f:
+                if line.strip():
+                    event = json.loads(line)
+                    run.events.append(event)
+                    run.state.apply(event)
+        run.devices = parse_devices(run.state.devices, cuda_count=lambda: 0)
+        run.backend = run.state.backend or "gloo"
+        run.report, run.options, run.parent, run._payload = None, LaunchOptions(), None, None
+        run._lock, run._finished, run._subscribers = threading.RLock(), threading.Event(), []
+        run._log, run._supervisor, run._result_blob = None, None, None
+        result = os.path.join(run_dir, "result.pkl")
+        if os.path.exists(result):
+            with open(result, "rb") as f:
+                run._result_blob = f.read()
+        run._finished.set()
+        return run
 
     # ---- lifecycle -------------------------------------------------------------------
     def _start(self) -> "Run":
@@ -153,6 +186,11 @@ class Run:
                 status = RunStatus.SUCCEEDED
             else:
                 status = RunStatus.FAILED
+            self._result_blob = sup.result_blob
+            if sup.result_blob is not None:  # kept so the run can be reloaded after a restart
+                with open(os.open(os.path.join(self.run_dir, "result.pkl"), os.O_WRONLY | os.O_CREAT, 0o600),
+                          "wb") as f:
+                    f.write(sup.result_blob)
             self._emit({"kind": "run_finished", "time": time.time(), "status": status}, None)
             for name in ("payload.pkl", "rendezvous"):
                 try:
@@ -166,7 +204,7 @@ class Run:
         with self._lock:
             self.events.append(event)
             self.state.apply(event)
-            if not self._log.closed:
+            if self._log is not None and not self._log.closed:
                 self._log.write(json.dumps(event, default=str) + "\n")
             subscribers = list(self._subscribers)
         for callback in subscribers:
@@ -228,19 +266,20 @@ class Run:
     def _outcome(self) -> Any:
         import cloudpickle
 
-        sup = self._supervisor
-        assert sup is not None
         root = self.state.root_failure
         if self.state.status == RunStatus.FAILED and root is not None:
             error = WorkerFailedError(root, self.state.failures, self.run_dir)
             cause = WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
             raise error from cause
-        if sup.result_blob is None:
+        if self._result_blob is None:
             if self.state.status == RunStatus.STOPPED:
                 raise RunStoppedError(f"run {self.id} was stopped ({self.state.stop_reason}) before the main "
                                       "worker returned a result")
+            if not self.state.finished:
+                raise RunStoppedError(f"the event log of run {self.id} ends while it was {self.status}: the "
+                                      "process that supervised it ended before the run did")
             raise WorkerFailedError(*_unexplained(self))
-        value = cloudpickle.loads(sup.result_blob)
+        value = cloudpickle.loads(self._result_blob)
         return self.options.postprocess(value, self) if self.options.postprocess else value
 
     # ---- control ---------------------------------------------------------------------
@@ -262,6 +301,9 @@ class Run:
         from .launcher import start_run
         from .training import latest_checkpoint
 
+        if self._payload is None:
+            raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its function and "
+                                   "arguments are not kept there; launch it again")
         if device is None:
             device = self.retry_device()
         if resume:

@@ -108,3 +108,19 @@ def test_process_group_is_ready_and_threads_are_split():
             os.environ["CUDA_VISIBLE_DEVICES"]
 
     assert ddp_notebook.launch(probe, devices="cpu*2").wait(timeout=60) == (True, "gloo", 2, max(1, (os.cpu_count() or 1) // 2), "")
+
+
+def test_finished_run_reloads_from_disk():
+    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"steps": 3})
+    run.wait(timeout=60)
+    again = ddp_notebook.Run.load(run.run_dir)
+    assert again.status == "succeeded" and again.result() == [8.0, 8.0]
+    assert [w.step for w in again.workers] == [3, 3] and again.devices == run.devices
+    failed = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"fault": "raise"})
+    with pytest.raises(WorkerFailedError):
+        failed.wait(timeout=60)
+    loaded = ddp_notebook.Run.load(failed.run_dir)
+    with pytest.raises(WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: ValueError: boom at step 3"):
+        loaded.wait()
+    with pytest.raises(ddp_notebook.DDPNotebookError, match="cannot be retried"):
+        loaded.retry()

@@ -11,3 +11,11 @@ def test_launch_benchmark_quick_mode_prints_its_table():
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["ddp_notebook", "mp-fork", "mp-spawn"]
+
+
+def test_fit_benchmark_quick_mode_prints_its_table():
+    bench = os.path.join(os.path.dirname(BENCH), "fit_bench.py")
+    out = subprocess.run([sys.executable, bench, "--quick"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 4 and rows[-1].endswith("| 1.00x |")

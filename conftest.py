@@ -2,18 +2,23 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import psutil
 import pytest
 
 WORKER_MARK = "ddp_notebook._worker"
+# Workers inherit this: the leak check finds this session's workers even after they were
+# orphaned (re-parented away from us), and ignores those of another test session.
+SESSION = os.environ.setdefault("DDP_NOTEBOOK_TEST_SESSION", uuid.uuid4().hex)
 
 
 def _workers() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and WORKER_MARK in " ".join(p.info["cmdline"] or ()):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and WORKER_MARK in " ".join(p.info["cmdline"] or ()) \
+                    and p.environ().get("DDP_NOTEBOOK_TEST_SESSION") == SESSION:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

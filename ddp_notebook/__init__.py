@@ -22,7 +22,7 @@ from .errors import (
 )
 from .failures import WorkerFailure
 from .fit import FitConfigError, FitResult, fit
-from .launcher import default_devices, last_run, launch
+from .launcher import default_devices, last_run, launch, set_default_devices
 from .probes import Probe, StaticProbe
 from .run import Run
 from .spawn import spawn
@@ -32,10 +32,17 @@ from .validation import Finding, ValidationReport, validate_devices
 __version__ = "0.1.0"
 
 __all__ = [
-    "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "last_run", "default_devices",
+    "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "last_run", "default_devices", "set_default_devices", "load_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError",
 ]
+
+
+def load_ipython_extension(ipython):  # noqa: D401 - IPython's hook name
+    """``%load_ext ddp_notebook``: registers the ``%ddp_*`` magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

@@ -11,13 +11,22 @@ from .probes import Probe, default_probe
 from .run import LaunchOptions, Run
 from .validation import validate_devices
 
-__all__ = ["launch", "launch_with", "default_devices", "last_run", "options_from", "first_unpicklable"]
+__all__ = ["launch", "launch_with", "default_devices", "set_default_devices", "last_run", "options_from", "first_unpicklable"]
 
 _last_run: Optional[Run] = None
+_default_spec: Optional[DeviceSpec] = None
 
 
-def default_devices(probe: Optional[Probe] = None) -> str:
-    """Every visible GPU, or two CPU workers on a machine without one."""
+def set_default_devices(spec: Optional[DeviceSpec]) -> None:
+    """The device list runs use when none is given (``%ddp_devices SPEC``); None to reset."""
+    global _default_spec
+    _default_spec = spec
+
+
+def default_devices(probe: Optional[Probe] = None) -> DeviceSpec:
+    """The list set with ``set_default_devices``; else every visible GPU, or two CPU workers."""
+    if _default_spec is not None:
+        return _default_spec
     probe = probe or default_probe()
     return "cuda" if probe.cuda_count() > 0 else "cpu*2"
 

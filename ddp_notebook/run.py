@@ -106,7 +106,7 @@ class Run:
         its state, events, failures and (when it succeeded) its result. It cannot be retried:
         the function and its arguments are not kept on disk.
 
-        >>> run = ddp_notebook.Run.load("~/.cache/ddp_notebook/runs/20261129-174217-5266c4")  # doctest: +SKIP
+        Example: ``ddp_notebook.Run.load("~/.cache/ddp_notebook/runs/20261129-174217-5266c4").result()``
         """
         from .devices import parse_devices
 
@@ -292,9 +292,18 @@ class Run:
         if wait:
             self._finished.wait()
 
-    def retry(self, device: Any = None, resume: bool = False, **changes: Any) -> "Run":
+    def retry_without_failed(self, resume: bool = False) -> "Run":
+        """Run again on the device list without the devices whose workers caused the failure."""
+        failed = {f.rank for f in self.state.failures if not f.consequence}
+        keep = [d for rank, d in enumerate(self.devices) if rank not in failed]
+        if not keep:
+            raise DDPNotebookError(f"every device of run {self.id} failed; choose a device with retry(device=...)")
+        return self.retry(devices=keep, resume=resume)
+
+    def retry(self, device: Any = None, resume: bool = False, devices: Any = None, **changes: Any) -> "Run":
         """Run the same function with the same arguments and options again, on one device:
-        by default the main device, or the first device that did not fail when it did.
+        by default the main device, or the first device that did not fail when it did
+        (``devices=[...]`` for a list: a retry is a new start with a smaller device list).
 
         With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
         checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
@@ -304,14 +313,14 @@ class Run:
         if self._payload is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its function and "
                                    "arguments are not kept there; launch it again")
-        if device is None:
-            device = self.retry_device()
+        if devices is None:
+            devices = [device if device is not None else self.retry_device()]
         if resume:
             if latest_checkpoint(self.checkpoint_dir) is None:
                 raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
                                         f"(looked in {self.checkpoint_dir})")
             changes["resume_from"] = self.checkpoint_dir
-        return start_run(self._payload, device, replace(self.options, **changes), parent=self)
+        return start_run(self._payload, devices, replace(self.options, **changes), parent=self)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -328,6 +337,12 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
+
+    def _ipython_display_(self) -> None:
+        # The value of a cell, or display(run): the live panel in a notebook, text elsewhere.
+        from .display import show_run
+
+        show_run(self)
 
 
 def _unexplained(run: Run) -> tuple[WorkerFailure, list[WorkerFailure], str]:

@@ -21,6 +21,7 @@ from .failures import WorkerFailure
 __all__ = ["RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT"]
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
+LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
 
 
 class RunStatus:
@@ -58,6 +59,7 @@ class WorkerState:
     exit_code: Optional[int] = None
     returned: bool = False
     output: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
+    loss_history: list = field(default_factory=list)  # (step, loss) points for the plot
 
     @property
     def is_main(self) -> bool:
@@ -66,6 +68,11 @@ class WorkerState:
     @property
     def finished(self) -> bool:
         return self.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.STOPPED)
+
+    @property
+    def last_line(self) -> str:
+        """The last line the worker printed (stdout or stderr)."""
+        return self.output[-1][1] if self.output else ""
 
     def stderr_tail(self, n: int = 30) -> list[str]:
         return [text for stream, text in self.output if stream == "stderr"][-n:]
@@ -83,6 +90,8 @@ class RunState:
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
     stop_reason: Optional[str] = None
+    parent: Optional[str] = None  # the run this one retries
+    checkpoints: list[dict] = field(default_factory=list)
     workers: dict[int, WorkerState] = field(default_factory=dict)
     failures: list[WorkerFailure] = field(default_factory=list)
     events_seen: int = 0
@@ -110,6 +119,7 @@ class RunState:
             self.devices = list(event.get("devices", []))
             self.backend = event.get("backend")
             self.run_dir = event.get("run_dir")
+            self.parent = event.get("parent")
             self.started_at = t
             self.workers = {r: WorkerState(r, d) for r, d in enumerate(self.devices)}
             return
@@ -143,6 +153,14 @@ class RunState:
                     setattr(w, key, event[key])
             w.metrics.update(event.get("metrics") or {})
             w.last_progress_at = t
+            loss = (event.get("metrics") or {}).get("loss")
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+                x = event.get("step") if event.get("step") is not None else len(w.loss_history) + 1
+                w.loss_history.append((x, float(loss)))
+                if len(w.loss_history) > LOSS_POINTS_KEPT:
+                    w.loss_history = w.loss_history[::2]
+        elif kind == "checkpoint":
+            self.checkpoints.append({"epoch": event.get("epoch"), "path": event.get("path")})
         elif kind == "output":
             for line in event["text"].splitlines():
                 w.output.append((event["stream"], line))

@@ -59,6 +59,12 @@ def test_real_kernel_runs_a_cell_defined_function():
                                        timeout=120, output_hook=hook)
         assert reply["content"]["status"] == "ok", outputs
         assert any(o.get("text") == "60.0\n" for o in outputs), outputs
+        outputs.clear()
+        reply = kc.execute_interactive("run = ddp_notebook.launch(train, devices='cpu*2', args=(1,)); run.wait(60); run",
+                                       timeout=120, output_hook=lambda m: outputs.append(m))
+        shown = [m["content"]["data"] for m in outputs if m["msg_type"] == "display_data"]
+        assert shown and "application/vnd.jupyter.widget-view+json" in shown[0]  # the live panel
+        assert "succeeded" in shown[0]["text/plain"] and "rank 1 cpu:1" in shown[0]["text/plain"]
         reply = kc.execute_interactive("ddp_notebook.launch(train, devices='cpu:0,cpu:1', args=(99,)).wait(60)",
                                        timeout=120, output_hook=hook)
         err = reply["content"]

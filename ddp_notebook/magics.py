@@ -1,0 +1,97 @@
+"""IPython magics: ``%load_ext ddp_notebook``, then ``%ddp_devices``, ``%ddp_fit``, ``%ddp_status``,
+``%ddp_stop``, ``%ddp_retry``. Each parses its arguments and calls the Python API."""
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import launcher
+from .display import show_report, show_run, start_target
+from .errors import DeviceSpecError, InvalidDevicesError, NoCheckpointError, NotPicklableError
+from .fit import FitConfigError
+from .textview import format_run
+from .validation import validate_devices
+
+__all__ = ["DDPMagics", "load_ipython_extension"]
+
+_USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError)
+
+
+def _last_run():
+    run = launcher.last_run()
+    if run is None:
+        raise UsageError("no run yet: start one with %ddp_fit FUNC")
+    return run
+
+
+@magics_class
+class DDPMagics(Magics):
+    @magic_arguments()
+    @argument("spec", nargs="?", help="device list to validate and make the default, e.g. cpu*2 or cuda:0,cuda:1")
+    @line_magic
+    def ddp_devices(self, line):
+        """Show, validate and set the default device list of this kernel."""
+        args = parse_argstring(self.ddp_devices, line)
+        report = validate_devices(args.spec or launcher.default_devices())
+        if args.spec and report.ok:
+            launcher.set_default_devices(args.spec)
+        show_report(report)
+
+    @magic_arguments()
+    @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name")
+    @argument("-d", "--devices", help="device list (default: the one set with %%ddp_devices)")
+    @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
+    @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
+    @argument("--stall-timeout", type=float, help="fail the run when no rank reports progress for this long")
+    @argument("--wait", action="store_true", help="block until the run ends and return its result")
+    @line_magic
+    def ddp_fit(self, line):
+        """Launch a DDP run in background workers and show its live panel; returns at once."""
+        args = parse_argstring(self.ddp_fit, line)
+        if args.func not in self.shell.user_ns:
+            raise UsageError(f"%ddp_fit: there is no {args.func!r} in the notebook; define a training function "
+                             "fn(ctx) or a dict of fit() arguments with that name first")
+        options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout}
+        try:
+            run, relaunch = start_target(self.shell.user_ns[args.func], args.func, args.devices, options)
+        except _USER_MISTAKES as e:
+            raise UsageError(f"%ddp_fit: {e}") from None
+        self.shell.user_ns["_ddp_run"] = run
+        show_run(run, launcher=relaunch)
+        if args.wait:
+            return run.wait()
+
+    @line_magic
+    def ddp_status(self, line):
+        """Print the state of the last run."""
+        print(format_run(_last_run().state))
+
+    @magic_arguments()
+    @argument("--grace", type=float, help="seconds before workers that ignore the request are terminated")
+    @line_magic
+    def ddp_stop(self, line):
+        """Ask the last run to stop (ctx.should_stop), forced after the grace period."""
+        args = parse_argstring(self.ddp_stop, line)
+        _last_run().stop(grace=args.grace)
+
+    @magic_arguments()
+    @argument("--device", help="the device to retry on (default: the main one, or the first healthy one)")
+    @argument("--resume", action="store_true", help="continue from the last checkpoint")
+    @argument("--without-failed", action="store_true", help="retry on every device except the failed ones")
+    @line_magic
+    def ddp_retry(self, line):
+        """Re-run the last run on a single device (or without its failed devices)."""
+        args = parse_argstring(self.ddp_retry, line)
+        run = _last_run()
+        try:
+            new = run.retry_without_failed(resume=args.resume) if args.without_failed else \
+                run.retry(device=args.device, resume=args.resume)
+        except _USER_MISTAKES as e:
+            raise UsageError(f"%ddp_retry: {e}") from None
+        self.shell.user_ns["_ddp_run"] = new
+        show_run(new)
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(DDPMagics)

@@ -1,0 +1,111 @@
+"""The %ddp_* magics in a real IPython shell."""
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import get_ipython
+from IPython.utils.capture import capture_output
+
+import ddp_notebook
+
+CELL = '''
+import torch, torch.distributed as dist
+def train(ctx, epochs=2):
+    t = torch.ones(1)
+    for epoch in range(epochs):
+        dist.all_reduce(t)
+        ctx.log(step=epoch + 1, total=epochs, epoch=epoch, loss=1.0 / (epoch + 1))
+    return t.item()
+
+def until_stopped(ctx):
+    step = 0
+    while not ctx.should_stop:
+        step += 1
+        ctx.log(step=step)
+        import time; time.sleep(0.01)
+    return step
+
+def fails(ctx):
+    if ctx.rank == 1:
+        raise ValueError("boom on rank 1")
+    return "ok"
+
+x = torch.randn(128, 4); y = x.sum(1, keepdim=True)
+config = dict(model=lambda: torch.nn.Linear(4, 1), train_data=(x, y), loss=torch.nn.MSELoss(), batch_size=16)
+'''
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "ddp_notebook")
+    assert shell.run_cell(CELL).success
+    yield shell
+    ddp_notebook.set_default_devices(None)
+
+
+def test_ddp_devices_validates_and_sets_the_default(ip):
+    with capture_output() as out:
+        ip.run_line_magic("ddp_devices", "cpu*2")
+    assert "Device list 'cpu*2': OK" in out.stdout
+    assert ddp_notebook.default_devices() == "cpu*2"
+    with capture_output() as out:
+        ip.run_line_magic("ddp_devices", "cpu:0,cpu:0")
+    assert "cpu:0 is listed 2 times" in out.stdout and ddp_notebook.default_devices() == "cpu*2"
+
+
+def test_ddp_fit_waits_and_returns_the_result(ip):
+    with capture_output():
+        result = ip.run_line_magic("ddp_fit", "train --epochs 3 --wait")
+    assert result == 8.0
+    run = ip.user_ns["_ddp_run"]
+    assert run is ddp_notebook.last_run() and run.status == "succeeded"
+    assert [w.step for w in run.workers] == [3, 3]
+    with capture_output() as out:
+        ip.run_line_magic("ddp_status", "")
+    assert "succeeded" in out.stdout and "rank 1 cpu:1" in out.stdout
+
+
+def test_ddp_fit_returns_at_once_then_stop(ip):
+    with capture_output():
+        assert ip.run_line_magic("ddp_fit", "until_stopped -d cpu:0,cpu:1") is None
+    run = ip.user_ns["_ddp_run"]
+    assert not run.done or run.status == "stopped"
+    ip.run_line_magic("ddp_stop", "--grace 20")
+    assert run.wait(timeout=60) >= 0 and run.status == "stopped"  # a stop during start-up is honoured too
+
+
+def test_ddp_fit_with_a_fit_configuration(ip):
+    with capture_output():
+        result = ip.run_line_magic("ddp_fit", "config --epochs 2 --batch-size 32 --wait")
+    assert isinstance(result, ddp_notebook.FitResult) and len(result.history) == 2 and result.ranks_in_sync
+
+
+def test_ddp_retry_after_a_failure(ip):
+    with capture_output():
+        ip.run_line_magic("ddp_fit", "fails")
+    failed = ip.user_ns["_ddp_run"]
+    with pytest.raises(ddp_notebook.WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: ValueError: boom on rank 1"):
+        failed.wait(timeout=60)
+    with capture_output():
+        ip.run_line_magic("ddp_retry", "")
+    retry = ip.user_ns["_ddp_run"]
+    assert retry.parent is failed and retry.wait(timeout=60) == "ok"
+    assert [str(d) for d in retry.devices] == ["cpu:0"]
+
+
+@pytest.mark.parametrize("line, words", [
+    ("nothing_here", "there is no 'nothing_here' in the notebook"),
+    ("train --epochs many", "invalid int value: 'many'"),
+    ("train --devices cpu:0,cpu:0", "cpu:0 is listed 2 times"),
+    ("train --devices tpu:0", "unknown device kind 'tpu'"),
+    ("fails --epochs 2", "fails() takes no 'epochs' argument"),
+    ("x", "x is a Tensor; %ddp_fit takes a training function"),
+    ("", "the following arguments are required: func"),
+])
+def test_bad_arguments_raise_usage_errors(ip, line, words):
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        ip.run_line_magic("ddp_fit", line)
+
+
+def test_help_comes_from_magic_arguments(ip):
+    doc = ip.find_line_magic("ddp_fit").__doc__
+    assert "--devices" in doc and "--wait" in doc and "Launch a DDP run" in doc

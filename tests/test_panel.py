@@ -1,0 +1,111 @@
+"""The widget panel: fed events with no kernel, then driven by a real failing 2-worker run."""
+import pytest
+import torch  # noqa: F401 - the workers import it; importing here keeps timings comparable
+
+import ddp_notebook
+from ddp_notebook.failures import WorkerFailure
+from ddp_notebook.panel import DDPPanel, RunView, StateFeed
+
+import faults
+
+START = {"kind": "run_started", "time": 100.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"], "backend": "gloo"}
+
+
+def fed(*events):
+    feed = StateFeed()
+    for e in (START,) + events:
+        feed.apply(e)
+    return feed
+
+
+def test_rows_show_progress_and_the_main_worker():
+    feed = fed({"kind": "started", "time": 100.1, "rank": 0, "pid": 11},
+               {"kind": "ready", "time": 100.2, "rank": 0},
+               {"kind": "progress", "time": 101.0, "rank": 0, "step": 5, "total": 20, "epoch": 1,
+                "metrics": {"loss": 0.5, "samples_per_s": 1234.0}},
+               {"kind": "output", "time": 101.0, "rank": 0, "stream": "stdout", "text": "hello\n"})
+    view = RunView(feed, live=False)
+    row = view.rows[0]
+    assert "main" in row.name.value and "cpu:0" in row.name.value
+    assert row.bar.value == 0.25 and row.bar.bar_style == "info"
+    assert "step 5/20" in row.text.value and "epoch 1" in row.text.value and "loss 0.5" in row.text.value
+    assert "samples/s 1234" in row.text.value and "hello" in row.last.value
+    assert "running" in row.badge.value and "starting" in view.rows[1].badge.value
+    assert view.card_box.layout.display == "none"
+    assert view.plot.value and view.plot.layout.display == ""  # one loss point plotted
+    assert "hello" in view.outputs.children[0].value
+    assert repr(view).splitlines()[1].strip().startswith("rank 0 cpu:0 (main) running    step 5/20")
+
+
+def test_failed_worker_turns_red_and_the_card_offers_retries():
+    root = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=102.0, pid=12, exc_type="ValueError",
+                         message="boom at step 5", traceback='  File "cell", line 3, in train\nValueError: boom\n')
+    knock = WorkerFailure(rank=0, device="cpu:0", kind="exception", time=102.1, exc_type="RuntimeError",
+                          message="Connection reset by peer", consequence=True)
+    feed = fed({"kind": "failure", "time": 102.0, "rank": 1, "failure": root.to_dict()},
+               {"kind": "failure", "time": 102.1, "rank": 0, "failure": knock.to_dict()},
+               {"kind": "run_finished", "time": 103.0, "status": "failed"})
+    retried = []
+    view = RunView(feed, on_retry=retried.append, live=False)
+    red = view.rows[1]
+    assert "#dc3545" in red.box.layout.border and red.bar.bar_style == "danger"
+    assert "#dc3545" not in view.rows[0].box.layout.border  # the knock-on peer is not blamed
+    assert view.card_box.layout.display == ""
+    assert "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 5" in view.card.value
+    assert "main worker (cpu:0) failed as a consequence" in view.card.value
+    assert "Traceback from worker 1" in view.card.value
+    assert view.retry_device.value == "cpu:0" and not view.retry_single.disabled
+    view.retry_single.click()
+    view.retry_without.click()
+    assert retried == [["cpu:0"], ["cpu:0"]]
+    assert view.stop_button.layout.display == "none"
+
+
+@pytest.mark.parametrize("kind, words", [
+    (dict(kind="signal", signal="SIGKILL"), "Out of memory"),
+    (dict(kind="unpickle", exc_type="AttributeError"), "could not load the function"),
+    (dict(kind="stall", stalled_for=3.0), "stopped making progress"),
+])
+def test_card_hint_follows_the_failure_kind(kind, words):
+    f = WorkerFailure(rank=1, device="cpu:1", time=1.0, **kind)
+    view = RunView(fed({"kind": "failure", "time": 1, "rank": 1, "failure": f.to_dict()}), live=False)
+    assert words in view.card.value
+
+
+def test_panel_with_a_real_failing_run_retries_on_one_device():
+    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu:0,cpu:1", kwargs={"fault": "raise", "bad_rank": 1})
+    panel = DDPPanel(run)
+    with pytest.raises(ddp_notebook.WorkerFailedError):
+        run.wait(timeout=60)
+    view = panel.views[0]
+    view.refresh()
+    assert "#dc3545" in view.rows[1].box.layout.border
+    assert "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 3" in view.card.value
+    assert view.retry_device.value == "cpu:0"
+    view.retry_single.click()
+    assert len(panel.views) == 2
+    retry_view = panel.views[1]
+    assert retry_view.run.parent is run and [str(d) for d in retry_view.run.devices] == ["cpu:0"]
+    assert retry_view.run.wait(timeout=60) == [1.0, 1.0]
+    retry_view.refresh()
+    assert "succeeded" in retry_view.title.value and f"retry of {run.id}" in retry_view.title.value
+    assert retry_view.rows[0].bar.bar_style == "success" and retry_view.rows[0].bar.value == 1.0
+    assert "succeeded" in repr(panel)
+
+
+def test_launch_controls_validate_before_launching():
+    launched = []
+
+    def launcher(devices):
+        launched.append(devices)
+        return fed()
+
+    panel = DDPPanel(launcher=launcher, available=["cpu:0", "cpu:1", "cpu:2"], selected=["cpu:0", "cpu:1"])
+    assert panel.chosen_devices() == ["cpu:0", "cpu:1"]
+    panel.picker.value = ()
+    panel.launch_button.click()
+    assert launched == [] and "empty" in panel.report.value and "#dc3545" in panel.report.value
+    panel.picker.value = ("cpu:2", "cpu:0")
+    panel.launch_button.click()
+    assert launched == [["cpu:0", "cpu:2"]]  # ranks follow the picker's order: cpu:0 stays main
+    assert len(panel.views) == 1 and "valid" in panel.report.value

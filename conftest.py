@@ -47,3 +47,12 @@ def runs_in_tmp(tmp_path_factory):
     """Keep the event logs of test runs out of the user's cache."""
     os.environ["DDP_NOTEBOOK_RUNS"] = str(tmp_path_factory.mktemp("runs"))
     yield
+
+
+@pytest.fixture(scope="session")
+def ipython_shell():
+    """One real IPython shell for the session (IPython's test shell can be started only once)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.testing.globalipapp import start_ipython
+
+    return start_ipython() or InteractiveShell.instance()

@@ -176,6 +176,8 @@ class RunView(_FullText, widgets.VBox):
         row.text.value = " · ".join(bits)
         row.last.value = f'<code style="color:#6c757d">{escape(w.last_line[-120:])}</code>'
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
+        if caused_failure and "ddp-failed-row" not in row.box._dom_classes:
+            row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests
 
     def _render_card(self, state: RunState) -> None:
         root = state.root_failure

@@ -1,7 +1,6 @@
 """Functions defined in a notebook's ``__main__``: in an IPython shell and in a real kernel."""
 
 import pytest
-from IPython.testing.globalipapp import get_ipython
 from IPython.utils.capture import capture_output
 
 CELL_DEFINE = '''
@@ -19,8 +18,8 @@ def train(ctx, steps):
 
 
 @pytest.fixture(scope="module")
-def ip():
-    return get_ipython()
+def ip(ipython_shell):
+    return ipython_shell
 
 
 def test_cell_function_runs_on_two_workers(ip):

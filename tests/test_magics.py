@@ -1,7 +1,6 @@
 """The %ddp_* magics in a real IPython shell."""
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import get_ipython
 from IPython.utils.capture import capture_output
 
 import ddp_notebook
@@ -34,8 +33,8 @@ config = dict(model=lambda: torch.nn.Linear(4, 1), train_data=(x, y), loss=torch
 
 
 @pytest.fixture(scope="module")
-def ip():
-    shell = get_ipython()
+def ip(ipython_shell):
+    shell = ipython_shell
     shell.run_line_magic("load_ext", "ddp_notebook")
     assert shell.run_cell(CELL).success
     yield shell

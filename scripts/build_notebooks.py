@@ -1,0 +1,254 @@
+"""Writes the tutorial notebooks from the cells below and executes them, storing outputs.
+
+    .venv/bin/python scripts/build_notebooks.py
+
+nbval (in the test suite) then re-runs each notebook and compares the outputs."""
+from __future__ import annotations
+
+import os
+import sys
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NOTEBOOKS = os.path.join(HERE, "..", "notebooks")
+
+
+def md(text):
+    return nbformat.v4.new_markdown_cell(text.strip())
+
+
+def code(text):
+    return nbformat.v4.new_code_cell(text.strip())
+
+
+QUICKSTART = [
+    md("""
+# Quickstart: DistributedDataParallel from a notebook
+
+`ddp_notebook` runs a DDP fit in background worker processes, one per device, while this kernel
+stays responsive. Here: two CPU workers train a small model on synthetic data.
+"""),
+    code("""
+%load_ext ddp_notebook
+import torch, ddp_notebook
+"""),
+    md("Pick the devices. The list is validated before anything starts; `%ddp_devices` makes it the default."),
+    code("%ddp_devices cpu*2"),
+    md("Synthetic regression data, and a model defined right here in the notebook:"),
+    code("""
+torch.manual_seed(0)
+x = torch.randn(1024, 8)
+y = x @ torch.randn(8, 1) + 0.05 * torch.randn(1024, 1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+"""),
+    md("""
+Launch the built-in fit. `wait=False` returns the run at once; as the value of a cell it shows
+the **live panel**: one row per device with its progress, loss and rate, and a loss plot.
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+run = ddp_notebook.fit(model=model, train_data=(x[:896], y[:896]), valid_data=(x[896:], y[896:]),
+                       loss=torch.nn.MSELoss(), optimizer=lambda p: torch.optim.Adam(p, lr=1e-2),
+                       epochs=8, batch_size=32, wait=False)
+run
+"""),
+    md("`run.wait()` gives the result: the model (the same object, now trained) and the history."),
+    code("""
+result = run.wait()
+first, last = result.history[0]["train_loss"], result.history[-1]["train_loss"]
+print("status:", run.status)
+print("epochs:", len(result.history), "| every rank holds the same weights:", result.ranks_in_sync)
+print("training loss dropped more than 5x:", last < first / 5)
+print("the model in this notebook is the trained one:", result.model is model)
+"""),
+    md("Evaluate the trained model right here, in the notebook process:"),
+    code("""
+with torch.no_grad():
+    mse = torch.nn.functional.mse_loss(model(x[896:]), y[896:]).item()
+print("validation MSE below 0.1:", mse < 0.1)
+"""),
+    md("""
+The same fit with the magic: `%ddp_fit` takes a dict of `fit()` arguments (or a training
+function) by name, shows the panel and returns at once; `--wait` blocks.
+"""),
+    code("""
+config = dict(model=lambda: torch.nn.Linear(8, 1), train_data=(x, y), loss=torch.nn.MSELoss(),
+              optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=32)
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+%ddp_fit config --epochs 3
+"""),
+    code("""
+fit = _ddp_run.wait()
+print(_ddp_run.status, "after", len(fit.history), "epochs; ranks in sync:", fit.ranks_in_sync)
+"""),
+]
+
+FAILURES = [
+    md("""
+# When a worker fails
+
+Bad device lists are caught before anything starts; a worker that fails is named with its own
+error message and traceback; and a single-device retry is one click (or one call) away.
+"""),
+    code("""
+%load_ext ddp_notebook
+import os, torch, ddp_notebook
+"""),
+    md("## Caught by validation\nA duplicate device:"),
+    code("%ddp_devices cpu:0,cpu:0"),
+    md("A device that does not exist (this machine has no GPU):"),
+    code("%ddp_devices cuda:0"),
+    md("A rank whose data shard would be empty: 100 samples, 2 workers, batch size 64, `drop_last=True`:"),
+    code("""
+x, y = torch.randn(100, 4), torch.randn(100, 1)
+try:
+    ddp_notebook.fit(model=torch.nn.Linear(4, 1), train_data=(x, y), loss=torch.nn.MSELoss(),
+                     batch_size=64, drop_last=True, devices="cpu*2")
+except ddp_notebook.InvalidDevicesError as e:
+    print(e.report.errors[1].message)
+"""),
+    md("""
+## A worker that raises
+`train` raises on rank 1 at step 5. The run's panel turns that worker's row red and shows a
+failure card with the message, the traceback and the retry buttons.
+"""),
+    code("""
+import torch.distributed as dist
+
+def train(ctx, steps=40):
+    t = torch.ones(1)
+    for step in range(1, steps + 1):
+        if ctx.rank == 1 and step == 5:
+            raise ValueError(f"boom at step {step}")
+        dist.all_reduce(t)
+        ctx.log(step=step, total=steps, loss=1.0 / step)
+    return "trained"
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+run = ddp_notebook.launch(train, devices="cpu:0,cpu:1")
+run
+"""),
+    code("""
+try:
+    run.wait()
+except ddp_notebook.WorkerFailedError as e:
+    print(e)
+    print("rank:", e.rank, "| device:", e.device, "| kind:", e.failure.kind)
+    print("it is the root cause:", not e.failure.consequence, "| no worker left running:", all(w.finished for w in run.workers))
+"""),
+    md("""
+**Retry on a single device**: the card's button does this; from code it is `run.retry()`, which
+picks the main device, or the first device that did not fail.
+"""),
+    code("""
+retry = run.retry()
+print("retry on", [str(d) for d in retry.devices], "->", retry.wait(), f"({retry.status})")
+"""),
+    md("## Stop a running fit\n`run.stop()` asks every worker to stop (`ctx.should_stop`); workers that ignore it are terminated after a grace period."),
+    code("""
+def forever(ctx):
+    import time
+    step = 0
+    while not ctx.should_stop:
+        step += 1
+        ctx.log(step=step)
+        time.sleep(0.01)
+    return "stopped cleanly"
+
+long_run = ddp_notebook.launch(forever, devices="cpu*2")
+long_run.stop()
+print(long_run.wait(), "->", long_run.status)
+"""),
+]
+
+OWN_LOOP = [
+    md("""
+# Your own training loop
+
+A function `train(ctx, ...)` runs on every device. The context gives what a DDP loop needs:
+`ctx.prepare(model)`, `ctx.loader(dataset, ...)` (this rank's shard), `ctx.epochs()`,
+`ctx.batches()` (progress reporting), `ctx.log(...)`, and checkpoints saved by the main worker.
+"""),
+    code("""
+%load_ext ddp_notebook
+import torch, ddp_notebook
+from torch.utils.data import TensorDataset
+torch.manual_seed(0)
+x = torch.randn(512, 8)
+data = TensorDataset(x, x.sum(1, keepdim=True))
+"""),
+    code("""
+def train(ctx, dataset, epochs=4, fail_at_epoch=None):
+    model = ctx.prepare(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    checkpoint = ctx.load_checkpoint()          # set when the run resumes (retry(resume=True))
+    if checkpoint is not None:
+        ctx.unwrap(model).load_state_dict(checkpoint["model"])
+        start = checkpoint["epoch"] + 1
+    loader = ctx.loader(dataset, batch_size=32)
+    print(f"rank {ctx.rank} on {ctx.device_name}: {len(loader)} batches an epoch, starting at epoch {start}")
+    for epoch in ctx.epochs(epochs, start=start):
+        if epoch == fail_at_epoch and ctx.rank == 1 and checkpoint is None:
+            raise RuntimeError(f"simulated crash in epoch {epoch}")
+        for xb, yb in ctx.batches(loader):
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad(); loss.backward(); opt.step()
+            ctx.log(loss=loss.item())
+        ctx.save_checkpoint({"model": ctx.unwrap(model).state_dict(), "epoch": epoch}, epoch)
+    return round(loss.item(), 3) if ctx.is_main else None
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+run = ddp_notebook.launch(train, devices="cpu*2", args=(data,))
+run
+"""),
+    code("""
+final_loss = run.wait()
+print(run.status, "| final loss below 0.05:", final_loss < 0.05)
+"""),
+    md("Each worker's output is kept apart, by rank:"),
+    code("""
+for rank in (0, 1):
+    print(run.output(rank), end="")
+"""),
+    md("""
+## Checkpoints and resume
+Rank 1 crashes in epoch 2; the main worker had saved epochs 0 and 1. `retry(resume=True)`
+continues on one device from the last checkpoint.
+"""),
+    code("""
+crashed = ddp_notebook.launch(train, devices="cpu*2", args=(data,), kwargs={"fail_at_epoch": 2})
+try:
+    crashed.wait()
+except ddp_notebook.WorkerFailedError as e:
+    print(e)
+print("checkpoints:", [c["epoch"] for c in crashed.state.checkpoints])
+"""),
+    code("""
+resumed = crashed.retry(resume=True)
+print("resumed loss below 0.05:", resumed.wait() < 0.05)
+print(resumed.output(0), end="")
+"""),
+]
+
+
+def build(name: str, cells: list) -> str:
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = os.path.join(NOTEBOOKS, name)
+    NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=True, resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    nbformat.write(nb, path)
+    return path
+
+
+if __name__ == "__main__":
+    todo = {"01_quickstart.ipynb": QUICKSTART, "02_when_a_worker_fails.ipynb": FAILURES,
+            "03_your_own_loop.ipynb": OWN_LOOP}
+    for name in sys.argv[1:] or todo:
+        print("built", build(name, todo[name]))

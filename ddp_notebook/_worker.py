@@ -99,6 +99,7 @@ def main() -> None:
     channel.send({"kind": "started", "pid": os.getpid(), "main_thread": threading.get_ident()})
 
     phase = "startup"
+    ctx = None
     try:
         for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank,
                            "LOCAL_WORLD_SIZE": world_size}.items():
@@ -155,6 +156,8 @@ def main() -> None:
         blob = pickling.dumps(result) if rank == 0 else None
         channel.send({"kind": "done"}, blob)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
+        if ctx is not None:
+            ctx.flush()  # the last progress before the failure, for the panel and the report
         channel.send(_error_event(exc, phase))
         _flush_std()
         os._exit(EXIT_FAILED)

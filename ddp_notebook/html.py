@@ -66,7 +66,7 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure]) ->
     """The red card: headline, hint, traceback and stderr tail (collapsible), knock-on failures."""
     parts = [f'<div class="ddp-failure" style="border-left:4px solid {RED};padding:4px 10px;background:#fff5f5">',
              f'<div style="color:{RED};font-weight:bold">{escape(root.headline())}</div>',
-             f'<div style="margin:4px 0">💡 {escape(hint_for(root))}</div>']
+             f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root))}</div>']
     if root.traceback:
         parts.append(f"<details open><summary>Traceback from {worker_name(root.rank)} ({root.device}), "
                      f"pid {root.pid}</summary><pre>{escape(root.traceback)}</pre></details>")

@@ -87,12 +87,14 @@ def test_failure_card_and_one_click_retry_in_jupyterlab(lab, tmp_path):
             expect(page.locator(".ddp-failed-row").first).to_be_visible()
             expect(card).to_contain_text('raise ValueError(f"boom at step {step}")')
             page.wait_for_function(KERNEL_READY, timeout=120_000)  # clicks are handled once the cells ran
-            card.scroll_into_view_if_needed()
-            page.screenshot(path=os.path.join(ARTIFACTS, "panel-failure.png"))
+            panel = page.locator(".jp-OutputArea-output", has=page.locator(".ddp-failure")).first
+            panel.scroll_into_view_if_needed()
+            panel.screenshot(path=os.path.join(ARTIFACTS, "panel-failure.png"))
             page.get_by_role("button", name="Retry on single device").first.click()
             retried = page.get_by_text(re.compile(r"retry of \S+ on cpu:0 succeeded"))
             expect(retried).to_be_visible(timeout=120_000)
             retried.scroll_into_view_if_needed()
-            page.screenshot(path=os.path.join(ARTIFACTS, "panel-retry.png"))
+            panel.screenshot(path=os.path.join(ARTIFACTS, "panel-retry.png"))
+            page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab.png"))
         finally:
             browser.close()

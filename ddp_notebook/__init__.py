@@ -6,6 +6,7 @@
 >>> ddp_notebook.launch(train, devices="cpu:0,cpu:1").wait()
 'rank 0 of 2 on cpu:0'
 """
+from . import pool
 from .context import WorkerContext, current_context
 from .devices import Device, parse_devices
 from .errors import (
@@ -32,7 +33,7 @@ from .validation import Finding, ValidationReport, validate_devices
 __version__ = "0.1.0"
 
 __all__ = [
-    "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "last_run", "default_devices", "set_default_devices", "load_ipython_extension",
+    "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "last_run", "default_devices", "set_default_devices", "load_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",

@@ -1,6 +1,7 @@
-"""The worker process: ``python -m ddp_notebook._worker`` (started by the supervisor only).
+"""The worker process: ``python -m ddp_notebook._worker`` (started by ddp_notebook only).
 
-It reports to the supervisor over an inherited pipe (never a socket), watches a second pipe
+It imports torch first, then waits for its assignment (rank, device, run) on its control
+pipe, so a pool can keep such processes warm between runs. It reports to the supervisor over an inherited pipe (never a socket), watches a second pipe
 as its lifeline (EOF = the notebook is gone: exit at once), sets up the process group from a
 file rendezvous, runs the function, and leaves with ``os._exit`` once the supervisor has its
 result, so interpreter teardown can neither hang nor turn a success into a failure.
@@ -12,6 +13,7 @@ import json
 import linecache
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -84,15 +86,52 @@ def _flush_std() -> None:
             pass
 
 
+def _warm_up() -> None:
+    """Import what every run needs before a run is assigned: a pooled worker pays this ahead."""
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    # DistributedDataParallel imports torch._dynamo on first use (about 1 s on a small machine).
+    import torch._dynamo  # noqa: F401
+
+
+def _read_config(fd: int) -> Optional[dict]:
+    """The run's assignment: one length-prefixed JSON frame on the control pipe (None at EOF)."""
+    def exact(n: int) -> Optional[bytes]:
+        buf = b""
+        while len(buf) < n:
+            try:
+                chunk = os.read(fd, n - len(buf))
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    head = exact(4)
+    body = exact(struct.unpack(">I", head)[0]) if head else None
+    return json.loads(body) if body else None
+
+
 def main() -> None:
-    cfg: dict[str, Any] = json.loads(os.environ.pop(CONFIG_ENV))
-    rank, world_size = cfg["rank"], cfg["world_size"]
-    channel = _Channel(cfg["event_fd"], rank)
-    stop, release = threading.Event(), threading.Event()
-    threading.Thread(target=_watch_lifeline, args=(cfg["control_fd"], stop, release),
-                     name="ddp-lifeline", daemon=True).start()
+    boot: dict[str, Any] = json.loads(os.environ.pop(CONFIG_ENV))
     # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    warm_error: Optional[BaseException] = None
+    try:
+        _warm_up()
+    except BaseException as e:  # noqa: BLE001 - reported once the worker knows its rank
+        warm_error = e
+    cfg = _read_config(boot["control_fd"])
+    if cfg is None:  # the pool was shut down, or the notebook is gone
+        os._exit(EXIT_ORPHANED)
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    channel = _Channel(boot["event_fd"], rank)
+    stop, release = threading.Event(), threading.Event()
+    threading.Thread(target=_watch_lifeline, args=(boot["control_fd"], stop, release),
+                     name="ddp-lifeline", daemon=True).start()
     # SIGUSR1 dumps every thread's stack into a file: the stall watchdog reads it.
     stack_file = open(cfg["stack_file"], "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -101,9 +140,14 @@ def main() -> None:
     phase = "startup"
     ctx = None
     try:
+        if warm_error is not None:
+            raise warm_error
+        os.environ.update(cfg.get("env", {}))
         for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank,
                            "LOCAL_WORLD_SIZE": world_size}.items():
             os.environ[key] = str(value)
+        if cfg.get("cwd"):
+            os.chdir(cfg["cwd"])
         for p in reversed(cfg.get("sys_path", [])):
             if p not in sys.path:
                 sys.path.insert(0, p)

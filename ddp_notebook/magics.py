@@ -95,3 +95,13 @@ class DDPMagics(Magics):
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DDPMagics)
+    # Start the default device list's workers now (they import torch in the background), so
+    # the first %ddp_fit does not wait for them. ddp_notebook.pool.disable() turns this off.
+    from . import pool
+    from .devices import parse_devices
+
+    try:
+        size = len(parse_devices(launcher.default_devices()))
+    except DeviceSpecError:
+        size = 2
+    pool.enable(size)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .devices import Device
+from .wire import write_all
 
-__all__ = ["WorkerProcess", "start_worker"]
+__all__ = ["WorkerProcess", "Prestarted", "spawn_process", "start_worker"]
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,25 +96,50 @@ def _pidfd(pid: int) -> Optional[int]:
         return None
 
 
-def start_worker(rank: int, device: Device, config: dict, env: dict[str, str]) -> WorkerProcess:
-    """Start one worker process; ``config`` is the JSON the worker reads at start."""
+@dataclass
+class Prestarted:
+    """A worker interpreter that imports torch and waits for its assignment on the control pipe."""
+
+    popen: subprocess.Popen
+    event_fd: int
+    control_fd: int
+    pidfd: Optional[int]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def discard(self) -> None:
+        """Close the control pipe (the process exits on EOF) and collect it."""
+        for fd in (self.control_fd, self.event_fd, self.pidfd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        for stream in (self.popen.stdout, self.popen.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def spawn_process() -> Prestarted:
+    """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run."""
     event_r, event_w = os.pipe()
     control_r, control_w = os.pipe()
-    stack_file = os.path.join(config["run_dir"], f"stacks-rank{rank}.txt")
-    cfg = dict(config, rank=rank, device=str(device), event_fd=event_w, control_fd=control_r,
-               stack_file=stack_file)
-    full_env = dict(os.environ)
-    full_env.update(env)
-    full_env["DDP_NOTEBOOK_WORKER"] = json.dumps(cfg)
-    full_env["PYTHONUNBUFFERED"] = "1"
+    env = dict(os.environ)
+    env["DDP_NOTEBOOK_WORKER"] = json.dumps({"event_fd": event_w, "control_fd": control_r})
+    env["PYTHONUNBUFFERED"] = "1"
     # The worker must import this very copy of the package, wherever it was imported from.
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_PACKAGE_PARENT, full_env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
     try:
         popen = subprocess.Popen(
             [sys.executable, "-m", "ddp_notebook._worker"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(event_w, control_r), env=full_env, start_new_session=True,
+            pass_fds=(event_w, control_r), env=env, start_new_session=True,
         )
     except BaseException:
         for fd in (event_r, event_w, control_r, control_w):
@@ -122,5 +149,18 @@ def start_worker(rank: int, device: Device, config: dict, env: dict[str, str]) -
     os.close(control_r)
     for fd in (event_r, popen.stdout.fileno(), popen.stderr.fileno()):  # type: ignore[union-attr]
         os.set_blocking(fd, False)
-    return WorkerProcess(rank=rank, device=device, popen=popen, event_fd=event_r, control_fd=control_w,
-                         pidfd=_pidfd(popen.pid), stack_file=stack_file)
+    return Prestarted(popen=popen, event_fd=event_r, control_fd=control_w, pidfd=_pidfd(popen.pid))
+
+
+def start_worker(rank: int, device: Device, config: dict, process: Optional[Prestarted] = None) -> WorkerProcess:
+    """Assign rank ``rank`` of a run to a worker process (a warm one from the pool, or a new one);
+    ``config`` is the run's part of the assignment."""
+    process = process or spawn_process()
+    stack_file = os.path.join(config["run_dir"], f"stacks-rank{rank}.txt")
+    data = json.dumps(dict(config, rank=rank, device=str(device), stack_file=stack_file)).encode()
+    try:
+        write_all(process.control_fd, struct.pack(">I", len(data)) + data)
+    except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
+        pass
+    return WorkerProcess(rank=rank, device=device, popen=process.popen, event_fd=process.event_fd,
+                         control_fd=process.control_fd, pidfd=process.pidfd, stack_file=stack_file)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from .devices import Device, format_devices
 from .errors import DDPNotebookError, NoCheckpointError, NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
 from .failures import WorkerFailure
+from .pool import get_pool
 from .processes import WorkerProcess, start_worker
 from .state import RunState, RunStatus, WorkerState
 from .supervisor import Supervisor, SupervisorOptions
@@ -152,13 +153,15 @@ class Run:
         if all(d.kind == "cpu" for d in self.devices):
             env["CUDA_VISIBLE_DEVICES"] = ""
         env.update({k: str(v) for k, v in self.options.env.items()})
+        config["env"], config["cwd"] = env, os.getcwd()
         self._emit({"kind": "run_started", "time": time.time(), "run_id": self.id,
                     "devices": [str(d) for d in self.devices], "backend": self.backend,
                     "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None}, None)
         workers: list[WorkerProcess] = []
+        warm = get_pool().take(len(self.devices))
         try:
             for rank, device in enumerate(self.devices):
-                workers.append(start_worker(rank, device, config, env))
+                workers.append(start_worker(rank, device, config, warm[rank]))
         except BaseException:
             for w in workers:
                 w.signal_group(signal.SIGKILL)
@@ -198,6 +201,8 @@ class Run:
                 except OSError:
                     pass
             self._log.close()
+            # Warm the next run's workers now that this run no longer needs the cores.
+            get_pool().refill(len(self.devices))
             self._finished.set()
 
     def _emit(self, event: dict, blob: Optional[bytes]) -> None:

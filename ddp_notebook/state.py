@@ -168,6 +168,7 @@ class RunState:
             w.returned = True
             w.status = WorkerStatus.SUCCEEDED
         elif kind == "exited":
+            w.pid = w.pid or event.get("pid")  # a worker ended before it said it started
             w.exit_code = event.get("exit_code")
             w.ended_at = t
             if not w.finished:

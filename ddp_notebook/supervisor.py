@@ -268,6 +268,7 @@ class Supervisor:
         self._settling = [failure]
         for rank, kind in list(self._fds):
             self._drain(rank, kind)
+        self._await_dying()
         self._poll_exits()
         found, self._settling = self._settling, None
         silent = [f for f in found if f.kind in (FailureKind.SIGNAL, FailureKind.EXIT)]
@@ -278,6 +279,26 @@ class Supervisor:
                 f.consequence = True
                 self._record(f)
         self._terminate_alive()
+
+    def _await_dying(self) -> None:
+        """Wait (briefly) for the exit status of workers whose event pipe closed without a report.
+
+        A dying process closes its pipes (and its sockets, which is what its peers notice) before
+        it becomes a zombie; tearing down a large address space can take that long. Its exit is
+        certain, and needed to blame it rather than the peer that noticed."""
+        for rank, w in self.workers.items():
+            if rank in self._exited or rank in self.reported or (rank, "event") in self._fds:
+                continue
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                if w.pidfd is not None:
+                    if select.select([w.pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                        break
+                elif os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    break
+                else:
+                    time.sleep(0.005)
+            self._poll_exits()
 
     def _record(self, failure: WorkerFailure) -> None:
         failure.stderr_tail = list(self._stderr[failure.rank])

@@ -39,6 +39,7 @@ def ip(ipython_shell):
     assert shell.run_cell(CELL).success
     yield shell
     ddp_notebook.set_default_devices(None)
+    ddp_notebook.pool.disable()
 
 
 def test_ddp_devices_validates_and_sets_the_default(ip):

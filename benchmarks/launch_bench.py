@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-LAUNCHERS = ("ddp_notebook", "mp-fork", "mp-spawn")
+LAUNCHERS = ("ddp_notebook", "ddp_notebook-pool", "mp-fork", "mp-spawn")
 
 
 def _mp_rank(rank, queue, init_file):
@@ -42,31 +42,101 @@ def _ours_rank(ctx):
     dist.barrier()
 
 
-def trial(launcher: str) -> dict:
+def _ours_once(fn=None) -> tuple[float, float]:
     import threading
 
-    import ddp_notebook  # imported before timing, like torch.multiprocessing (a notebook's %load_ext)
+    import ddp_notebook
+
+    t0 = time.perf_counter()
+    seen = threading.Event()
+    run = ddp_notebook.launch(fn or _ours_rank, devices="cpu*2")
+    run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
+    if not all((w.step or 0) >= 1 for w in run.state.workers.values()):
+        seen.wait(120)
+    first = time.perf_counter() - t0
+    run.wait(120)
+    return first, time.perf_counter() - t0
+
+
+def _mp_once(method: str) -> tuple[float, float]:
     import torch.multiprocessing as mp
 
     t0 = time.perf_counter()
-    if launcher == "ddp_notebook":
-        seen = threading.Event()
-        run = ddp_notebook.launch(_ours_rank, devices="cpu*2")
-        run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
-        if not all((w.step or 0) >= 1 for w in run.state.workers.values()):
-            seen.wait(120)
-        first = time.perf_counter() - t0
-        run.wait(120)
-    else:
-        method = launcher.split("-")[1]
-        ctx = mp.get_context(method)
-        queue = ctx.SimpleQueue()
-        init_file = os.path.join(tempfile.mkdtemp(), "rdv")
-        procs = mp.start_processes(_mp_rank, args=(queue, init_file), nprocs=2, join=False, start_method=method)
-        queue.get(), queue.get()
-        first = time.perf_counter() - t0
-        procs.join()
-    return {"first_step": first, "done": time.perf_counter() - t0}
+    ctx = mp.get_context(method)
+    queue = ctx.SimpleQueue()
+    init_file = os.path.join(tempfile.mkdtemp(), "rdv")
+    procs = mp.start_processes(_mp_rank, args=(queue, init_file), nprocs=2, join=False, start_method=method)
+    queue.get(), queue.get()
+    first = time.perf_counter() - t0
+    procs.join()
+    return first, time.perf_counter() - t0
+
+
+def _raise_at_10(ctx):
+    import torch
+    import torch.distributed as dist
+
+    for step in range(1, 100):
+        if ctx.rank == 1 and step == 10:
+            raise ValueError(repr(time.time()))
+        dist.all_reduce(torch.ones(1))
+        ctx.log(step=step)
+
+
+def _mp_raise_at_10(rank, init_file):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=2)
+    for step in range(1, 100):
+        if rank == 1 and step == 10:
+            raise ValueError(repr(time.time()))
+        dist.all_reduce(torch.ones(1))
+
+
+def failure_latency(launcher: str) -> dict:
+    """Rank 1 raises at step 10: seconds until the parent has the error, and until all are reaped."""
+    if launcher.startswith("ddp_notebook"):
+        import ddp_notebook
+
+        run = ddp_notebook.launch(_raise_at_10, devices="cpu*2")
+        known = []
+        run.subscribe(lambda e: known.append(time.time()) if e["kind"] == "failure" and not known else None)
+        try:
+            run.wait(120)
+        except ddp_notebook.WorkerFailedError as e:
+            raised = float(e.failure.message)
+        return {"error": known[0] - raised, "reaped": run.state.ended_at - raised}
+    import torch.multiprocessing as mp
+
+    procs = mp.start_processes(_mp_raise_at_10, args=(os.path.join(tempfile.mkdtemp(), "rdv"),), nprocs=2,
+                               join=False, start_method=launcher.split("-")[1])
+    try:
+        while not procs.join():
+            pass
+    except mp.ProcessRaisedException as e:
+        known = time.time()
+        raised = float(str(e).strip().splitlines()[-1].split(": ", 1)[1].strip("'"))
+    return {"error": known - raised, "reaped": time.time() - raised}
+
+
+def trial(launcher: str) -> dict:
+    import ddp_notebook  # imported before timing, like torch.multiprocessing (a notebook's %load_ext)
+    import torch.multiprocessing  # noqa: F401
+
+    if launcher == "ddp_notebook-pool":
+        ddp_notebook.pool.enable(2)  # what %load_ext does
+        ddp_notebook.pool.get_pool().wait_warm()  # the user writes the next cell meanwhile
+    once = _ours_once if launcher.startswith("ddp_notebook") else (lambda: _mp_once(launcher.split("-")[1]))
+    first, done = once()
+    if launcher == "ddp_notebook-pool":
+        ddp_notebook.pool.get_pool().wait_warm()  # refilled after the first run
+    again, _ = once()  # relaunch in the same process
+    out = {"first_step": first, "done": done, "relaunch": again}
+    out.update({f"fail_{k}": v for k, v in failure_latency(launcher).items()})
+    if launcher.startswith("ddp_notebook"):
+        ddp_notebook.pool.disable()
+    return out
 
 
 def main() -> None:
@@ -90,16 +160,20 @@ def main() -> None:
             if out.returncode != 0:
                 raise SystemExit(f"{launcher} failed:\n{out.stderr}")
             results[launcher].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"First launch, 2 gloo ranks on CPU, median of {trials} fresh processes")
+    print(f"2 gloo ranks on CPU, median of {trials} fresh processes per launcher")
     print()
-    print("| launcher | CUDA-safe | cell-defined fn | launch → all ranks past step 1 | launch → all exited |")
-    print("|---|---|---|---|---|")
-    notes = {"ddp_notebook": ("yes", "yes"), "mp-fork": ("no", "yes"), "mp-spawn": ("yes", "no")}
+    print("| launcher | CUDA-safe | cell-defined fn | first launch → all ranks past step 1 | relaunch in the same "
+          "process | rank 1 raises → parent has the error | → all peers reaped |")
+    print("|---|---|---|---|---|---|---|")
+    notes = {"ddp_notebook": ("yes", "yes"), "ddp_notebook-pool": ("yes", "yes"), "mp-fork": ("no", "yes"),
+             "mp-spawn": ("yes", "no")}
+    names = {"ddp_notebook": "ddp_notebook, pool off", "ddp_notebook-pool": "ddp_notebook, warm pool (%load_ext)",
+             "mp-fork": "torch.multiprocessing fork", "mp-spawn": "torch.multiprocessing spawn"}
     for launcher in LAUNCHERS:
-        first = statistics.median(r["first_step"] for r in results[launcher])
-        done = statistics.median(r["done"] for r in results[launcher])
+        med = {k: statistics.median(r[k] for r in results[launcher]) for k in results[launcher][0]}
         safe, cell = notes[launcher]
-        print(f"| {launcher} | {safe} | {cell} | {first:.2f} s | {done:.2f} s |")
+        print(f"| {names[launcher]} | {safe} | {cell} | {med['first_step']:.3f} s | {med['relaunch']:.3f} s | "
+              f"{med['fail_error']:.3f} s | {med['fail_reaped']:.3f} s |")
 
 
 if __name__ == "__main__":

@@ -86,14 +86,16 @@ def _flush_std() -> None:
             pass
 
 
-def _warm_up() -> None:
+def _warm_up(preload_dynamo: bool) -> None:
     """Import what every run needs before a run is assigned: a pooled worker pays this ahead."""
     import cloudpickle  # noqa: F401
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    # DistributedDataParallel imports torch._dynamo on first use (about 1 s on a small machine).
-    import torch._dynamo  # noqa: F401
+    if preload_dynamo:
+        # DistributedDataParallel imports torch._dynamo on first use (about 1 s on a small
+        # machine): a pooled worker imports it while idle; a cold one only if the run needs it.
+        import torch._dynamo  # noqa: F401
 
 
 def _read_config(fd: int) -> Optional[dict]:
@@ -121,9 +123,11 @@ def main() -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     warm_error: Optional[BaseException] = None
     try:
-        _warm_up()
+        _warm_up(bool(boot.get("pooled")))
     except BaseException as e:  # noqa: BLE001 - reported once the worker knows its rank
         warm_error = e
+    # Tell whoever holds this process that it is warm (the pool looks, the run logs it).
+    write_all(boot["event_fd"], encode({"kind": "warm", "rank": -1, "pid": os.getpid(), "time": time.time()}))
     cfg = _read_config(boot["control_fd"])
     if cfg is None:  # the pool was shut down, or the notebook is gone
         os._exit(EXIT_ORPHANED)

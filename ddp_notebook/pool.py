@@ -15,6 +15,7 @@ pipe closes).
 """
 from __future__ import annotations
 
+import select
 import threading
 from typing import Optional
 
@@ -39,7 +40,7 @@ class WorkerPool:
             self._drop_dead()
             extra, self._idle = self._idle[size:], self._idle[:size]
             while len(self._idle) < size:
-                self._idle.append(spawn_process())
+                self._idle.append(spawn_process(pooled=True))
         for p in extra:
             p.discard()
 
@@ -61,6 +62,19 @@ class WorkerPool:
             idle, self._idle = self._idle, []
         for p in idle:
             p.discard()
+
+    def wait_warm(self, timeout: float = 60.0) -> bool:
+        """Block until every idle process has imported torch (benchmarks and tests use this)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(p.warm() for p in self._idle):
+                    return True
+                fds = [p.event_fd for p in self._idle if not p.warm()]
+            select.select(fds, [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+        return False
 
     def idle_pids(self) -> list[int]:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -108,6 +109,10 @@ class Prestarted:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def warm(self) -> bool:
+        """True once it has imported torch (its "warm" report waits in the event pipe)."""
+        return bool(select.select([self.event_fd], [], [], 0)[0]) and self.alive()
+
     def discard(self) -> None:
         """Close the control pipe (the process exits on EOF) and collect it."""
         for fd in (self.control_fd, self.event_fd, self.pidfd):
@@ -126,12 +131,13 @@ class Prestarted:
                 stream.close()
 
 
-def spawn_process() -> Prestarted:
-    """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run."""
+def spawn_process(pooled: bool = False) -> Prestarted:
+    """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run.
+    A ``pooled`` one also imports what DDP loads lazily, since it has time while idle."""
     event_r, event_w = os.pipe()
     control_r, control_w = os.pipe()
     env = dict(os.environ)
-    env["DDP_NOTEBOOK_WORKER"] = json.dumps({"event_fd": event_w, "control_fd": control_r})
+    env["DDP_NOTEBOOK_WORKER"] = json.dumps({"event_fd": event_w, "control_fd": control_r, "pooled": pooled})
     env["PYTHONUNBUFFERED"] = "1"
     # The worker must import this very copy of the package, wherever it was imported from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)

@@ -10,7 +10,8 @@ def test_launch_benchmark_quick_mode_prints_its_table():
     out = subprocess.run([sys.executable, BENCH, "--quick"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
-    assert [r.split("|")[1].strip() for r in rows[1:]] == ["ddp_notebook", "mp-fork", "mp-spawn"]
+    assert len(rows) == 5 and rows[1].startswith("| ddp_notebook, pool off |")  # header + 4 launchers
+    assert all(len(r.split("|")) == 9 for r in rows)
 
 
 def test_fit_benchmark_quick_mode_prints_its_table():

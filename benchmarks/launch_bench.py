@@ -60,6 +60,7 @@ def _ours_once(fn=None) -> tuple[float, float]:
 
 def _mp_once(method: str) -> tuple[float, float]:
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     t0 = time.perf_counter()
     ctx = mp.get_context(method)
@@ -68,56 +69,83 @@ def _mp_once(method: str) -> tuple[float, float]:
     procs = mp.start_processes(_mp_rank, args=(queue, init_file), nprocs=2, join=False, start_method=method)
     queue.get(), queue.get()
     first = time.perf_counter() - t0
-    procs.join()
+    try:
+        procs.join()
+    except ProcessException as e:  # a clean run that died at exit (seen: SIGABRT in gloo teardown)
+        MISREPORTED.append(f"{method}: {e}")
     return first, time.perf_counter() - t0
 
 
-def _raise_at_10(ctx):
+FAULTS = ("raise", "exit", "sigkill")
+MISREPORTED: list[str] = []  # clean anchor runs reported as failed (counted, not fatal)
+
+
+def _fault_at_10(rank: int, fault: str, stamp: str) -> None:
+    import signal
+
+    with open(stamp, "w") as f:  # when the fault happened, for the parent to compare
+        f.write(repr(time.time()))
+    if fault == "raise":
+        raise ValueError("boom at step 10")
+    if fault == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ours_fault(ctx, fault, stamp):
     import torch
     import torch.distributed as dist
 
     for step in range(1, 100):
         if ctx.rank == 1 and step == 10:
-            raise ValueError(repr(time.time()))
+            _fault_at_10(ctx.rank, fault, stamp)
         dist.all_reduce(torch.ones(1))
         ctx.log(step=step)
 
 
-def _mp_raise_at_10(rank, init_file):
+def _mp_fault(rank, init_file, fault, stamp):
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=2)
     for step in range(1, 100):
         if rank == 1 and step == 10:
-            raise ValueError(repr(time.time()))
+            _fault_at_10(rank, fault, stamp)
         dist.all_reduce(torch.ones(1))
 
 
-def failure_latency(launcher: str) -> dict:
-    """Rank 1 raises at step 10: seconds until the parent has the error, and until all are reaped."""
+def failure_latency(launcher: str, fault: str) -> dict:
+    """Rank 1 fails at step 10: seconds until the parent has the error, and until all are reaped."""
+    stamp = os.path.join(tempfile.mkdtemp(), "stamp")
     if launcher.startswith("ddp_notebook"):
         import ddp_notebook
 
-        run = ddp_notebook.launch(_raise_at_10, devices="cpu*2")
+        run = ddp_notebook.launch(_ours_fault, devices="cpu*2", args=(fault, stamp))
         known = []
         run.subscribe(lambda e: known.append(time.time()) if e["kind"] == "failure" and not known else None)
         try:
             run.wait(120)
-        except ddp_notebook.WorkerFailedError as e:
-            raised = float(e.failure.message)
-        return {"error": known[0] - raised, "reaped": run.state.ended_at - raised}
-    import torch.multiprocessing as mp
-
-    procs = mp.start_processes(_mp_raise_at_10, args=(os.path.join(tempfile.mkdtemp(), "rdv"),), nprocs=2,
-                               join=False, start_method=launcher.split("-")[1])
-    try:
-        while not procs.join():
+        except ddp_notebook.WorkerFailedError:
             pass
-    except mp.ProcessRaisedException as e:
-        known = time.time()
-        raised = float(str(e).strip().splitlines()[-1].split(": ", 1)[1].strip("'"))
-    return {"error": known - raised, "reaped": time.time() - raised}
+        reaped = run.state.ended_at
+    else:
+        import torch.multiprocessing as mp
+        from torch.multiprocessing.spawn import ProcessException
+
+        procs = mp.start_processes(_mp_fault, args=(os.path.join(tempfile.mkdtemp(), "rdv"), fault, stamp),
+                                   nprocs=2, join=False, start_method=launcher.split("-")[1])
+        known = []
+        try:
+            while not procs.join():
+                pass
+        except ProcessException:
+            known.append(time.time())
+        for p in procs.processes:  # join() raised after terminating the peers; wait until they are gone
+            p.join()
+        reaped = time.time()
+    with open(stamp) as f:
+        failed_at = float(f.read())
+    return {"error": known[0] - failed_at, "reaped": reaped - failed_at}
 
 
 def trial(launcher: str) -> dict:
@@ -132,8 +160,9 @@ def trial(launcher: str) -> dict:
     if launcher == "ddp_notebook-pool":
         ddp_notebook.pool.get_pool().wait_warm()  # refilled after the first run
     again, _ = once()  # relaunch in the same process
-    out = {"first_step": first, "done": done, "relaunch": again}
-    out.update({f"fail_{k}": v for k, v in failure_latency(launcher).items()})
+    out = {"first_step": first, "done": done, "relaunch": again, "misreported": len(MISREPORTED)}
+    for fault in FAULTS:
+        out.update({f"{fault}_{k}": v for k, v in failure_latency(launcher, fault).items()})
     if launcher.startswith("ddp_notebook"):
         ddp_notebook.pool.disable()
     return out
@@ -163,7 +192,7 @@ def main() -> None:
     print(f"2 gloo ranks on CPU, median of {trials} fresh processes per launcher")
     print()
     print("| launcher | CUDA-safe | cell-defined fn | first launch → all ranks past step 1 | relaunch in the same "
-          "process | rank 1 raises → parent has the error | → all peers reaped |")
+          "process | rank 1 raises / exits / is SIGKILLed → parent has the error | → all peers reaped |")
     print("|---|---|---|---|---|---|---|")
     notes = {"ddp_notebook": ("yes", "yes"), "ddp_notebook-pool": ("yes", "yes"), "mp-fork": ("no", "yes"),
              "mp-spawn": ("yes", "no")}
@@ -172,8 +201,15 @@ def main() -> None:
     for launcher in LAUNCHERS:
         med = {k: statistics.median(r[k] for r in results[launcher]) for k in results[launcher][0]}
         safe, cell = notes[launcher]
+        errors = " / ".join(f"{med[f + '_error']:.3f}" for f in FAULTS)
+        reaped = " / ".join(f"{med[f + '_reaped']:.3f}" for f in FAULTS)
         print(f"| {names[launcher]} | {safe} | {cell} | {med['first_step']:.3f} s | {med['relaunch']:.3f} s | "
-              f"{med['fail_error']:.3f} s | {med['fail_reaped']:.3f} s |")
+              f"{errors} s | {reaped} s |")
+    lost = {name: sum(r["misreported"] for r in results[name]) for name in LAUNCHERS}
+    if any(lost.values()):
+        print()
+        print("Clean launches reported as failed (exit-time crash): "
+              + ", ".join(f"{names[k]}: {v}" for k, v in lost.items() if v))
 
 
 if __name__ == "__main__":

@@ -3,20 +3,17 @@ import os
 import subprocess
 import sys
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "launch_bench.py")
+RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "run.py")
 
 
-def test_launch_benchmark_quick_mode_prints_its_table():
-    out = subprocess.run([sys.executable, BENCH, "--quick"], capture_output=True, text=True, timeout=300)
+def test_benchmark_suite_quick_mode_prints_every_table():
+    out = subprocess.run([sys.executable, RUN, "--quick"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 5 and rows[1].startswith("| ddp_notebook, pool off |")  # header + 4 launchers
-    assert all(len(r.split("|")) == 9 for r in rows)
-
-
-def test_fit_benchmark_quick_mode_prints_its_table():
-    bench = os.path.join(os.path.dirname(BENCH), "fit_bench.py")
-    out = subprocess.run([sys.executable, bench, "--quick"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 4 and rows[-1].endswith("| 1.00x |")
+    tables = [block for block in out.stdout.split("\n\n") if block.startswith("| ")]
+    assert len(tables) == 4, out.stdout
+    launch, fit, overhead, reliability = tables
+    assert launch.splitlines()[2].startswith("| ddp_notebook, pool off |")
+    assert all(len(row.split("|")) == 9 for row in launch.splitlines())
+    assert fit.splitlines()[-1].endswith("| 1.00x |")
+    assert overhead.splitlines()[2].startswith("| none |")
+    assert reliability.splitlines()[2].startswith("| ddp_notebook | 4 | 0 | 0 |")  # 4 clean runs, none lost

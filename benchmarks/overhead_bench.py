@@ -43,7 +43,7 @@ def measure(steps: int, report: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -53,18 +53,39 @@ def main() -> None:
 
     ddp_notebook.pool.enable(2)
     rates: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(trials):
-        for report in (False, True):
+    for trial in range(trials):
+        for report in ((False, True) if trial % 2 == 0 else (True, False)):  # alternate: no order bias
             ddp_notebook.pool.get_pool().wait_warm()
             rates[report].append(measure(steps, report))
     ddp_notebook.pool.disable()
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
+    print("trials (steps/s): none", [round(r) for r in rates[False]], "reporting", [round(r) for r in rates[True]])
     print(f"Monitoring overhead, 2 gloo ranks, small MLP, {steps} timed steps, median of {trials}")
     print()
     print("| reporting | steps/s | ratio |")
     print("|---|---|---|")
     print(f"| none | {off:,.0f} | 1.000 |")
     print(f"| ctx.log every step (throttled to 10/s per rank), live state | {on:,.0f} | {on / off:.3f} |")
+    print()
+    print(f"ctx.log itself costs {log_cost_us():.1f} µs a call (in-process, {1e6 / off:.0f} µs a step here).")
+
+
+def log_cost_us(n: int = 20000) -> float:
+    """The cost of one ctx.log call, measured directly (what the reporting adds to a step)."""
+    import threading
+
+    import torch
+
+    from ddp_notebook.context import WorkerContext
+
+    ctx = WorkerContext(rank=0, world_size=2, device=torch.device("cpu"), device_name="cpu:0", backend="gloo",
+                        run_id="bench", run_dir=tempfile.gettempdir(), send=lambda event: None,
+                        stop_event=threading.Event())
+    loss = torch.tensor(0.5)
+    t0 = time.perf_counter()
+    for i in range(n):
+        ctx.log(step=i + 1, total=n, loss=loss.item())
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 if __name__ == "__main__":

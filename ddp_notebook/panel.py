@@ -146,7 +146,7 @@ class RunView(_FullText, widgets.VBox):
                 self.outputs.children = [widgets.HTML() for _ in self.rows]
                 for i, r in enumerate(self.rows):
                     self.outputs.set_title(i, f"rank {r} {state.workers[r].device}")
-            failed_ranks = {f.rank for f in state.failures if not f.consequence}
+            failed_ranks = state.causing_ranks
             for r, row in self.rows.items():
                 self._render_row(row, state.workers[r], r in failed_ranks, now)
             for i, r in enumerate(self.rows):
@@ -220,16 +220,11 @@ class RunView(_FullText, widgets.VBox):
 
     # ---- actions --------------------------------------------------------------------------
     def _default_retry_device(self) -> str:
-        retry_device = getattr(self.run, "retry_device", None)
-        if retry_device is not None:
-            return str(retry_device())
-        failed = {f.rank for f in self.run.state.failures if not f.consequence}
-        healthy = [d for r, d in enumerate(self.run.state.devices) if r not in failed]
+        healthy = self.run.state.healthy_devices
         return healthy[0] if healthy else self.run.state.devices[0]
 
     def _healthy_devices(self) -> list[str]:
-        failed = {f.rank for f in self.run.state.failures if not f.consequence}
-        return [d for r, d in enumerate(self.run.state.devices) if r not in failed]
+        return self.run.state.healthy_devices
 
     def _retry(self, devices: list[str]) -> None:
         if self.on_retry is None or not devices:

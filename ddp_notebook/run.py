@@ -299,8 +299,8 @@ class Run:
 
     def retry_without_failed(self, resume: bool = False) -> "Run":
         """Run again on the device list without the devices whose workers caused the failure."""
-        failed = {f.rank for f in self.state.failures if not f.consequence}
-        keep = [d for rank, d in enumerate(self.devices) if rank not in failed]
+        causing = self.state.causing_ranks
+        keep = [d for rank, d in enumerate(self.devices) if rank not in causing]
         if not keep:
             raise DDPNotebookError(f"every device of run {self.id} failed; choose a device with retry(device=...)")
         return self.retry(devices=keep, resume=resume)
@@ -334,11 +334,8 @@ class Run:
 
     def retry_device(self) -> Device:
         """The device ``retry()`` picks: the main one unless it caused the failure."""
-        failed = {f.rank for f in self.state.failures if not f.consequence}
-        for rank, d in enumerate(self.devices):
-            if rank not in failed:
-                return d
-        return self.devices[0]
+        causing = self.state.causing_ranks
+        return next((d for rank, d in enumerate(self.devices) if rank not in causing), self.devices[0])
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"

@@ -109,6 +109,17 @@ class RunState:
         causes = [f for f in self.failures if not f.consequence]
         return causes[0] if causes else (self.failures[0] if self.failures else None)
 
+    @property
+    def causing_ranks(self) -> set[int]:
+        """Ranks whose failure was a cause, not a consequence of another's."""
+        return {f.rank for f in self.failures if not f.consequence}
+
+    @property
+    def healthy_devices(self) -> list[str]:
+        """The devices, in rank order, whose workers did not cause a failure."""
+        causing = self.causing_ranks
+        return [d for rank, d in enumerate(self.devices) if rank not in causing]
+
     def apply(self, event: dict) -> None:
         """Fold one event into the state."""
         self.events_seen += 1

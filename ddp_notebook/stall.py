@@ -11,9 +11,11 @@ import importlib.util
 import linecache
 import os
 import re
+import signal
+import time
 from typing import Optional, Sequence
 
-__all__ = ["main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
+__all__ = ["dump_stacks", "main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
@@ -88,3 +90,38 @@ def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> l
         return stalled
     lowest = min((steps.get(r) if steps.get(r) is not None else -1) for r in waiting)
     return [r for r in sorted(waiting) if (steps.get(r) if steps.get(r) is not None else -1) == lowest]
+
+
+def dump_stacks(workers: dict[int, tuple[int, str]]) -> dict[int, str]:
+    """Ask each worker (rank -> (pid, stack file)) for its stacks and read them back.
+
+    The worker's faulthandler writes from its SIGUSR1 handler, asynchronously to us: read each
+    file once it has stopped growing (at most 2 s)."""
+    for pid, _path in workers.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    sizes: dict[int, int] = {}
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        now_sizes = {r: _size(path) for r, (_pid, path) in workers.items()}
+        if all(now_sizes[r] > 0 and sizes.get(r) == now_sizes[r] for r in workers):
+            break
+        sizes = now_sizes
+        time.sleep(0.02)
+    out = {}
+    for r, (_pid, path) in workers.items():
+        try:
+            with open(path, errors="replace") as f:
+                out[r] = f.read()
+        except OSError:
+            out[r] = ""
+    return out
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

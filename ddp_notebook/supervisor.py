@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from .failures import FailureKind, WorkerFailure, signal_name
 from .processes import WorkerProcess
-from .stall import _torch_dir, format_stack, is_waiting_in_collective, main_thread_stack, pick_stalled
+from .stall import _torch_dir, dump_stacks, format_stack, is_waiting_in_collective, main_thread_stack, pick_stalled
 from .wire import FrameDecoder
 
 __all__ = ["Supervisor", "SupervisorOptions"]
@@ -365,7 +365,7 @@ class Supervisor:
         alive = [r for r in self.workers if r not in self._exited and r not in self.reported]
         if not alive:
             return
-        stacks = self._dump_stacks(alive)
+        stacks = dump_stacks({r: (self.workers[r].pid, self.workers[r].stack_file) for r in alive})
         torch_dir = _torch_dir()
         frames = {r: main_thread_stack(stacks.get(r, ""), self.main_ident.get(r)) for r in alive}
         waiting = {r: is_waiting_in_collective(frames[r], torch_dir) for r in alive}
@@ -382,35 +382,3 @@ class Supervisor:
                 self.root = f
             self._record(f)
         self._terminate_alive()
-
-    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Ask each rank for its stacks (faulthandler on SIGUSR1) and read them back."""
-        for r in ranks:
-            try:
-                os.kill(self.workers[r].pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        # faulthandler writes from a signal handler; read until each file stops growing.
-        sizes: dict[int, int] = {}
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            now_sizes = {r: _size(self.workers[r].stack_file) for r in ranks}
-            if all(now_sizes[r] > 0 and sizes.get(r) == now_sizes[r] for r in ranks):
-                break
-            sizes = now_sizes
-            time.sleep(0.02)
-        out = {}
-        for r in ranks:
-            try:
-                with open(self.workers[r].stack_file, errors="replace") as f:
-                    out[r] = f.read()
-            except OSError:
-                out[r] = ""
-        return out
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0

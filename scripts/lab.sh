@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/jupyter lab --ip=127.0.0.1 --no-browser notebooks/01_quickstart.ipynb "$@"
+extra=()
+[ "$(id -u)" = 0 ] && extra+=(--allow-root)  # Jupyter refuses root unless told
+exec .venv/bin/jupyter lab --ip=127.0.0.1 --no-browser "${extra[@]}" notebooks/01_quickstart.ipynb "$@"

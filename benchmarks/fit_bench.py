@@ -78,7 +78,9 @@ def main() -> None:
     args = parser.parse_args()
     trials, steps = (1, 20) if args.quick else (args.trials, args.steps)
     os.environ.setdefault("DDP_NOTEBOOK_RUNS", tempfile.mkdtemp())
-    cores = len(os.sched_getaffinity(0))
+    from ddp_notebook.probes import cpu_count
+
+    cores = cpu_count()
     rows = {
         f"ddp_notebook, {max(1, cores // 2)} thread(s) per rank (default)": lambda: run_ours(steps, None),
         f"ddp_notebook, {cores} threads per rank (torch default)": lambda: run_ours(steps, cores),

@@ -15,14 +15,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-__all__ = ["Probe", "StaticProbe", "SubprocessProbe", "default_probe", "available_memory_bytes"]
+__all__ = ["Probe", "StaticProbe", "SubprocessProbe", "default_probe", "available_memory_bytes", "cpu_count"]
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity mask, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Probe:
     """Answers what validation needs to know about the machine."""
 
     def cpu_count(self) -> int:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return cpu_count()
 
     def cuda_count(self) -> int:
         raise NotImplementedError

@@ -15,7 +15,7 @@ import signal
 import struct
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from .devices import Device
@@ -39,7 +39,6 @@ class WorkerProcess:
     stack_file: str
     signalled: Optional[int] = None  # the first signal the supervisor sent, if any
     returncode: Optional[int] = None
-    open_fds: set = field(default_factory=set)
 
     @property
     def pid(self) -> int:
@@ -62,13 +61,6 @@ class WorkerProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            rc = self.popen.poll()
-            if rc is not None:
-                self.returncode = rc
-        return self.returncode
-
     def reap(self) -> int:
         """Collect the exit status of an exited worker, after ending its leftover children."""
         # The zombie still holds the pid, so the group id cannot have been reused yet.
@@ -80,13 +72,17 @@ class WorkerProcess:
         return self.returncode
 
     def close(self) -> None:
-        for fd in (self.control_fd, self.pidfd):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_fds(self.control_fd, self.pidfd)
         self.control_fd = self.pidfd = None
+
+
+def _close_fds(*fds: Optional[int]) -> None:
+    for fd in fds:
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _pidfd(pid: int) -> Optional[int]:
@@ -115,12 +111,7 @@ class Prestarted:
 
     def discard(self) -> None:
         """Close the control pipe (the process exits on EOF) and collect it."""
-        for fd in (self.control_fd, self.event_fd, self.pidfd):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_fds(self.control_fd, self.event_fd, self.pidfd)
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -148,8 +139,7 @@ def spawn_process(pooled: bool = False) -> Prestarted:
             pass_fds=(event_w, control_r), env=env, start_new_session=True,
         )
     except BaseException:
-        for fd in (event_r, event_w, control_r, control_w):
-            os.close(fd)
+        _close_fds(event_r, event_w, control_r, control_w)
         raise
     os.close(event_w)
     os.close(control_r)

@@ -24,6 +24,7 @@ from .devices import Device, format_devices
 from .errors import DDPNotebookError, NoCheckpointError, NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
 from .failures import WorkerFailure
 from .pool import get_pool
+from .probes import cpu_count
 from .processes import WorkerProcess, start_worker
 from .state import RunState, RunStatus, WorkerState
 from .supervisor import Supervisor, SupervisorOptions
@@ -136,11 +137,9 @@ class Run:
     # ---- lifecycle -------------------------------------------------------------------
     def _start(self) -> "Run":
         payload_path = os.path.join(self.run_dir, "payload.pkl")
-        with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(self._payload)
+        _write_private(payload_path, self._payload)
         n = len(self.devices)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = self.options.threads_per_worker or max(1, cores // n)
+        threads = self.options.threads_per_worker or max(1, cpu_count() // n)
         config = {
             "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
             "payload": payload_path, "init_file": os.path.join(self.run_dir, "rendezvous"),
@@ -167,6 +166,9 @@ class Run:
                 w.signal_group(signal.SIGKILL)
                 w.reap()
                 w.close()
+            for process in warm[len(workers):]:  # warm ones not assigned yet
+                if process is not None:
+                    process.discard()
             raise
         opts = SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                  stall_timeout=self.options.stall_timeout)
@@ -191,9 +193,7 @@ class Run:
                 status = RunStatus.FAILED
             self._result_blob = sup.result_blob
             if sup.result_blob is not None:  # kept so the run can be reloaded after a restart
-                with open(os.open(os.path.join(self.run_dir, "result.pkl"), os.O_WRONLY | os.O_CREAT, 0o600),
-                          "wb") as f:
-                    f.write(sup.result_blob)
+                _write_private(os.path.join(self.run_dir, "result.pkl"), sup.result_blob)
             self._emit({"kind": "run_finished", "time": time.time(), "status": status}, None)
             for name in ("payload.pkl", "rendezvous"):
                 try:
@@ -353,6 +353,12 @@ def _unexplained(run: Run) -> tuple[WorkerFailure, list[WorkerFailure], str]:
                       exc_type="SupervisorError",
                       message=f"the run ended without a result from the main worker; see {run.run_dir}/events.jsonl")
     return f, [f], run.run_dir
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Write a file only its owner can read (payloads and results may hold private data)."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(data)
 
 
 def _sys_path() -> list[str]:

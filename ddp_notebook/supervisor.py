@@ -138,26 +138,24 @@ class Supervisor:
         return max(0.0, min(wait, 1.0))
 
     # ---- reading ---------------------------------------------------------------------
-    def _read(self, rank: int, kind: str) -> bool:
-        """Read what one pipe has; False when it is at EOF (and now closed)."""
+    def _read(self, rank: int, kind: str) -> None:
+        """Read what one pipe has; at EOF, close it."""
         fd = self._fds[(rank, kind)]
         try:
             data = os.read(fd, _CHUNK)
         except BlockingIOError:
-            return True
+            return
         except OSError:
             data = b""
         if not data:
             self._close(rank, kind)
             if kind != "event":
                 self._output(rank, kind, b"", final=True)
-            return False
-        if kind == "event":
+        elif kind == "event":
             for event, blob in self._decoders[rank].feed(data):
                 self._on_worker_event(rank, event, blob)
         else:
             self._output(rank, kind, data)
-        return True
 
     def _close(self, rank: int, kind: str) -> None:
         """Close one pipe through its owner (Popen's file objects would close a reused fd later)."""
@@ -187,10 +185,10 @@ class Supervisor:
             self._partial[(rank, stream)] = buf
             return
         if buf:
+            text = buf.decode("utf-8", errors="replace")
             if stream == "stderr":
-                self._stderr[rank].extend(buf.decode("utf-8", errors="replace").splitlines())
-            self._emit({"kind": "output", "time": time.time(), "rank": rank, "stream": stream,
-                        "text": buf.decode("utf-8", errors="replace")}, None)
+                self._stderr[rank].extend(text.splitlines())
+            self._emit({"kind": "output", "time": time.time(), "rank": rank, "stream": stream, "text": text}, None)
 
     def _on_worker_event(self, rank: int, event: dict, blob: Optional[bytes]) -> None:
         event["rank"] = rank

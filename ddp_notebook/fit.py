@@ -260,7 +260,7 @@ def fit(
     if preflight:
         _preflight(spec, report.devices[0], options)
     options = replace(options, postprocess=lambda value, run: _fit_result(value, run, model))
-    run = launch_with(_fit_worker, list(report.devices), (spec,), {}, options)
+    run = launch_with(_fit_worker, list(report.devices), (spec,), {}, options, report=report)
     return run.wait() if wait else run
 
 

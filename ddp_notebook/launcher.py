@@ -9,7 +9,7 @@ from .devices import DeviceSpec
 from .errors import InvalidDevicesError, NotPicklableError
 from .probes import Probe, default_probe
 from .run import LaunchOptions, Run
-from .validation import validate_devices
+from .validation import ValidationReport, validate_devices
 
 __all__ = ["launch", "launch_with", "default_devices", "set_default_devices", "last_run", "options_from", "first_unpicklable"]
 
@@ -99,14 +99,20 @@ def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         raise (first_unpicklable(parts) or NotPicklableError("the call", "function call", str(whole))) from None
 
 
-def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, probe: Optional[Probe] = None,
-              parent: Optional[Run] = None) -> Run:
-    """Validate ``devices`` and start a run of an already packed call (used by retries too)."""
-    global _last_run
-    report = validate_devices(devices, backend=options.backend, min_free_memory=options.min_free_memory,
-                              probe=probe)
+def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe]) -> ValidationReport:
+    report = validate_devices(default_devices(probe) if devices is None else devices, backend=options.backend,
+                              min_free_memory=options.min_free_memory, probe=probe)
     if not report.ok:
         raise InvalidDevicesError(report)
+    return report
+
+
+def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, probe: Optional[Probe] = None,
+              parent: Optional[Run] = None, report: Optional[ValidationReport] = None) -> Run:
+    """Start a run of an already packed call (used by retries too); ``devices`` are validated
+    here unless ``report`` says they already were."""
+    global _last_run
+    report = report or _validated(devices, options, probe)
     run = Run(payload, report, options, parent=parent)._start()
     _last_run = run
     return run
@@ -159,15 +165,12 @@ def launch(
 
 
 def launch_with(fn: Callable, devices: Optional[DeviceSpec], args: tuple, kwargs: dict, options: LaunchOptions,
-                probe: Optional[Probe] = None) -> Run:
-    """``launch`` with its options already gathered (``fit`` and ``spawn`` use it)."""
-    if devices is None:
-        devices = default_devices(probe)
-    report = validate_devices(devices, backend=options.backend, min_free_memory=options.min_free_memory, probe=probe)
-    if not report.ok:
-        raise InvalidDevicesError(report)
+                probe: Optional[Probe] = None, report: Optional[ValidationReport] = None) -> Run:
+    """``launch`` with its options already gathered (``fit`` and ``spawn`` use it). The devices
+    are validated before the call is packed, unless ``report`` says they already were."""
+    report = report or _validated(devices, options, probe)
     payload = _pack(fn, args, kwargs)
-    return start_run(payload, list(report.devices), options, probe=probe)
+    return start_run(payload, report.devices, options, probe=probe, report=report)
 
 
 def options_from(caller: str, overrides: dict) -> LaunchOptions:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .wire import encode, write_all
 
@@ -61,10 +61,16 @@ def _watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) ->
             return
 
 
+# Files whose frames head every worker traceback and mean nothing to users.
+_RUNNER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "_engine_worker.py")}
+
+
 def _error_event(exc: BaseException, phase: str) -> dict:
-    # The first frame is main() here: users need their own frames only.
-    if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is main.__code__:
-        exc.__traceback__ = exc.__traceback__.tb_next
+    # The first frames are this package's runner (main(), execute()): users need their own only.
+    tb_head = exc.__traceback__
+    while tb_head is not None and tb_head.tb_next is not None and tb_head.tb_frame.f_code.co_filename in _RUNNER_FILES:
+        tb_head = tb_head.tb_next
+    exc.__traceback__ = tb_head
     tb = traceback.TracebackException.from_exception(exc)
     frames = [{"file": f.filename, "line": f.lineno, "name": f.name} for f in tb.stack]
     return {
@@ -117,38 +123,22 @@ def _read_config(fd: int) -> Optional[dict]:
     return json.loads(body) if body else None
 
 
-def main() -> None:
-    boot: dict[str, Any] = json.loads(os.environ.pop(CONFIG_ENV))
-    # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    warm_error: Optional[BaseException] = None
-    try:
-        _warm_up(bool(boot.get("pooled")))
-    except BaseException as e:  # noqa: BLE001 - reported once the worker knows its rank
-        warm_error = e
-    # Tell whoever holds this process that it is warm (the pool looks, the run logs it).
-    write_all(boot["event_fd"], encode({"kind": "warm", "rank": -1, "pid": os.getpid(), "time": time.time()}))
-    cfg = _read_config(boot["control_fd"])
-    if cfg is None:  # the pool was shut down, or the notebook is gone
-        os._exit(EXIT_ORPHANED)
-    rank, world_size = cfg["rank"], cfg["world_size"]
-    channel = _Channel(boot["event_fd"], rank)
-    stop, release = threading.Event(), threading.Event()
-    threading.Thread(target=_watch_lifeline, args=(boot["control_fd"], stop, release),
-                     name="ddp-lifeline", daemon=True).start()
-    # SIGUSR1 dumps every thread's stack into a file: the stall watchdog reads it.
-    stack_file = open(cfg["stack_file"], "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    channel.send({"kind": "started", "pid": os.getpid(), "main_thread": threading.get_ident()})
+class Phase:
+    """Where a worker is (startup, unpickle, init, run, result): error events say it."""
 
-    phase = "startup"
+    name = "startup"
+
+
+def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threading.Event, where: Phase) -> Optional[bytes]:
+    """Set up the rank described by ``cfg``, run the packed call and return the main worker's
+    pickled result (None on other ranks). Raises whatever the set-up or the function raised,
+    with ``where.name`` saying in which phase. Shared by worker processes and ipyparallel engines."""
+    rank, world_size = cfg["rank"], cfg["world_size"]
     ctx = None
     try:
-        if warm_error is not None:
-            raise warm_error
         os.environ.update(cfg.get("env", {}))
-        for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank,
-                           "LOCAL_WORLD_SIZE": world_size}.items():
+        for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": cfg.get("local_rank", rank),
+                           "LOCAL_WORLD_SIZE": cfg.get("local_world_size", world_size)}.items():
             os.environ[key] = str(value)
         if cfg.get("cwd"):
             os.chdir(cfg["cwd"])
@@ -162,14 +152,13 @@ def main() -> None:
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg["threads"]))
 
-        phase = "unpickle"
-        with open(cfg["payload"], "rb") as f:
-            payload = pickling.loads(f.read())
+        where.name = "unpickle"
+        call = pickling.loads(payload)
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
-        linecache.cache.update(payload.get("sources", {}))
-        fn, args, kwargs = payload["fn"], payload["args"], payload["kwargs"]
+        linecache.cache.update(call.get("sources", {}))
+        fn, args, kwargs = call["fn"], call["args"], call["kwargs"]
 
-        phase = "init"
+        where.name = "init"
         kind, index = cfg["device"].split(":")
         if kind == "cuda":
             torch.cuda.set_device(int(index))
@@ -191,22 +180,56 @@ def main() -> None:
 
         ctx = WorkerContext(
             rank=rank, world_size=world_size, device=device, device_name=cfg["device"],
-            backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=channel.send,
+            backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=send,
             stop_event=stop, progress_interval=cfg.get("progress_interval", 0.1),
             resume_from=cfg.get("resume_from"),
         )
         context._current = ctx
-        channel.send({"kind": "ready"})
-        phase = "run"
+        send({"kind": "ready"})
+        where.name = "run"
         result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)
         ctx.flush()
-        phase = "result"
-        blob = pickling.dumps(result) if rank == 0 else None
-        channel.send({"kind": "done"}, blob)
-    except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
+        where.name = "result"
+        return pickling.dumps(result) if rank == 0 else None
+    except BaseException:
         if ctx is not None:
             ctx.flush()  # the last progress before the failure, for the panel and the report
-        channel.send(_error_event(exc, phase))
+        raise
+
+
+def main() -> None:
+    boot: dict[str, Any] = json.loads(os.environ.pop(CONFIG_ENV))
+    # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    warm_error: Optional[BaseException] = None
+    try:
+        _warm_up(bool(boot.get("pooled")))
+    except BaseException as e:  # noqa: BLE001 - reported once the worker knows its rank
+        warm_error = e
+    # Tell whoever holds this process that it is warm (the pool looks, the run logs it).
+    write_all(boot["event_fd"], encode({"kind": "warm", "rank": -1, "pid": os.getpid(), "time": time.time()}))
+    cfg = _read_config(boot["control_fd"])
+    if cfg is None:  # the pool was shut down, or the notebook is gone
+        os._exit(EXIT_ORPHANED)
+    channel = _Channel(boot["event_fd"], cfg["rank"])
+    stop, release = threading.Event(), threading.Event()
+    threading.Thread(target=_watch_lifeline, args=(boot["control_fd"], stop, release),
+                     name="ddp-lifeline", daemon=True).start()
+    # SIGUSR1 dumps every thread's stack into a file: the stall watchdog reads it.
+    stack_file = open(cfg["stack_file"], "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    channel.send({"kind": "started", "pid": os.getpid(), "main_thread": threading.get_ident()})
+
+    where = Phase()
+    try:
+        if warm_error is not None:
+            raise warm_error
+        with open(cfg["payload"], "rb") as f:
+            payload = f.read()
+        blob = execute(cfg, payload, channel.send, stop, where)
+        channel.send({"kind": "done"}, blob)
+    except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
+        channel.send(_error_event(exc, where.name))
         _flush_std()
         os._exit(EXIT_FAILED)
     # Stay until every rank is done: a rank leaving early could cut a peer's last collective.

@@ -137,7 +137,7 @@ class Run:
     # ---- lifecycle -------------------------------------------------------------------
     def _start(self) -> "Run":
         payload_path = os.path.join(self.run_dir, "payload.pkl")
-        _write_private(payload_path, self._payload)
+        _write_private(payload_path, self._payload)  # read by local workers; engines get the bytes
         n = len(self.devices)
         threads = self.options.threads_per_worker or max(1, cpu_count() // n)
         config = {
@@ -156,6 +156,16 @@ class Run:
         self._emit({"kind": "run_started", "time": time.time(), "run_id": self.id,
                     "devices": [str(d) for d in self.devices], "backend": self.backend,
                     "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None}, None)
+        opts = SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
+                                 stall_timeout=self.options.stall_timeout)
+        self._supervisor = self._start_workers(config, opts)
+        _live_runs.add(self)
+        threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()
+        return self
+
+    def _start_workers(self, config: dict, opts: SupervisorOptions) -> Any:
+        """Start one worker process per device (warm ones from the pool when it has them)
+        and return the supervisor that watches them."""
         workers: list[WorkerProcess] = []
         warm = get_pool().take(len(self.devices))
         try:
@@ -170,12 +180,11 @@ class Run:
                 if process is not None:
                     process.discard()
             raise
-        opts = SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
-                                 stall_timeout=self.options.stall_timeout)
-        self._supervisor = Supervisor(workers, opts, self._emit)
-        _live_runs.add(self)
-        threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()
-        return self
+        return Supervisor(workers, opts, self._emit)
+
+    def _after_finish(self) -> None:
+        # Warm the next run's workers now that this run no longer needs the cores.
+        get_pool().refill(len(self.devices))
 
     def _supervise(self) -> None:
         sup = self._supervisor
@@ -201,8 +210,7 @@ class Run:
                 except OSError:
                     pass
             self._log.close()
-            # Warm the next run's workers now that this run no longer needs the cores.
-            get_pool().refill(len(self.devices))
+            self._after_finish()
             self._finished.set()
 
     def _emit(self, event: dict, blob: Optional[bytes]) -> None:

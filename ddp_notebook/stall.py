@@ -13,9 +13,11 @@ import os
 import re
 import signal
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-__all__ = ["dump_stacks", "main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
+from .failures import FailureKind, WorkerFailure
+
+__all__ = ["dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
@@ -92,32 +94,42 @@ def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> l
     return [r for r in sorted(waiting) if (steps.get(r) if steps.get(r) is not None else -1) == lowest]
 
 
-def dump_stacks(workers: dict[int, tuple[int, str]]) -> dict[int, str]:
-    """Ask each worker (rank -> (pid, stack file)) for its stacks and read them back.
+def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int, str]:
+    """Ask each worker for its stacks (``request`` sends SIGUSR1 to every one) and read them
+    back from its stack file (rank -> path).
 
     The worker's faulthandler writes from its SIGUSR1 handler, asynchronously to us: read each
     file once it has stopped growing (at most 2 s)."""
-    for pid, _path in workers.values():
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+    request()
     sizes: dict[int, int] = {}
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
-        now_sizes = {r: _size(path) for r, (_pid, path) in workers.items()}
-        if all(now_sizes[r] > 0 and sizes.get(r) == now_sizes[r] for r in workers):
+        now_sizes = {r: _size(path) for r, path in files.items()}
+        if all(now_sizes[r] > 0 and sizes.get(r) == now_sizes[r] for r in files):
             break
         sizes = now_sizes
         time.sleep(0.02)
     out = {}
-    for r, (_pid, path) in workers.items():
+    for r, path in files.items():
         try:
             with open(path, errors="replace") as f:
                 out[r] = f.read()
         except OSError:
             out[r] = ""
     return out
+
+
+def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: dict[int, Optional[int]],
+                   idle: float, devices: dict[int, str], pids: dict[int, Optional[int]]) -> list[WorkerFailure]:
+    """One STALL failure per rank to blame (the first is the root cause), from the stacks of
+    the ranks still running (``stacks`` keys)."""
+    torch_dir = _torch_dir()
+    frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in stacks}
+    waiting = {r: is_waiting_in_collective(frames[r], torch_dir) for r in stacks}
+    now = time.time()
+    return [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
+                          traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r))
+            for r in pick_stalled(waiting, {r: steps.get(r) for r in stacks})]
 
 
 def _size(path: str) -> int:

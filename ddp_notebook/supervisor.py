@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from .failures import FailureKind, WorkerFailure, signal_name
 from .processes import WorkerProcess
-from .stall import _torch_dir, dump_stacks, format_stack, is_waiting_in_collective, main_thread_stack, pick_stalled
+from .stall import dump_stacks, stall_failures
 from .wire import FrameDecoder
 
 __all__ = ["Supervisor", "SupervisorOptions"]
@@ -363,20 +363,20 @@ class Supervisor:
         alive = [r for r in self.workers if r not in self._exited and r not in self.reported]
         if not alive:
             return
-        stacks = dump_stacks({r: (self.workers[r].pid, self.workers[r].stack_file) for r in alive})
-        torch_dir = _torch_dir()
-        frames = {r: main_thread_stack(stacks.get(r, ""), self.main_ident.get(r)) for r in alive}
-        waiting = {r: is_waiting_in_collective(frames[r], torch_dir) for r in alive}
-        stalled = pick_stalled(waiting, {r: self.steps.get(r) for r in alive})
-        self._emit({"kind": "stalled", "time": time.time(), "ranks": stalled, "idle": idle,
+
+        def request() -> None:
+            for r in alive:
+                try:
+                    os.kill(self.workers[r].pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+
+        stacks = dump_stacks({r: self.workers[r].stack_file for r in alive}, request)
+        found = stall_failures(stacks, self.main_ident, self.steps, idle,
+                               {r: str(self.workers[r].device) for r in alive}, {r: self.workers[r].pid for r in alive})
+        self._emit({"kind": "stalled", "time": time.time(), "ranks": [f.rank for f in found], "idle": idle,
                     "stacks": {str(r): stacks.get(r, "") for r in alive}}, None)
-        now = time.time()
-        for i, r in enumerate(stalled):
-            w = self.workers[r]
-            f = WorkerFailure(rank=r, device=str(w.device), kind=FailureKind.STALL, time=now, pid=w.pid,
-                              traceback=format_stack(frames[r]), stalled_for=idle,
-                              last_step=self.steps.get(r))
-            if i == 0:
-                self.root = f
+        self.root = found[0]
+        for f in found:
             self._record(f)
         self._terminate_alive()

@@ -12,6 +12,7 @@ from .devices import Device, parse_devices
 from .errors import (
     DDPNotebookError,
     DeviceSpecError,
+    EngineSelectionError,
     InvalidDevicesError,
     NoCheckpointError,
     NoResultError,
@@ -38,7 +39,7 @@ __all__ = [
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
-    "NoCheckpointError", "PreflightError", "FitConfigError",
+    "NoCheckpointError", "PreflightError", "FitConfigError", "EngineSelectionError",
 ]
 
 

@@ -167,6 +167,8 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
             device = torch.device("cpu")
         import datetime
 
+        if cfg.get("arrivals"):
+            _await_peers(cfg["arrivals"], rank, world_size)
         spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
         if not spawn_mode:
             dist.init_process_group(
@@ -195,6 +197,19 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
         if ctx is not None:
             ctx.flush()  # the last progress before the failure, for the panel and the report
         raise
+
+
+def _await_peers(folder: str, rank: int, world_size: int) -> None:
+    """Wait, in Python, until every rank got this far.
+
+    Used where a worker cannot be killed (an ipyparallel engine): torch's rendezvous waits in
+    C++, where an interrupt is not seen, so a rank whose peer failed before the rendezvous
+    would otherwise wait out the whole timeout. Here it stays interruptible."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, str(rank)), "w"):
+        pass
+    while len(os.listdir(folder)) < world_size:
+        time.sleep(0.01)
 
 
 def main() -> None:

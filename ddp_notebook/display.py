@@ -59,6 +59,7 @@ def show_report(report: ValidationReport) -> None:
 def start_target(target: Any, name: str, devices: Optional[str], options: dict) -> tuple[Any, Callable]:
     """Start ``target`` (a function ``fn(ctx, ...)`` or a dict of ``fit`` arguments) without
     waiting; return the run and a function that relaunches it on other devices."""
+    from .errors import DDPNotebookError
     from .fit import FitConfigError, fit
     from .launcher import launch
 
@@ -72,6 +73,8 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict) 
             try:
                 return fit(**kwargs, wait=False)
             except TypeError as e:
+                if isinstance(e, DDPNotebookError):  # ours, already in the user's words
+                    raise
                 raise FitConfigError(f"{name} is not a valid set of fit() arguments: {e}") from None
     elif callable(target):
         params = inspect.signature(target).parameters
@@ -82,7 +85,7 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict) 
                     raise FitConfigError(f"{name}() takes no {key!r} argument, so --{key.replace('_', '-')} "
                                          "cannot be passed to it")
                 run_kwargs[key] = given[key]
-        launch_kw = {"stall_timeout": given["stall_timeout"]} if "stall_timeout" in given else {}
+        launch_kw = {k: given[k] for k in ("stall_timeout", "engines") if k in given}
 
         def start(devs: Any) -> Any:
             return launch(target, devices=devs, kwargs=run_kwargs, **launch_kw)

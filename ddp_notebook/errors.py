@@ -21,6 +21,7 @@ __all__ = [
     "NoResultError",
     "NoCheckpointError",
     "PreflightError",
+    "EngineSelectionError",
 ]
 
 
@@ -30,6 +31,10 @@ class DDPNotebookError(Exception):
 
 class DeviceSpecError(DDPNotebookError, ValueError):
     """A device list could not be read (bad syntax, unknown device kind, bad index)."""
+
+
+class EngineSelectionError(DDPNotebookError, TypeError):
+    """``engines=`` is not an ipyparallel Client, DirectView or Engines."""
 
 
 class InvalidDevicesError(DDPNotebookError, ValueError):

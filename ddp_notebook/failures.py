@@ -21,6 +21,7 @@ class FailureKind:
     SIGNAL = "signal"  # killed by a signal without reporting (SIGKILL, SIGSEGV, ...)
     EXIT = "exit"  # exited with a code without reporting (os._exit, sys.exit in C code, ...)
     STALL = "stall"  # made no progress while its peers waited for it
+    ENGINE = "engine"  # the ipyparallel engine running the rank died
 
 
 def worker_name(rank: int) -> str:
@@ -85,6 +86,9 @@ class WorkerFailure:
             return f"killed by signal {sig}{when}"
         if self.kind == FailureKind.EXIT:
             return f"exited with code {self.exit_code}{when or ' before reporting a result'}"
+        if self.kind == FailureKind.ENGINE:
+            return (f"{self.message}{when}: the engine process ended (os._exit, a signal such as the out-of-memory "
+                    "killer's SIGKILL, or a crash in native code)")
         if self.kind == FailureKind.STALL:
             step = f" (last step {self.last_step})" if self.last_step is not None else ""
             return (f"stalled: no progress for {self.stalled_for:.1f} s{step} while the other "

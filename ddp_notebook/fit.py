@@ -18,9 +18,9 @@ from typing import Any, Callable, Optional, Union
 
 from .devices import Device, DeviceSpec
 from .errors import DDPNotebookError, InvalidDevicesError, PreflightError, WorkerFailedError
-from .launcher import default_devices, first_unpicklable, launch_with, options_from
+from .launcher import first_unpicklable, launch_with, options_from, validate_for
 from .run import Run
-from .validation import Finding, ValidationReport, validate_devices
+from .validation import Finding, ValidationReport
 
 __all__ = ["fit", "FitResult", "FitConfigError"]
 
@@ -237,9 +237,7 @@ def fit(
     if not isinstance(model, torch.nn.Module) and not callable(model):
         raise FitConfigError(f"model must be a torch.nn.Module or a function returning one, not {type(model).__name__}.")
     options = options_from("fit", launch_options)
-    spec_devices = devices if devices is not None else default_devices()
-    report = validate_devices(spec_devices, backend=options.backend, min_free_memory=options.min_free_memory,
-                              dataset_size=len(train), batch_size=batch_size, drop_last=drop_last)
+    report = validate_for(devices, options, dataset_size=len(train), batch_size=batch_size, drop_last=drop_last)
     if valid is not None and len(valid) == 0:
         report = ValidationReport(report.spec, report.devices, report.backend, report.findings + (
             Finding("error", "empty_shard", "valid_data is empty: give at least one sample, or valid_data=None."),))

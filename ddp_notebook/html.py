@@ -56,6 +56,9 @@ def hint_for(failure: WorkerFailure) -> str:
         return "The worker died while starting: check the environment (imports, installed packages) in its stderr."
     if failure.kind == FailureKind.EXIT:
         return "The worker exited without an exception (os._exit or sys.exit from native code)."
+    if failure.kind == FailureKind.ENGINE:
+        return ("The engine process died: the cluster's engine log (ipcluster's log directory) holds its last "
+                "words. Start a new engine before retrying on as many engines.")
     if failure.kind == FailureKind.STALL:
         return ("This worker stopped making progress while its peers waited for it in a collective: its stack "
                 "below shows where it is stuck (a deadlock, a slow data loader, a rank-dependent branch).")

@@ -11,7 +11,7 @@ from .probes import Probe, default_probe
 from .run import LaunchOptions, Run
 from .validation import ValidationReport, validate_devices
 
-__all__ = ["launch", "launch_with", "default_devices", "set_default_devices", "last_run", "options_from", "first_unpicklable"]
+__all__ = ["launch", "launch_with", "validate_for", "default_devices", "set_default_devices", "last_run", "options_from", "first_unpicklable"]
 
 _last_run: Optional[Run] = None
 _default_spec: Optional[DeviceSpec] = None
@@ -99,9 +99,22 @@ def _pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         raise (first_unpicklable(parts) or NotPicklableError("the call", "function call", str(whole))) from None
 
 
+def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe] = None,
+                 **shards: Any) -> ValidationReport:
+    """The validation report for a launch with these options: on this machine, or on the
+    engines of ``options.engines``; ``shards`` (dataset_size, batch_size, drop_last) add the
+    empty-shard checks."""
+    if options.engines is not None:
+        from .engines import validate_on_engines
+
+        return validate_on_engines(devices, options.engines, backend=options.backend,
+                                   min_free_memory=options.min_free_memory, **shards)
+    return validate_devices(default_devices(probe) if devices is None else devices, backend=options.backend,
+                            min_free_memory=options.min_free_memory, probe=probe, **shards)
+
+
 def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe]) -> ValidationReport:
-    report = validate_devices(default_devices(probe) if devices is None else devices, backend=options.backend,
-                              min_free_memory=options.min_free_memory, probe=probe)
+    report = validate_for(devices, options, probe)
     if not report.ok:
         raise InvalidDevicesError(report)
     return report
@@ -113,7 +126,12 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, probe
     here unless ``report`` says they already were."""
     global _last_run
     report = report or _validated(devices, options, probe)
-    run = Run(payload, report, options, parent=parent)._start()
+    if options.engines is not None:
+        from .engine_run import EngineRun
+
+        run: Run = EngineRun(payload, report, options, parent=parent)._start()
+    else:
+        run = Run(payload, report, options, parent=parent)._start()
     _last_run = run
     return run
 
@@ -134,6 +152,7 @@ def launch(
     progress_interval: float = 0.1,
     run_root: Optional[str] = None,
     env: Optional[dict] = None,
+    engines: Any = None,
     probe: Optional[Probe] = None,
 ) -> Run:
     """Start ``fn(ctx, *args, **kwargs)`` on every device in background workers; return at once.
@@ -145,6 +164,10 @@ def launch(
     The device list is validated first; an invalid one raises ``InvalidDevicesError`` (with
     the report) before any process starts. ``stall_timeout`` (seconds) fails the run, naming
     the stalled rank, when no rank reports progress for that long once one has reported.
+
+    ``engines`` (an ipyparallel Client or DirectView) runs one rank per engine instead of
+    local processes; ``devices`` then pairs with the engines (default ``cpu`` on each): see
+    :mod:`ddp_notebook.engines`.
 
     >>> import ddp_notebook
     >>> def train(ctx, steps):
@@ -159,7 +182,7 @@ def launch(
     options = LaunchOptions(
         backend=backend, min_free_memory=min_free_memory, stall_timeout=stall_timeout, timeout=timeout,
         run_root=run_root, threads_per_worker=threads_per_worker, stop_grace=stop_grace,
-        kill_grace=kill_grace, progress_interval=progress_interval, env=dict(env or {}),
+        kill_grace=kill_grace, progress_interval=progress_interval, env=dict(env or {}), engines=engines,
     )
     return launch_with(fn, devices, tuple(args), dict(kwargs or {}), options, probe)
 

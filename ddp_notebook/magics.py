@@ -8,14 +8,15 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import launcher
 from .display import show_report, show_run, start_target
-from .errors import DeviceSpecError, InvalidDevicesError, NoCheckpointError, NotPicklableError
+from .errors import DeviceSpecError, EngineSelectionError, InvalidDevicesError, NoCheckpointError, NotPicklableError
 from .fit import FitConfigError
 from .textview import format_run
 from .validation import validate_devices
 
 __all__ = ["DDPMagics", "load_ipython_extension"]
 
-_USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError)
+_USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError,
+                  EngineSelectionError)
 
 
 def _last_run():
@@ -44,15 +45,18 @@ class DDPMagics(Magics):
     @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
     @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
     @argument("--stall-timeout", type=float, help="fail the run when no rank reports progress for this long")
+    @argument("--engines", help="run one rank per ipyparallel engine: the name of a Client or DirectView")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic
     def ddp_fit(self, line):
         """Launch a DDP run in background workers and show its live panel; returns at once."""
         args = parse_argstring(self.ddp_fit, line)
-        if args.func not in self.shell.user_ns:
-            raise UsageError(f"%ddp_fit: there is no {args.func!r} in the notebook; define a training function "
-                             "fn(ctx) or a dict of fit() arguments with that name first")
-        options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout}
+        for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
+                           (args.engines, "an ipyparallel Client or DirectView")):
+            if name is not None and name not in self.shell.user_ns:
+                raise UsageError(f"%ddp_fit: there is no {name!r} in the notebook; define {what} with that name first")
+        options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
+                   "engines": self.shell.user_ns[args.engines] if args.engines else None}
         try:
             run, relaunch = start_target(self.shell.user_ns[args.func], args.func, args.devices, options)
         except _USER_MISTAKES as e:

@@ -65,6 +65,14 @@ class LaunchOptions:
     # Turns the main worker's return value into what wait() gives back (fit's FitResult);
     # stays in the notebook, never sent to the workers.
     postprocess: Optional[Callable[[Any, "Run"], Any]] = field(default=None, compare=False)
+    # ipyparallel engines to run on (a Client, a DirectView or Engines), one rank per engine.
+    engines: Any = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.engines is not None:
+            from .engines import engines_of
+
+            object.__setattr__(self, "engines", engines_of(self.engines))
 
 
 def default_run_root() -> str:
@@ -333,7 +341,13 @@ class Run:
                 raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
                                         f"(looked in {self.checkpoint_dir})")
             changes["resume_from"] = self.checkpoint_dir
+        for key, value in self._retry_options(devices).items():
+            changes.setdefault(key, value)  # what the caller chose wins
         return start_run(self._payload, devices, replace(self.options, **changes), parent=self)
+
+    def _retry_options(self, devices: Any) -> dict:
+        """Option changes a retry on ``devices`` needs (where to run; none for local runs)."""
+        return {}
 
     @property
     def checkpoint_dir(self) -> str:

@@ -72,3 +72,18 @@ def ignore_term_then_allreduce(ctx, steps: int = 5):
     if ctx.rank == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return ddp_steps(ctx, steps=steps, fault="sigkill", bad_rank=1, at_step=3)
+
+
+def engine_is_clean() -> dict:
+    """Run on an ipyparallel engine after a run: what a run must leave as it found it."""
+    import signal as _signal
+
+    from ddp_notebook import current_context
+
+    return {
+        "process_group": dist.is_initialized(),
+        "rank_env": os.environ.get("RANK"),
+        "sigint": _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler,
+        "context": current_context() is not None,
+        "pid": os.getpid(),
+    }

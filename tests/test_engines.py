@@ -1,0 +1,210 @@
+"""Runs on ipyparallel engines: a real local cluster (controller and engines on loopback),
+real gloo between the engines, faults on the main and on a secondary rank.
+
+After every test the engines must be idle and as they were: no process group, no RANK in
+the environment, ipykernel's SIGINT handling back, no context (``engines_left_clean``)."""
+import contextlib
+import ipaddress
+import time
+
+import ipyparallel as ipp
+import psutil
+import pytest
+import torch
+
+import ddp_notebook
+from ddp_notebook import EngineSelectionError, InvalidDevicesError, NotPicklableError, WorkerFailedError
+from ddp_notebook.engines import Engines
+
+import faults
+from helpers import wait_for
+
+CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False}
+
+
+@contextlib.contextmanager
+def local_cluster(n=2):
+    cluster = ipp.Cluster(n=n, log_level=40)
+    client = cluster.start_and_connect_sync()
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.stop_cluster_sync()
+
+
+@pytest.fixture(scope="module")
+def cluster_client():
+    with local_cluster(2) as client:
+        yield client
+
+
+@pytest.fixture
+def rc(cluster_client):
+    yield cluster_client
+    assert_engines_clean(cluster_client)
+
+
+def assert_engines_clean(client):
+    # A busy engine would not answer: this also proves that no rank is still running.
+    states = client[:].apply_async(faults.engine_is_clean).get(timeout=30)
+    for state in states:
+        assert {k: state[k] for k in CLEAN} == CLEAN, state
+
+
+def test_launch_runs_one_rank_per_engine(rc):
+    engine_pids = rc[:].apply_sync(__import__("os").getpid)
+    run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs={"steps": 4})
+    assert run.wait(timeout=60) == [16.0, 16.0]  # ones, all-reduced (summed) over two ranks four times
+    assert [w.pid for w in run.workers] == engine_pids
+    assert [w.status for w in run.workers] == ["succeeded", "succeeded"]
+    assert [(w.step, w.total) for w in run.workers] == [(4, 4), (4, 4)]
+    assert run.state.devices == ["cpu:0", "cpu:1"]
+
+
+def test_output_of_each_engine_is_kept_per_rank(rc):
+    def hello(ctx):
+        print(f"hello from rank {ctx.rank} of {ctx.world_size}")
+        return ctx.rank
+
+    run = ddp_notebook.launch(hello, engines=rc)
+    assert run.wait(timeout=60) == 0
+    assert run.output(0) == "hello from rank 0 of 2\n"
+    assert run.output(1) == "hello from rank 1 of 2\n"
+
+
+def test_the_same_fit_on_engines_as_on_local_workers(rc):
+    torch.manual_seed(0)
+    x = torch.randn(256, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+    def model():
+        torch.manual_seed(1)
+        return torch.nn.Linear(4, 1)
+
+    common = dict(loss=torch.nn.functional.mse_loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.05), epochs=3,
+                  batch_size=16, shuffle=False, checkpoint=False)
+    on_engines = ddp_notebook.fit(model, (x, y), engines=rc, **common)
+    local = ddp_notebook.fit(model, (x, y), devices="cpu*2", **common)
+    assert on_engines.ranks_in_sync
+    assert on_engines.history[-1]["train_loss"] < on_engines.history[0]["train_loss"] / 2
+    for a, b in zip(on_engines.model.parameters(), local.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_gloo_between_engines_listens_on_loopback_only(rc):
+    run = ddp_notebook.launch(faults.wait_for_stop, engines=rc)
+    try:
+        wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+        listening = []
+        for w in run.workers:
+            listening += [c.laddr for c in psutil.Process(w.pid).net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN]
+        assert listening
+        assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
+    finally:
+        run.stop(grace=5, wait=True)
+    assert run.status == "stopped"
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_rank_that_raises_is_named_and_its_peer_is_a_consequence(rc, bad_rank):
+    run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs=dict(fault="raise", bad_rank=bad_rank))
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    name = "main worker" if bad_rank == 0 else "worker 1"
+    assert str(e.value).startswith(f"Distributed data parallel {name} (cpu:{bad_rank} on engine {bad_rank}) "
+                                   "failed: ValueError: boom at step 3")
+    assert 'raise ValueError(f"boom at step {step}")' in e.value.failure.traceback
+    assert "_engine_worker.py" not in e.value.failure.traceback and "_worker.py" not in e.value.failure.traceback
+    assert all(f.consequence for f in run.failures if f is not e.value.failure)
+    assert run.status == "failed"
+
+
+def test_stop_asks_every_engine_and_the_function_returns(rc):
+    run = ddp_notebook.launch(faults.wait_for_stop, engines=rc)
+    wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+    run.stop(wait=True)
+    assert run.status == "stopped" and [w.status for w in run.workers] == ["succeeded", "succeeded"]
+    assert run.wait().startswith("stopped at step ")  # the main worker's own return value
+
+
+def test_stop_interrupts_engines_that_ignore_it(rc):
+    run = ddp_notebook.launch(faults.wait_for_stop, engines=rc, kwargs={"honour": False}, stop_grace=0.5)
+    wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+    run.stop(wait=True)
+    assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
+    assert not run.failures
+    with pytest.raises(ddp_notebook.RunStoppedError, match="was stopped"):
+        run.wait()
+
+
+def test_stall_names_the_straggler_engine_with_its_stack(rc):
+    run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs=dict(fault="stall", bad_rank=1),
+                              stall_timeout=2.0)
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1 on engine 1) failed: stalled: "
+                                   "no progress for")
+    assert "time.sleep(3600)" in e.value.failure.traceback
+
+
+@pytest.mark.parametrize("bad_rank, kept", [(1, 0), (0, 1)])
+def test_retry_runs_on_the_engine_of_a_healthy_rank(rc, bad_rank, kept):
+    run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs=dict(fault="raise", bad_rank=bad_rank, at_step=2))
+    with pytest.raises(WorkerFailedError):
+        run.wait(timeout=60)
+    again = run.retry()
+    assert again.options.engines.ids == (rc.ids[kept],) and [str(d) for d in again.devices] == [f"cpu:{kept}"]
+    if bad_rank == 0:  # the fault is on rank 0, which the retry has too: it reproduces alone
+        with pytest.raises(WorkerFailedError, match=r"main worker \(cpu:1 on engine 1\) failed: ValueError"):
+            again.wait(timeout=60)
+    else:
+        assert again.wait(timeout=60) == [1.0, 1.0]
+        assert again.workers[0].pid == run.workers[0].pid
+
+
+def test_an_argument_that_fails_to_load_on_an_engine_is_a_startup_failure(rc):
+    run = ddp_notebook.launch(faults.takes_arg, engines=rc, args=(faults.LoadFault(1, "raise"),))
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1 on engine 1) failed: the function "
+                                   "or its arguments could not be unpickled in the worker: ModuleNotFoundError")
+
+
+def test_unpicklable_function_is_refused_before_any_engine_runs(rc):
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(NotPicklableError, match="lock"):
+        ddp_notebook.launch(lambda ctx: lock.acquire(), engines=rc)
+
+
+def test_bad_engine_selections_are_refused_with_what_would_be_valid(rc):
+    with pytest.raises(InvalidDevicesError, match=r"3 devices for 2 engines \(ids 0, 1\): each engine runs one rank"):
+        ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,), devices="cpu*3")
+    with pytest.raises(InvalidDevicesError, match="engine 7 is not available"):
+        ddp_notebook.launch(faults.takes_arg, engines=Engines(rc, [0, 7]), args=(1,))
+    with pytest.raises(EngineSelectionError, match="engines= takes an ipyparallel Client .* not str"):
+        ddp_notebook.launch(faults.takes_arg, engines="rc", args=(1,))
+    with pytest.raises(InvalidDevicesError, match="cuda:0 does not exist: no CUDA device is visible"):
+        ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,), devices="cuda:0,cuda:1")
+
+
+@pytest.mark.parametrize("fault", ["exit", "sigkill", "segfault"])
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_an_engine_that_dies_is_the_cause_not_its_peer(fault, bad_rank):
+    # The engine dies: a cluster of its own, stopped at the end, so no test is left short of one.
+    with local_cluster(2) as client:
+        run = ddp_notebook.launch(faults.ddp_steps, engines=client, kwargs=dict(fault=fault, bad_rank=bad_rank))
+        with pytest.raises(WorkerFailedError) as e:
+            run.wait(timeout=60)
+        name = "main worker" if bad_rank == 0 else "worker 1"
+        assert str(e.value).startswith(f"Distributed data parallel {name} (cpu:{bad_rank} on engine {bad_rank}) "
+                                       f"failed: engine {bad_rank} died")
+        assert e.value.failure.kind == "engine" and not e.value.failure.consequence
+        assert all(f.consequence for f in run.failures if f is not e.value.failure)
+        survivor = client[1 - bad_rank].apply_sync(faults.engine_is_clean)  # idle again, and as it was
+        assert {k: survivor[k] for k in CLEAN} == CLEAN
+        if bad_rank == 1:  # the retry runs on the survivor (on rank 0 the fault would come back)
+            assert run.retry().wait(timeout=60) == [1.0, 1.0]

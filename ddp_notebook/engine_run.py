@@ -311,12 +311,14 @@ class EngineRun(Run):
                 local_world_size=local, threads=threads, env=dict(env, OMP_NUM_THREADS=str(threads)),
                 stack_file=os.path.join(self.run_dir, f"stacks-rank{rank}.txt"), engine=engines.ids[rank],
                 arrivals=os.path.join(self.run_dir, "arrivals")))
-        self._emit({"kind": "engines", "time": time.time(), "ids": list(engines.ids[: len(self.devices)]),
-                    "hosts": hosts}, None)
         supervisor = EngineSupervisor(engines.subset(range(len(self.devices))), configs, self._payload, opts,
                                       self._emit)
         supervisor.start()
         return supervisor
+
+    def _places(self) -> list[str]:
+        engines: Engines = self.options.engines
+        return [f"engine {eid} on {host}" for eid, host in zip(engines.ids, engines.hosts())][: len(self.devices)]
 
     def _after_finish(self) -> None:
         # Engines are the cluster's: the local warm pool is not involved.

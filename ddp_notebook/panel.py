@@ -61,9 +61,10 @@ class _FullText:
 class _Row:
     """The widgets of one rank."""
 
-    def __init__(self, rank: int, device: str) -> None:
-        self.name = widgets.HTML(f"<b>rank {rank}</b> <code>{escape(device)}</code>" + (" <i>main</i>" if rank == 0 else ""),
-                                 layout=widgets.Layout(width="150px"))
+    def __init__(self, rank: int, device: str, place: Optional[str] = None) -> None:
+        where = f"<br><small>{escape(place)}</small>" if place else ""
+        self.name = widgets.HTML(f"<b>rank {rank}</b> <code>{escape(device)}</code>" + (" <i>main</i>" if rank == 0 else "")
+                                 + where, layout=widgets.Layout(width="150px"))
         self.badge = widgets.HTML(layout=widgets.Layout(width="90px"))
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="180px"))
         self.text = widgets.HTML(layout=widgets.Layout(width="380px"))
@@ -141,11 +142,11 @@ class RunView(_FullText, widgets.VBox):
                                 f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
             self.stop_button.layout.display = "none" if state.finished else ""
             if set(self.rows) != set(state.workers):
-                self.rows = {r: _Row(r, w.device) for r, w in sorted(state.workers.items())}
+                self.rows = {r: _Row(r, w.device, w.place) for r, w in sorted(state.workers.items())}
                 self.rows_box.children = [row.box for row in self.rows.values()]
                 self.outputs.children = [widgets.HTML() for _ in self.rows]
                 for i, r in enumerate(self.rows):
-                    self.outputs.set_title(i, f"rank {r} {state.workers[r].device}")
+                    self.outputs.set_title(i, f"rank {r} {state.workers[r].label}")
             failed_ranks = state.causing_ranks
             for r, row in self.rows.items():
                 self._render_row(row, state.workers[r], r in failed_ranks, now)

@@ -163,7 +163,8 @@ class Run:
         config["env"], config["cwd"] = env, os.getcwd()
         self._emit({"kind": "run_started", "time": time.time(), "run_id": self.id,
                     "devices": [str(d) for d in self.devices], "backend": self.backend,
-                    "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None}, None)
+                    "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
+                    "places": self._places()}, None)
         opts = SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                  stall_timeout=self.options.stall_timeout)
         self._supervisor = self._start_workers(config, opts)
@@ -189,6 +190,10 @@ class Run:
                     process.discard()
             raise
         return Supervisor(workers, opts, self._emit)
+
+    def _places(self) -> Optional[list[str]]:
+        """Where each rank runs, when that is not a local worker process (None here)."""
+        return None
 
     def _after_finish(self) -> None:
         # Warm the next run's workers now that this run no longer needs the cores.

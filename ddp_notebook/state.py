@@ -47,6 +47,7 @@ class WorkerState:
 
     rank: int
     device: str
+    place: Optional[str] = None  # where the rank runs when not in a local process: "engine 1 on host-a"
     pid: Optional[int] = None
     status: str = WorkerStatus.STARTING
     step: Optional[int] = None
@@ -68,6 +69,11 @@ class WorkerState:
     @property
     def finished(self) -> bool:
         return self.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.STOPPED)
+
+    @property
+    def label(self) -> str:
+        """The device, and the engine for a rank on one: ``cpu:1`` or ``cpu:1 on engine 1 on host-a``."""
+        return f"{self.device} on {self.place}" if self.place else self.device
 
     @property
     def last_line(self) -> str:
@@ -132,7 +138,8 @@ class RunState:
             self.run_dir = event.get("run_dir")
             self.parent = event.get("parent")
             self.started_at = t
-            self.workers = {r: WorkerState(r, d) for r, d in enumerate(self.devices)}
+            places = event.get("places") or [None] * len(self.devices)
+            self.workers = {r: WorkerState(r, d, p) for r, (d, p) in enumerate(zip(self.devices, places))}
             return
         if kind == "run_finished":
             self.status = event["status"]

@@ -24,7 +24,7 @@ def format_metric(value: Any) -> str:
 
 
 def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
-    name = f"rank {w.rank} {w.device}" + (" (main)" if w.is_main else "")
+    name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
     parts = [f"{name:<17} {w.status:<10}"]
     if w.step is not None:
         if w.total:

@@ -208,3 +208,24 @@ def test_an_engine_that_dies_is_the_cause_not_its_peer(fault, bad_rank):
         assert {k: survivor[k] for k in CLEAN} == CLEAN
         if bad_rank == 1:  # the retry runs on the survivor (on rank 0 the fault would come back)
             assert run.retry().wait(timeout=60) == [1.0, 1.0]
+
+
+def test_ddp_fit_magic_runs_on_engines_by_name(rc, ipython_shell):
+    from IPython.core.error import UsageError
+    from IPython.utils.capture import capture_output
+
+    from ddp_notebook.textview import format_run
+
+    shell = ipython_shell
+    shell.run_line_magic("load_ext", "ddp_notebook")
+    assert shell.run_cell("def where(ctx):\n    return [ctx.rank, ctx.world_size]\nrc_for_magic = None").success
+    shell.user_ns["rc_for_magic"] = rc
+    with capture_output():
+        assert shell.run_line_magic("ddp_fit", "where --engines rc_for_magic --wait") == [0, 2]
+    text = format_run(shell.user_ns["_ddp_run"].state)
+    assert "rank 0 cpu:0 on engine 0 on " in text and "rank 1 cpu:1 on engine 1 on " in text
+    with pytest.raises(UsageError, match="there is no 'no_such_client' in the notebook; define an ipyparallel Client"):
+        shell.run_line_magic("ddp_fit", "where --engines no_such_client")
+    shell.user_ns["not_a_client"] = 42
+    with pytest.raises(UsageError, match="engines= takes an ipyparallel Client .* not int"):
+        shell.run_line_magic("ddp_fit", "where --engines not_a_client")

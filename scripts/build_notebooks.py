@@ -237,6 +237,116 @@ print(resumed.output(0), end="")
 """),
 ]
 
+SCALE_OUT = [
+    md("""
+# The same fit on an ipyparallel cluster
+
+When one machine is not enough, `ddp_notebook` runs the same `fit` (or your own `fn(ctx)`) on
+the engines of an [ipyparallel](https://ipyparallel.readthedocs.io) cluster: one rank per engine,
+with the same validation, live panel, failure reports and retries. The engines can be anywhere
+ipyparallel can start them (`ipcluster start`, SSH, MPI, Slurm...); here, two local engines.
+"""),
+    code("""
+%load_ext ddp_notebook
+import torch, ipyparallel as ipp, ddp_notebook
+"""),
+    md("Start a cluster of two engines (or connect to a running one with `ipp.Client()`):"),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+cluster = ipp.Cluster(n=2, log_level=40)
+rc = cluster.start_and_connect_sync()
+"""),
+    code("""
+print("engines:", rc.ids)
+"""),
+    md("""
+The device list pairs with the engines: rank *r* runs on the *r*-th engine (default: `cpu` on
+each). It is validated on the engines themselves before anything starts:
+"""),
+    code("""
+try:
+    ddp_notebook.launch(lambda ctx: ctx.rank, engines=rc, devices="cpu*3")
+except ddp_notebook.InvalidDevicesError as e:
+    print(e.report.errors[0].message)
+"""),
+    md("The fit from the quickstart, now with `engines=rc`; the panel shows each rank's engine:"),
+    code("""
+torch.manual_seed(0)
+x = torch.randn(1024, 8)
+y = x @ torch.randn(8, 1) + 0.05 * torch.randn(1024, 1)
+
+def make_model():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+settings = dict(train_data=(x, y), loss=torch.nn.MSELoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
+                epochs=5, batch_size=32, shuffle=False)
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+run = ddp_notebook.fit(make_model, engines=rc, wait=False, **settings)
+run
+"""),
+    code("""
+on_engines = run.wait()
+print("status:", run.status, "| ranks in sync:", on_engines.ranks_in_sync)
+print("ranks:", [w.place.split(" on ")[0] for w in run.workers])
+print("loss dropped more than 5x:", on_engines.history[-1]["train_loss"] < on_engines.history[0]["train_loss"] / 5)
+"""),
+    md("It is the same computation as with local worker processes: the weights agree."),
+    code("""
+local = ddp_notebook.fit(make_model, devices="cpu*2", **settings)
+print("same weights as two local workers:",
+      all(torch.allclose(a, b, atol=1e-6) for a, b in zip(on_engines.model.parameters(), local.model.parameters())))
+"""),
+    md("""
+## A failing engine
+A rank that raises is named with its engine; its peer's knock-on error is marked as a
+consequence, and the engines are left idle and clean for the next run.
+"""),
+    code("""
+import torch.distributed as dist
+
+def train(ctx, steps=20):
+    t = torch.ones(1)
+    for step in range(1, steps + 1):
+        dist.all_reduce(t)
+        if ctx.rank == 1 and step == 5:
+            raise ValueError(f"bad batch at step {step}")
+        ctx.log(step=step, total=steps, loss=1.0 / step)
+    return step
+
+failed = ddp_notebook.launch(train, engines=rc)
+try:
+    failed.wait()
+except ddp_notebook.WorkerFailedError as e:
+    print(e)
+"""),
+    md("The retry runs on the engine of the healthy rank (the panel's *Retry on single device* does the same):"),
+    code("""
+again = failed.retry()
+steps = again.wait()
+print(again.status, "after", steps, "steps on", again.workers[0].place.split(" on ")[0])
+"""),
+    md("The magic takes the client by name:"),
+    code("""
+def where(ctx):
+    return f"rank {ctx.rank} of {ctx.world_size}"
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+%ddp_fit where --engines rc --wait
+"""),
+    code("""
+print(_ddp_run.status, _ddp_run.result())
+"""),
+    md("Stop the cluster when done:"),
+    code("""
+rc.close()
+cluster.stop_cluster_sync()
+"""),
+]
+
 
 def build(name: str, cells: list) -> str:
     nb = nbformat.v4.new_notebook(cells=cells)
@@ -249,6 +359,6 @@ def build(name: str, cells: list) -> str:
 
 if __name__ == "__main__":
     todo = {"01_quickstart.ipynb": QUICKSTART, "02_when_a_worker_fails.ipynb": FAILURES,
-            "03_your_own_loop.ipynb": OWN_LOOP}
+            "03_your_own_loop.ipynb": OWN_LOOP, "04_scale_out.ipynb": SCALE_OUT}
     for name in sys.argv[1:] or todo:
         print("built", build(name, todo[name]))

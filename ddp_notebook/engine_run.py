@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from .engines import Engines
+from .errors import DDPNotebookError
 from .failures import FailureKind, WorkerFailure
 from .run import Run
 from .stall import dump_stacks, stall_failures
@@ -69,8 +70,15 @@ class EngineSupervisor:
     def start(self) -> None:
         from ._engine_worker import run_rank
 
-        for rank, cfg in enumerate(self.configs):
-            ar = self.engines.client[self.engines.ids[rank]].apply_async(run_rank, cfg, self.payload)
+        views = []
+        for eid in self.engines.ids:  # every engine first: no rank may start without its peers
+            try:
+                views.append(self.engines.client[eid])
+            except Exception as e:  # noqa: BLE001 - ipyparallel refuses an unknown or dead engine
+                raise DDPNotebookError(f"engine {eid} is not available any more ({e}); the engines now are "
+                                       f"{list(self.engines.client.ids)}") from None
+        for rank, (view, cfg) in enumerate(zip(views, self.configs)):
+            ar = view.apply_async(run_rank, cfg, self.payload)
             ar.add_done_callback(lambda _f: self._wake.set())
             self._ars[rank] = ar
 

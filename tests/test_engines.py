@@ -229,3 +229,12 @@ def test_ddp_fit_magic_runs_on_engines_by_name(rc, ipython_shell):
     shell.user_ns["not_a_client"] = 42
     with pytest.raises(UsageError, match="engines= takes an ipyparallel Client .* not int"):
         shell.run_line_magic("ddp_fit", "where --engines not_a_client")
+
+
+def test_spawn_style_code_runs_on_engines_of_one_host(rc):
+    import tutorial_ddp
+
+    assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, engines=rc)[:2] == (0, 2)
+    with pytest.raises(WorkerFailedError) as e:
+        ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2, 1), nprocs=2, engines=rc)
+    assert str(e.value) == "Distributed data parallel worker 1 (cpu:1 on engine 1) failed: ValueError: bad batch on rank 1"

@@ -1,0 +1,101 @@
+"""Runs on ipyparallel engines beside local workers and torch.multiprocessing, in one process.
+
+A notebook that already holds a cluster relaunches onto warm engines; the local anchors are
+a relaunch with ddp_notebook's warm pool and torch.multiprocessing fork/spawn. Each trial:
+launch → every rank past step 1 (one all_reduce), → the run has ended; and a raise on rank 1
+→ the error in the notebook. Trials are interleaved; medians are printed as a markdown table:
+
+    .venv/bin/python benchmarks/engines_bench.py           # 5 trials each
+    .venv/bin/python benchmarks/engines_bench.py --quick   # 1 trial each (CI smoke test)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launch_bench import _mp_once  # noqa: E402 - the same torch.multiprocessing anchor
+
+
+def _step(ctx, fail: bool = False):
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    ctx.log(step=1)
+    if fail and ctx.rank == 1:
+        raise ValueError("injected")
+    dist.barrier()
+
+
+def _ours(engines=None, fail: bool = False) -> tuple[float, float]:
+    import ddp_notebook
+
+    t0 = time.perf_counter()
+    seen = threading.Event()
+    run = ddp_notebook.launch(_step, engines=engines, kwargs={"fail": fail},
+                              devices=None if engines is not None else "cpu*2")
+    run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
+    if not fail and not all((w.step or 0) >= 1 for w in run.state.workers.values()):
+        seen.wait(120)
+    first = time.perf_counter() - t0
+    try:
+        run.wait(120)
+    except ddp_notebook.WorkerFailedError:
+        pass
+    return first, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one trial each")
+    args = parser.parse_args()
+    trials = 1 if args.quick else args.trials
+
+    import ipyparallel as ipp
+
+    import ddp_notebook
+
+    cluster = ipp.Cluster(n=2, log_level=40)
+    rc = cluster.start_and_connect_sync(activate=False)
+    try:
+        ddp_notebook.pool.enable(2)
+        ddp_notebook.pool.get_pool().wait_warm()
+        _ours(rc), _ours()  # first contact: engines import torch, the pool warms up
+        ddp_notebook.pool.get_pool().wait_warm()
+        rows: dict[str, list] = {"ipyparallel engines (warm), ddp_notebook": [],
+                                 "local workers, ddp_notebook warm pool": [],
+                                 "torch.multiprocessing fork": [], "torch.multiprocessing spawn": []}
+        errors: dict[str, list] = {"ipyparallel engines (warm), ddp_notebook": [],
+                                   "local workers, ddp_notebook warm pool": []}
+        for _ in range(trials):
+            rows["ipyparallel engines (warm), ddp_notebook"].append(_ours(rc))
+            errors["ipyparallel engines (warm), ddp_notebook"].append(_ours(rc, fail=True)[1])
+            ddp_notebook.pool.get_pool().wait_warm()
+            rows["local workers, ddp_notebook warm pool"].append(_ours())
+            ddp_notebook.pool.get_pool().wait_warm()
+            errors["local workers, ddp_notebook warm pool"].append(_ours(fail=True)[1])
+            rows["torch.multiprocessing fork"].append(_mp_once("fork"))
+            rows["torch.multiprocessing spawn"].append(_mp_once("spawn"))
+    finally:
+        ddp_notebook.pool.disable()
+        rc.close()
+        cluster.stop_cluster_sync()
+
+    print(f"Relaunch on 2 ranks, median of {trials} (seconds)\n")
+    print("| launcher | → every rank past step 1 | → run ended | rank 1 raises after step 1: → error in the notebook |")
+    print("|---|---|---|---|")
+    for name, values in rows.items():
+        first = statistics.median(v[0] for v in values)
+        ended = statistics.median(v[1] for v in values)
+        err = f"{statistics.median(errors[name]):.3f}" if name in errors else "n/a"
+        print(f"| {name} | {first:.3f} | {ended:.3f} | {err} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ from .errors import DDPNotebookError
 from .failures import FailureKind, WorkerFailure
 from .run import Run
 from .stall import dump_stacks, stall_failures
-from .supervisor import SupervisorOptions
+from .supervisor import FailureRecorder, SupervisorOptions
 
 __all__ = ["EngineRun", "EngineSupervisor"]
 
@@ -34,7 +34,7 @@ _SETTLE = 2.0  # seconds the first failure waits for the others before naming th
 _POLL = 0.05
 
 
-class EngineSupervisor:
+class EngineSupervisor(FailureRecorder):
     """Watches the ranks of a run on engines until every call has ended (``supervise()``)."""
 
     def __init__(self, engines: Engines, configs: list[dict], payload: bytes, options: SupervisorOptions,
@@ -200,37 +200,17 @@ class EngineSupervisor:
                     "exit_code": code, "signal": None, "by_supervisor": by_us}, None)
 
     # ---- failures and stopping ---------------------------------------------------------
-    def _fail(self, failure: WorkerFailure) -> None:
-        if self._settling is not None:
-            self._settling.append(failure)
-            return
-        if self.root is not None:
-            failure.consequence = True
-            self._record(failure)
-            return
-        # First failure: a dead engine is noticed by the cluster a moment after the peers that
-        # it left in a collective report their knock-on errors; wait briefly for every outcome.
-        self._settling = [failure]
+    def _gather(self) -> None:
+        # A dead engine is noticed by the cluster a moment after the peers that it left in a
+        # collective report their knock-on errors: wait briefly for every outcome.
         deadline = time.monotonic() + _SETTLE
         while time.monotonic() < deadline and len(self._ended) < len(self._ars):
             self._wake.wait(_POLL)
             self._wake.clear()
             self._poll()
-        found, self._settling = self._settling, None
-        silent = [f for f in found if f.kind == FailureKind.ENGINE]
-        self.root = min(silent or found, key=lambda f: f.time)
-        self._record(self.root)
-        for f in sorted(found, key=lambda f: f.time):
-            if f is not self.root:
-                f.consequence = True
-                self._record(f)
-        self._interrupt_alive()
 
-    def _record(self, failure: WorkerFailure) -> None:
-        failure.stderr_tail = list(self._stderr[failure.rank])
-        self.failures.append(failure)
-        self._emit({"kind": "failure", "time": time.time(), "rank": failure.rank, "failure": failure.to_dict()},
-                   None)
+    def _stop_peers(self) -> None:
+        self._interrupt_alive()
 
     def _alive(self) -> list[int]:
         return [r for r in self._ars if r not in self._ended]

@@ -8,7 +8,7 @@ import signal as _signal
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
-__all__ = ["WorkerFailure", "FailureKind", "worker_name", "render_failure_report", "signal_name"]
+__all__ = ["WorkerFailure", "FailureKind", "worker_name", "order_failures", "render_failure_report", "signal_name"]
 
 
 class FailureKind:
@@ -22,6 +22,9 @@ class FailureKind:
     EXIT = "exit"  # exited with a code without reporting (os._exit, sys.exit in C code, ...)
     STALL = "stall"  # made no progress while its peers waited for it
     ENGINE = "engine"  # the ipyparallel engine running the rank died
+    # Deaths without a report: the dead worker closed its sockets before any peer could notice,
+    # so it is the cause even when a peer's knock-on error was read first.
+    SILENT = (SIGNAL, EXIT, ENGINE)
 
 
 def worker_name(rank: int) -> str:
@@ -105,6 +108,17 @@ class WorkerFailure:
     @classmethod
     def from_dict(cls, data: dict) -> "WorkerFailure":
         return cls(**data)
+
+
+def order_failures(found: Sequence[WorkerFailure]) -> list[WorkerFailure]:
+    """The root cause first, then the rest by time marked as consequences. The cause is the
+    earliest silent death if there is one (see ``FailureKind.SILENT``), else the earliest failure."""
+    silent = [f for f in found if f.kind in FailureKind.SILENT]
+    root = min(silent or found, key=lambda f: f.time)
+    rest = sorted((f for f in found if f is not root), key=lambda f: f.time)
+    for f in rest:
+        f.consequence = True
+    return [root, *rest]
 
 
 def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure], stderr_lines: int = 15) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import ipywidgets as widgets
 
-from .html import RED, STATUS_COLORS, badge, failure_card_html, report_html
+from .html import RED, badge, failure_card_html, report_html
 from .state import RunState
 from .textview import format_metric, format_run
 

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 __all__ = ["Probe", "StaticProbe", "SubprocessProbe", "default_probe", "available_memory_bytes", "cpu_count"]
 

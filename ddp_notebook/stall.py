@@ -11,7 +11,6 @@ import importlib.util
 import linecache
 import os
 import re
-import signal
 import time
 from typing import Callable, Optional, Sequence
 

@@ -23,12 +23,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .failures import FailureKind, WorkerFailure, signal_name
+from .failures import FailureKind, WorkerFailure, order_failures, signal_name
 from .processes import WorkerProcess
 from .stall import dump_stacks, stall_failures
 from .wire import FrameDecoder
 
-__all__ = ["Supervisor", "SupervisorOptions"]
+__all__ = ["Supervisor", "SupervisorOptions", "FailureRecorder"]
 
 _PHASE_KIND = {"run": FailureKind.EXCEPTION, "unpickle": FailureKind.UNPICKLE, "init": FailureKind.INIT,
                "startup": FailureKind.INIT, "result": FailureKind.RESULT}
@@ -42,7 +42,49 @@ class SupervisorOptions:
     stall_timeout: Optional[float] = None
 
 
-class Supervisor:
+class FailureRecorder:
+    """Failure bookkeeping shared by the local and the engine supervisor: the first failure
+    waits for every other that already happened (``_gather``), the cause is named
+    (``order_failures``), each failure becomes an event, then the peers are stopped
+    (``_stop_peers``). Later failures are consequences."""
+
+    failures: list[WorkerFailure]
+    root: Optional[WorkerFailure]
+    _settling: Optional[list[WorkerFailure]]
+    _stderr: dict[int, deque]
+    _emit: Callable[[dict, Optional[bytes]], None]
+
+    def _gather(self) -> None:
+        raise NotImplementedError
+
+    def _stop_peers(self) -> None:
+        raise NotImplementedError
+
+    def _fail(self, failure: WorkerFailure) -> None:
+        if self._settling is not None:
+            self._settling.append(failure)
+            return
+        if self.root is not None:
+            failure.consequence = True
+            self._record(failure)
+            return
+        self._settling = [failure]
+        self._gather()
+        found, self._settling = self._settling, None
+        ordered = order_failures(found)
+        self.root = ordered[0]
+        for f in ordered:
+            self._record(f)
+        self._stop_peers()
+
+    def _record(self, failure: WorkerFailure) -> None:
+        failure.stderr_tail = list(self._stderr[failure.rank])
+        self.failures.append(failure)
+        self._emit({"kind": "failure", "time": time.time(), "rank": failure.rank,
+                    "failure": failure.to_dict()}, None)
+
+
+class Supervisor(FailureRecorder):
     """Watches a run's workers until every one has exited (``supervise()``, on the run's own
     thread); reports through ``emit(event, blob)``. ``request_stop`` may be called from any thread."""
 
@@ -254,28 +296,14 @@ class Supervisor:
             exit_code=rc, signal=sig, last_step=self.steps.get(rank)))
 
     # ---- failures and stopping -------------------------------------------------------------
-    def _fail(self, failure: WorkerFailure) -> None:
-        if self._settling is not None:
-            self._settling.append(failure)
-            return
-        if self.root is not None:
-            failure.consequence = True
-            self._record(failure)
-            return
-        # First failure: make every death and report that already happened visible first.
-        self._settling = [failure]
+    def _gather(self) -> None:
+        """Make every death and report that already happened visible before the cause is named."""
         for rank, kind in list(self._fds):
             self._drain(rank, kind)
         self._await_dying()
         self._poll_exits()
-        found, self._settling = self._settling, None
-        silent = [f for f in found if f.kind in (FailureKind.SIGNAL, FailureKind.EXIT)]
-        self.root = min(silent or found, key=lambda f: f.time)
-        self._record(self.root)
-        for f in sorted(found, key=lambda f: f.time):
-            if f is not self.root:
-                f.consequence = True
-                self._record(f)
+
+    def _stop_peers(self) -> None:
         self._terminate_alive()
 
     def _await_dying(self) -> None:
@@ -297,12 +325,6 @@ class Supervisor:
                 else:
                     time.sleep(0.005)
             self._poll_exits()
-
-    def _record(self, failure: WorkerFailure) -> None:
-        failure.stderr_tail = list(self._stderr[failure.rank])
-        self.failures.append(failure)
-        self._emit({"kind": "failure", "time": time.time(), "rank": failure.rank,
-                    "failure": failure.to_dict()}, None)
 
     def _terminate_alive(self) -> None:
         deadline = time.monotonic() + self.options.kill_grace

@@ -5,7 +5,6 @@ After every test the engines must be idle and as they were: no process group, no
 the environment, ipykernel's SIGINT handling back, no context (``engines_left_clean``)."""
 import contextlib
 import ipaddress
-import time
 
 import ipyparallel as ipp
 import psutil

@@ -129,10 +129,9 @@ def _torch_threads() -> Optional[int]:
 def _leave(env: dict, cwd: str, threads: Optional[int]) -> None:
     """Give the engine back as it was (the process group is what matters most: see above)."""
     try:
-        import torch.distributed as dist
+        from . import _teardown
 
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        _teardown.release()
     except Exception:  # noqa: BLE001 - a broken group is gone either way
         pass
     from . import context

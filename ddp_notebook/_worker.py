@@ -177,7 +177,7 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
                 **({"device_id": device} if kind == "cuda" else {}),
             )
 
-        from . import context
+        from . import _teardown, context
         from .context import WorkerContext
 
         ctx = WorkerContext(
@@ -187,6 +187,7 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
             resume_from=cfg.get("resume_from"),
         )
         context._current = ctx
+        _teardown.hold()  # a group the function destroys lives on until it is safe to destroy
         send({"kind": "ready"})
         where.name = "run"
         result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)

@@ -30,7 +30,7 @@ def show_run(run: Any, launcher: Optional[Callable[[list[str]], Any]] = None) ->
 
         from .panel import DDPPanel
 
-        panel = DDPPanel(run, launcher=launcher, selected=[str(d) for d in run.devices])
+        panel = DDPPanel.for_run(run, launcher=launcher)
         display(panel)
         return panel
     print(format_run(run.state))

@@ -252,13 +252,16 @@ class DDPPanel(_FullText, widgets.VBox):
     """Controls (device picker, Validate, Launch) above the views of a run and its retries.
 
     ``launcher(devices) -> Run`` starts a run on the chosen devices (``%ddp_fit`` gives one);
-    without it the panel only shows ``run`` and its retries.
+    without it the panel only shows ``run`` and its retries. ``validator(devices) -> report``
+    checks a choice (default: ``validate_devices`` on this machine).
     """
 
     def __init__(self, run: Any = None, launcher: Optional[Callable[[list[str]], Any]] = None,
-                 available: Optional[list[str]] = None, selected: Optional[list[str]] = None) -> None:
+                 available: Optional[list[str]] = None, selected: Optional[list[str]] = None,
+                 validator: Optional[Callable[[list[str]], Any]] = None) -> None:
         super().__init__()
         self.launcher = launcher
+        self.validator = validator
         self.views: list[RunView] = []
         self.views_box = widgets.VBox()
         self.report = widgets.HTML()
@@ -279,6 +282,23 @@ class DDPPanel(_FullText, widgets.VBox):
         if run is not None:
             self.show(run)
 
+    @classmethod
+    def for_run(cls, run: Any, launcher: Optional[Callable[[list[str]], Any]] = None) -> "DDPPanel":
+        """The panel of ``run``, whose picker offers where a relaunch can go: this machine's
+        devices, or for a run on ipyparallel engines one slot per engine (validated there)."""
+        selected = [str(d) for d in run.devices]
+        options = getattr(run, "options", None)
+        engines = getattr(options, "engines", None)
+        if engines is None:
+            return cls(run, launcher=launcher, selected=selected)
+        from .engines import EngineProbe
+        from .launcher import validate_for
+
+        gpus = EngineProbe(engines.describe()).cuda_count()
+        available = [f"cpu:{i}" for i in range(len(engines))] + [f"cuda:{i}" for i in range(gpus)]
+        return cls(run, launcher=launcher, available=available, selected=selected,
+                   validator=lambda devices: validate_for(devices, options))
+
     def chosen_devices(self) -> list[str]:
         # ranks follow the order of the picker's options, so cpu:0 stays the main worker
         return [d for d in self.picker.options if d in self.picker.value]
@@ -286,7 +306,7 @@ class DDPPanel(_FullText, widgets.VBox):
     def validate(self) -> bool:
         from .validation import validate_devices
 
-        report = validate_devices(self.chosen_devices())
+        report = (self.validator or validate_devices)(self.chosen_devices())
         self.report.value = report_html(report)
         return report.ok
 

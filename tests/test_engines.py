@@ -233,7 +233,30 @@ def test_ddp_fit_magic_runs_on_engines_by_name(rc, ipython_shell):
 def test_spawn_style_code_runs_on_engines_of_one_host(rc):
     import tutorial_ddp
 
-    assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, engines=rc)[:2] == (0, 2)
+    # Tutorial-style code destroys its group and then drops its DDP model: torch's teardown
+    # deadlocked about one run in seven here before ddp_notebook._teardown deferred it.
+    for _ in range(12):
+        assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, engines=rc,
+                                  join=False).wait(timeout=60)[:2] == (0, 2)
     with pytest.raises(WorkerFailedError) as e:
         ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2, 1), nprocs=2, engines=rc)
     assert str(e.value) == "Distributed data parallel worker 1 (cpu:1 on engine 1) failed: ValueError: bad batch on rank 1"
+
+
+def test_panel_of_an_engine_run_offers_engine_slots_and_validates_on_the_engines(rc):
+    from ddp_notebook.panel import DDPPanel
+
+    run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs=dict(fault="raise", bad_rank=1, at_step=2))
+    with pytest.raises(WorkerFailedError):
+        run.wait(timeout=60)
+    relaunched = []
+    panel = DDPPanel.for_run(run, launcher=lambda devices: relaunched.append(devices) or run)
+    assert panel.picker.options == ("cpu:0", "cpu:1")  # one slot per engine, no GPU on these engines
+    assert "<small>engine 1 on " in panel.views[0].rows[1].name.value
+    panel.picker.value = ("cpu:0", "cpu:1")
+    assert panel.validate() and relaunched == []
+    assert "3 devices for 2 engines" in panel.validator(["cpu:0", "cpu:1", "cpu:2"]).summary()
+    view = panel.views[0]
+    view.retry_single.click()  # the card's one-click retry: on the engine of the healthy rank
+    retry = panel.views[1].run
+    assert retry.wait(timeout=60) == [1.0, 1.0] and retry.options.engines.ids == (rc.ids[0],)

@@ -13,6 +13,7 @@ from .errors import (
     DDPNotebookError,
     DeviceSpecError,
     EngineSelectionError,
+    EngineUnavailableError,
     InvalidDevicesError,
     NoCheckpointError,
     NoResultError,
@@ -40,6 +41,7 @@ __all__ = [
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "EngineSelectionError",
+    "EngineUnavailableError",
 ]
 
 

@@ -3,8 +3,10 @@
 An engine is a long-lived process that belongs to the user's cluster: unlike a worker
 process it is not ours to end. So one rank here leaves the engine as it found it: the
 process group destroyed (which is also what makes peers blocked in a collective fail at
-once instead of waiting out the timeout), environment, working directory, thread count and
-signal handlers restored.
+once instead of waiting out the timeout); environment, sys.path, working directory, thread
+count, current GPU and SIGINT handling restored; SIGUSR1/SIGUSR2 ignored from then on, so a
+late request cannot end an idle engine. An engine that already holds a process group of its
+own is refused, never touched.
 
 Events travel as ipyparallel data messages (``publish_data``) under increasing keys; the
 notebook reads and removes them in key order. The result, or the error event, is the return
@@ -24,7 +26,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from ._worker import Phase, _error_event, execute
+from ._worker import Phase, _await_peers, _error_event, _flush_std, execute
 
 __all__ = ["describe_engine", "run_rank"]
 
@@ -65,8 +67,9 @@ class _Publisher:
             self._publish({f"{next(self._seq):012d}": event})
 
 
-class RunDirNotVisible(RuntimeError):
-    """The engine cannot see the run directory, where the process group meets."""
+class EngineNotReady(RuntimeError):
+    """The engine cannot take this rank (it cannot see the run directory, or already holds a
+    process group of its own)."""
 
 
 def run_rank(cfg: dict, payload: bytes) -> dict:
@@ -76,10 +79,11 @@ def run_rank(cfg: dict, payload: bytes) -> dict:
     interrupted = threading.Event()
 
     def on_interrupt(signum: int, frame: Any) -> None:
-        interrupted.set()
-        raise KeyboardInterrupt
+        if not interrupted.is_set():  # once: the clean-up below must not be interrupted again
+            interrupted.set()
+            raise KeyboardInterrupt
 
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved = _Saved()
     saved_int = signal.signal(signal.SIGINT, on_interrupt)
     signal.signal(signal.SIGUSR2, lambda signum, frame: stop.set())
     stack_file = open(cfg["stack_file"], "w") if os.path.isdir(cfg["run_dir"]) else None
@@ -87,63 +91,75 @@ def run_rank(cfg: dict, payload: bytes) -> dict:
         # A late SIGUSR1 must not end an idle engine: ignored once the handler is gone.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    threads = _torch_threads()
     out.send({"kind": "started", "pid": os.getpid(), "host": socket.gethostname(),
               "main_thread": threading.get_ident()})
     where = Phase()
     try:
-        if stack_file is None:
-            raise RunDirNotVisible(
-                f"this engine (host {socket.gethostname()}) cannot see the run directory {cfg['run_dir']}, where "
-                "the workers meet: pass run_root= a directory that every engine sees (a shared file system)")
-        blob = execute(cfg, payload, out.send, stop, where)
+        try:
+            if stack_file is None:
+                raise EngineNotReady(
+                    f"this engine (host {socket.gethostname()}) cannot see the run directory {cfg['run_dir']}, "
+                    "where the workers meet: pass run_root= a directory that every engine sees (a shared file system)")
+            if saved.had_group:
+                raise EngineNotReady("this engine already holds a torch.distributed process group of its own; "
+                                     "destroy it there (dist.destroy_process_group()) or choose other engines")
+            blob = execute(cfg, payload, out.send, stop, where)
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, the engine lives on
+            event = _error_event(exc, where.name)
+            event.update(time=time.time(), interrupted=interrupted.is_set())
+            return event
+        try:
+            # Like a worker process, stay until every rank has returned: leaving now would
+            # destroy the group under a peer still in its last collective.
+            _await_peers(cfg["returned"], cfg["rank"], cfg["world_size"])
+        except BaseException:  # noqa: BLE001 - interrupted (a peer failed, or a stop): the result stands
+            pass
         return {"kind": "done", "time": time.time(), "blob": blob}
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported, the engine lives on
-        event = _error_event(exc, where.name)
-        event.update(time=time.time(), interrupted=interrupted.is_set())
-        return event
     finally:
-        _leave(saved_env, saved_cwd, threads)
+        interrupted.set()  # from here on an interrupt only sets the flag
+        saved.restore()
         if stack_file is not None:
             faulthandler.unregister(signal.SIGUSR1)
             stack_file.close()
         # A stop request that arrives after the function ended is ignored, never fatal.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGINT, saved_int)
-        for stream in (sys.stdout, sys.stderr):
+        _flush_std()
+
+
+class _Saved:
+    """What a rank changes in the engine, as it was before (restored by ``restore``)."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.env, self.cwd, self.sys_path = dict(os.environ), os.getcwd(), list(sys.path)
+        self.threads = torch.get_num_threads()
+        self.had_group = dist.is_available() and dist.is_initialized()
+        self.cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        """Give the engine back as it was; the process group goes first (see the module doc)."""
+        import torch
+
+        from . import _teardown, context
+
+        if not self.had_group:
             try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
+                _teardown.release()
+            except BaseException:  # noqa: BLE001 - a broken group is gone either way
                 pass
+        context._current = None
+        os.environ.clear()
+        os.environ.update(self.env)
+        sys.path[:] = self.sys_path
+        try:
+            os.chdir(self.cwd)
+        except OSError:
+            pass
+        torch.set_num_threads(self.threads)
+        if torch.cuda.is_initialized():
+            torch.cuda.set_device(self.cuda_device or 0)
 
 
-def _torch_threads() -> Optional[int]:
-    try:
-        import torch
-
-        return torch.get_num_threads()
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _leave(env: dict, cwd: str, threads: Optional[int]) -> None:
-    """Give the engine back as it was (the process group is what matters most: see above)."""
-    try:
-        from . import _teardown
-
-        _teardown.release()
-    except Exception:  # noqa: BLE001 - a broken group is gone either way
-        pass
-    from . import context
-
-    context._current = None
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        os.chdir(cwd)
-    except OSError:
-        pass
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)

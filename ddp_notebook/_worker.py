@@ -25,6 +25,7 @@ from .wire import encode, write_all
 CONFIG_ENV = "DDP_NOTEBOOK_WORKER"
 EXIT_FAILED = 1
 EXIT_ORPHANED = 75  # the supervisor went away
+ENDED_MARK = "ended"  # a file in the run directory once the notebook has finished the run
 
 
 class _Channel:
@@ -140,7 +141,7 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
         for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": cfg.get("local_rank", rank),
                            "LOCAL_WORLD_SIZE": cfg.get("local_world_size", world_size)}.items():
             os.environ[key] = str(value)
-        if cfg.get("cwd"):
+        if cfg.get("cwd") and os.path.isdir(cfg["cwd"]):  # an engine on another host may not have it
             os.chdir(cfg["cwd"])
         for p in reversed(cfg.get("sys_path", [])):
             if p not in sys.path:
@@ -206,10 +207,13 @@ def _await_peers(folder: str, rank: int, world_size: int) -> None:
     Used where a worker cannot be killed (an ipyparallel engine): torch's rendezvous waits in
     C++, where an interrupt is not seen, so a rank whose peer failed before the rendezvous
     would otherwise wait out the whole timeout. Here it stays interruptible."""
+    ended = os.path.join(os.path.dirname(folder), ENDED_MARK)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, str(rank)), "w"):
         pass
     while len(os.listdir(folder)) < world_size:
+        if os.path.exists(ended):  # a task that started after its run was over
+            raise RuntimeError("the run ended before every rank got this far")
         time.sleep(0.01)
 
 

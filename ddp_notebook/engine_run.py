@@ -20,16 +20,15 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from .engines import Engines
-from .errors import DDPNotebookError
+from ._worker import ENDED_MARK
+from .errors import EngineUnavailableError
 from .failures import FailureKind, WorkerFailure
 from .run import Run
 from .stall import dump_stacks, stall_failures
-from .supervisor import FailureRecorder, SupervisorOptions
+from .supervisor import _PHASE_KIND, FailureRecorder, SupervisorOptions
 
 __all__ = ["EngineRun", "EngineSupervisor"]
 
-_PHASE_KIND = {"run": FailureKind.EXCEPTION, "unpickle": FailureKind.UNPICKLE, "init": FailureKind.INIT,
-               "startup": FailureKind.INIT, "result": FailureKind.RESULT}
 _SETTLE = 2.0  # seconds the first failure waits for the others before naming the cause
 _POLL = 0.05
 
@@ -70,15 +69,8 @@ class EngineSupervisor(FailureRecorder):
     def start(self) -> None:
         from ._engine_worker import run_rank
 
-        views = []
-        for eid in self.engines.ids:  # every engine first: no rank may start without its peers
-            try:
-                views.append(self.engines.client[eid])
-            except Exception as e:  # noqa: BLE001 - ipyparallel refuses an unknown or dead engine
-                raise DDPNotebookError(f"engine {eid} is not available any more ({e}); the engines now are "
-                                       f"{list(self.engines.client.ids)}") from None
-        for rank, (view, cfg) in enumerate(zip(views, self.configs)):
-            ar = view.apply_async(run_rank, cfg, self.payload)
+        for rank, cfg in enumerate(self.configs):
+            ar = self.engines.client[self.engines.ids[rank]].apply_async(run_rank, cfg, self.payload)
             ar.add_done_callback(lambda _f: self._wake.set())
             self._ars[rank] = ar
 
@@ -163,10 +155,13 @@ class EngineSupervisor(FailureRecorder):
         self.reported[rank] = "error"
         event = dict(outcome, rank=rank)
         self._emit(event, None)
-        by_us = bool(event.get("interrupted")) and rank in self._interrupted
+        # Interrupted by us (a stop, or a peer's failure) before it reported: stopped, not failed,
+        # whatever it raised on the way out (a KeyboardInterrupt, or the collective our interrupt
+        # of a peer broke), as a worker process terminated by its supervisor is.
+        by_us = rank in self._interrupted
         self._exited(rank, 1, by_us=by_us)
         if by_us:
-            return  # ended by our interrupt (a stop, or a peer's failure): stopped, not failed
+            return
         self._fail(WorkerFailure(
             rank=rank, device=self._label(rank), kind=_PHASE_KIND.get(event.get("phase", "run"), "exception"),
             time=event.get("time", time.time()), pid=self.pids.get(rank), phase=event.get("phase", "run"),
@@ -179,6 +174,9 @@ class EngineSupervisor(FailureRecorder):
         evalue = getattr(error, "evalue", str(error))
         eid = self.engines.ids[rank]
         phase = "run" if rank in self.ready else "startup"
+        if ename != "EngineError" and rank in self._interrupted:  # our interrupt or abort ended it
+            self._exited(rank, None, by_us=True)
+            return
         self._exited(rank, None, by_us=False)
         if ename == "EngineError":
             failure = WorkerFailure(rank=rank, device=self._label(rank), kind=FailureKind.ENGINE,
@@ -216,12 +214,29 @@ class EngineSupervisor(FailureRecorder):
         return [r for r in self._ars if r not in self._ended]
 
     def _signal(self, sig: int, ranks: list[int]) -> None:
-        if not ranks:
+        """Signal the engines of ``ranks`` that run our function. A rank not started yet (its
+        engine may still run another task, and has none of our handlers) gets no signal; an
+        interrupt takes its call out of the engine's queue instead."""
+        started = [r for r in ranks if r in self.pids]
+        if sig == signal.SIGINT:
+            for r in ranks:
+                if r not in started:
+                    try:
+                        self._ars[r].abort()
+                    except Exception:  # noqa: BLE001 - it started meanwhile: its peers' end ends it
+                        pass
+        if not started:
             return
         try:
-            self.engines.client.send_signal(sig, targets=[self.engines.ids[r] for r in ranks], block=False)
+            self.engines.client.send_signal(sig, targets=[self.engines.ids[r] for r in started], block=False)
         except Exception:  # noqa: BLE001 - an engine that is gone needs no signal
             pass
+
+    def abandon(self) -> None:
+        """The notebook process is leaving: interrupt every rank still running."""
+        alive = self._alive()
+        self._interrupted.update(alive)
+        self._signal(signal.SIGINT, alive)
 
     def _interrupt_alive(self) -> None:
         alive = self._alive()
@@ -298,7 +313,7 @@ class EngineRun(Run):
                 config, rank=rank, device=str(device), local_rank=hosts[:rank].count(hosts[rank]),
                 local_world_size=local, threads=threads, env=dict(env, OMP_NUM_THREADS=str(threads)),
                 stack_file=os.path.join(self.run_dir, f"stacks-rank{rank}.txt"), engine=engines.ids[rank],
-                arrivals=os.path.join(self.run_dir, "arrivals")))
+                arrivals=os.path.join(self.run_dir, "arrivals"), returned=os.path.join(self.run_dir, "returned")))
         supervisor = EngineSupervisor(engines.subset(range(len(self.devices))), configs, self._payload, opts,
                                       self._emit)
         supervisor.start()
@@ -308,9 +323,24 @@ class EngineRun(Run):
         engines: Engines = self.options.engines
         return [f"engine {eid} on {host}" for eid, host in zip(engines.ids, engines.hosts())][: len(self.devices)]
 
+    @classmethod
+    def check_placement(cls, devices: list, options: Any) -> None:
+        """Refuse the run, before anything is logged or started, when one of its engines is gone."""
+        engines: Engines = options.engines
+        gone = [eid for eid in engines.ids[: len(devices)] if eid not in engines.client.ids]
+        if gone:
+            raise EngineUnavailableError(
+                f"engine{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} "
+                f"{'are' if len(gone) > 1 else 'is'} not available any more; the engines now are "
+                f"{list(engines.client.ids)}")
+
     def _after_finish(self) -> None:
-        # Engines are the cluster's: the local warm pool is not involved.
-        shutil.rmtree(os.path.join(self.run_dir, "arrivals"), ignore_errors=True)
+        # Engines are the cluster's: the local warm pool is not involved. A rank still queued on
+        # a busy engine sees the mark when it finally starts, and leaves at once.
+        with open(os.path.join(self.run_dir, ENDED_MARK), "w"):
+            pass
+        for folder in ("arrivals", "returned"):
+            shutil.rmtree(os.path.join(self.run_dir, folder), ignore_errors=True)
 
     def _retry_options(self, devices: Any) -> dict:
         """A retry runs on the engines of the ranks whose devices it keeps (a device this run

@@ -22,6 +22,7 @@ __all__ = [
     "NoCheckpointError",
     "PreflightError",
     "EngineSelectionError",
+    "EngineUnavailableError",
 ]
 
 
@@ -35,6 +36,10 @@ class DeviceSpecError(DDPNotebookError, ValueError):
 
 class EngineSelectionError(DDPNotebookError, TypeError):
     """``engines=`` is not an ipyparallel Client, DirectView or Engines."""
+
+
+class EngineUnavailableError(DDPNotebookError, RuntimeError):
+    """An engine a run (or its retry) needs has left the cluster; nothing was started."""
 
 
 class InvalidDevicesError(DDPNotebookError, ValueError):

@@ -126,12 +126,13 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, probe
     here unless ``report`` says they already were."""
     global _last_run
     report = report or _validated(devices, options, probe)
+    cls = Run
     if options.engines is not None:
         from .engine_run import EngineRun
 
-        run: Run = EngineRun(payload, report, options, parent=parent)._start()
-    else:
-        run = Run(payload, report, options, parent=parent)._start()
+        cls = EngineRun
+    cls.check_placement(list(report.devices), options)
+    run = cls(payload, report, options, parent=parent)._start()
     _last_run = run
     return run
 

@@ -8,7 +8,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import launcher
 from .display import show_report, show_run, start_target
-from .errors import DeviceSpecError, EngineSelectionError, InvalidDevicesError, NoCheckpointError, NotPicklableError
+from .errors import (DeviceSpecError, EngineSelectionError, EngineUnavailableError, InvalidDevicesError,
+                     NoCheckpointError, NotPicklableError)
 from .fit import FitConfigError
 from .textview import format_run
 from .validation import validate_devices
@@ -16,7 +17,7 @@ from .validation import validate_devices
 __all__ = ["DDPMagics", "load_ipython_extension"]
 
 _USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError,
-                  EngineSelectionError)
+                  EngineSelectionError, EngineUnavailableError)
 
 
 def _last_run():

@@ -144,13 +144,11 @@ class Run:
 
     # ---- lifecycle -------------------------------------------------------------------
     def _start(self) -> "Run":
-        payload_path = os.path.join(self.run_dir, "payload.pkl")
-        _write_private(payload_path, self._payload)  # read by local workers; engines get the bytes
         n = len(self.devices)
         threads = self.options.threads_per_worker or max(1, cpu_count() // n)
         config = {
             "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
-            "payload": payload_path, "init_file": os.path.join(self.run_dir, "rendezvous"),
+            "init_file": os.path.join(self.run_dir, "rendezvous"),
             "timeout": self.options.timeout, "threads": threads, "sys_path": _sys_path(),
             "progress_interval": self.options.progress_interval, "resume_from": self.options.resume_from,
             "mode": self.options.mode,
@@ -175,6 +173,8 @@ class Run:
     def _start_workers(self, config: dict, opts: SupervisorOptions) -> Any:
         """Start one worker process per device (warm ones from the pool when it has them)
         and return the supervisor that watches them."""
+        config = dict(config, payload=os.path.join(self.run_dir, "payload.pkl"))
+        _write_private(config["payload"], self._payload)
         workers: list[WorkerProcess] = []
         warm = get_pool().take(len(self.devices))
         try:
@@ -190,6 +190,10 @@ class Run:
                     process.discard()
             raise
         return Supervisor(workers, opts, self._emit)
+
+    @classmethod
+    def check_placement(cls, devices: list, options: LaunchOptions) -> None:
+        """Raise before anything is created when the run cannot be placed (engines)."""
 
     def _places(self) -> Optional[list[str]]:
         """Where each rank runs, when that is not a local worker process (None here)."""
@@ -400,5 +404,4 @@ def _kill_live_runs() -> None:
     for run in list(_live_runs):
         sup = run._supervisor
         if sup is not None and not run.done:
-            for w in sup.workers.values():
-                w.signal_group(signal.SIGKILL)
+            sup.abandon()

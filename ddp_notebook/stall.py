@@ -58,15 +58,19 @@ def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, i
 def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
     """A traceback-style text, most recent call last."""
     lines = ["Stack (most recent call last):"]
-    own = os.path.join("ddp_notebook", "_worker.py")
-    for file, line, name in reversed(frames):
-        if file.endswith(own) or file.startswith("<frozen runpy"):
-            continue  # the worker's own frames say nothing to users
+    runner = [i for i, (file, _, _) in enumerate(frames) if _is_runner(file)]
+    # The user's frames are those above the innermost runner frame (the worker's main(), or an
+    # engine's run_rank under ipykernel's loop): everything below says nothing to users.
+    for file, line, name in reversed(frames[: runner[0]] if runner else frames):
         lines.append(f'  File "{file}", line {line}, in {name}')
         source = linecache.getline(file, line).strip()
         if source:
             lines.append(f"    {source}")
     return "\n".join(lines) + "\n"
+
+
+def _is_runner(file: str) -> bool:
+    return any(file.endswith(os.path.join("ddp_notebook", name)) for name in ("_worker.py", "_engine_worker.py"))
 
 
 def is_waiting_in_collective(frames: Sequence[tuple[str, int, str]], torch_dir: Optional[str] = None) -> bool:

@@ -125,6 +125,11 @@ class Supervisor(FailureRecorder):
             if w.pidfd is not None:
                 self.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w.rank))
 
+    def abandon(self) -> None:
+        """The notebook process is leaving: kill every worker now."""
+        for w in self.workers.values():
+            w.signal_group(signal.SIGKILL)
+
     # ---- requests from other threads -------------------------------------------------
     def request_stop(self, grace: float, reason: str) -> None:
         with self._cmd_lock:

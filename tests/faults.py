@@ -87,3 +87,16 @@ def engine_is_clean() -> dict:
         "context": current_context() is not None,
         "pid": os.getpid(),
     }
+
+
+def allreduce_until_stopped(ctx):
+    """A naive stop: each rank leaves at the first step it sees the flag, so one rank may leave
+    while its peer is already waiting in the next all_reduce."""
+    t = torch.ones(1)
+    step = 0
+    while not ctx.should_stop:
+        step += 1
+        dist.all_reduce(t)
+        ctx.log(step=step)
+        time.sleep(0.005 * (1 + ctx.rank))
+    return step

@@ -5,6 +5,7 @@ After every test the engines must be idle and as they were: no process group, no
 the environment, ipykernel's SIGINT handling back, no context (``engines_left_clean``)."""
 import contextlib
 import ipaddress
+import os
 
 import ipyparallel as ipp
 import psutil
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import EngineSelectionError, InvalidDevicesError, NotPicklableError, WorkerFailedError
+from ddp_notebook import (EngineSelectionError, EngineUnavailableError, InvalidDevicesError, NotPicklableError,
+                          WorkerFailedError)
 from ddp_notebook.engines import Engines
 
 import faults
@@ -138,6 +140,14 @@ def test_stop_interrupts_engines_that_ignore_it(rc):
         run.wait()
 
 
+def test_a_naive_stop_between_collectives_is_a_stop_not_a_failure(rc):
+    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=rc, stop_grace=1.0)
+    wait_for(run, lambda s: all((w.step or 0) >= 3 for w in s.workers.values()))
+    run.stop(wait=True)
+    assert run.status == "stopped" and not run.failures, [f.headline() for f in run.failures]
+    assert {w.status for w in run.workers} <= {"succeeded", "stopped"}
+
+
 def test_stall_names_the_straggler_engine_with_its_stack(rc):
     run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs=dict(fault="stall", bad_rank=1),
                               stall_timeout=2.0)
@@ -146,6 +156,7 @@ def test_stall_names_the_straggler_engine_with_its_stack(rc):
     assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1 on engine 1) failed: stalled: "
                                    "no progress for")
     assert "time.sleep(3600)" in e.value.failure.traceback
+    assert "_engine_worker.py" not in e.value.failure.traceback and "ipykernel" not in e.value.failure.traceback
 
 
 @pytest.mark.parametrize("bad_rank, kept", [(1, 0), (0, 1)])
@@ -207,6 +218,11 @@ def test_an_engine_that_dies_is_the_cause_not_its_peer(fault, bad_rank):
         assert {k: survivor[k] for k in CLEAN} == CLEAN
         if bad_rank == 1:  # the retry runs on the survivor (on rank 0 the fault would come back)
             assert run.retry().wait(timeout=60) == [1.0, 1.0]
+            runs_before = set(os.listdir(os.environ["DDP_NOTEBOOK_RUNS"]))
+            with pytest.raises(EngineUnavailableError, match=r"engine 1 is not available any more; the engines now "
+                                                             r"are \[0\]"):
+                run.retry(devices=["cpu:0", "cpu:1"])
+            assert set(os.listdir(os.environ["DDP_NOTEBOOK_RUNS"])) == runs_before  # nothing was created
 
 
 def test_ddp_fit_magic_runs_on_engines_by_name(rc, ipython_shell):

@@ -141,6 +141,8 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     engines, an engine that does not answer or cannot import ddp_notebook/torch.
 
     ``spec`` None means ``cpu`` on every engine."""
+    from . import __version__
+
     info = engines.describe()
     spec = f"cpu*{len(engines)}" if spec is None else spec
     report = validate_devices(spec, backend=backend, probe=EngineProbe(info), dataset_size=dataset_size,
@@ -160,6 +162,9 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
             findings.append(Finding("error", "engine", i["error"]))
         elif "torch_error" in i:
             findings.append(Finding("error", "engine", f"engine {eid} cannot import torch: {i['torch_error']}"))
+        elif i.get("ddp_notebook") != __version__:
+            findings.append(Finding("warning", "version", f"engine {eid} has ddp_notebook {i.get('ddp_notebook')}, "
+                                    f"this notebook {__version__}: install the same version on every engine."))
     if min_free_memory is not None:
         findings.append(Finding("warning", "memory", "min_free_memory is not checked on engines."))
     return ValidationReport(report.spec, report.devices, report.backend, tuple(findings))

@@ -134,20 +134,35 @@ class EngineProbe(Probe):
         return all(i.get("nccl", False) for i in self.info)
 
 
+# validate_devices' checks that assume every rank is on this machine; redone per engine below.
+_PER_MACHINE = ("duplicate", "missing", "oversubscribed")
+
+
 def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend: Optional[str] = None,
                         min_free_memory: Optional[int] = None, dataset_size: Optional[int] = None,
                         batch_size: Optional[int] = None, drop_last: bool = False) -> ValidationReport:
-    """``validate_devices`` for a run on engines, plus what only engines can get wrong: too few
-    engines, an engine that does not answer or cannot import ddp_notebook/torch.
+    """``validate_devices`` for a run on engines, where rank r runs on the r-th engine.
 
-    ``spec`` None means ``cpu`` on every engine."""
+    A GPU is checked on the host of its engine: ``cuda:0,cuda:0`` is valid on two hosts and a
+    duplicate on one; ``cuda:1`` must exist on the engine that gets it; CPU ranks are compared
+    with the cores of their own host. Also reported: too few engines, an engine that does not
+    answer or cannot import torch, another ddp_notebook version. ``spec`` None means ``cpu`` on
+    every engine.
+
+    >>> fake = Engines(None, [0, 1])
+    >>> fake._info = [{"host": h, "cuda_count": 1, "cpu_count": 8, "nccl": True, "ddp_notebook": "0.1.0"}
+    ...               for h in ("gpu-a", "gpu-b")]
+    >>> validate_on_engines("cuda:0,cuda:0", fake).ok
+    True
+    """
     from . import __version__
 
     info = engines.describe()
     spec = f"cpu*{len(engines)}" if spec is None else spec
+    # A bare "cuda" asks for every GPU; on engines that means as many as the smallest engine has.
     report = validate_devices(spec, backend=backend, probe=EngineProbe(info), dataset_size=dataset_size,
                               batch_size=batch_size, drop_last=drop_last)
-    findings = list(report.findings)
+    findings = [f for f in report.findings if f.code not in _PER_MACHINE]
     if not engines.ids:
         findings.append(Finding("error", "engines", "The view has no engines: start some (ipcluster start -n 2, "
                                 "or ipyparallel.Cluster(n=2).start_and_connect_sync())."))
@@ -155,9 +170,8 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
         findings.append(Finding("error", "engines", f"{len(report.devices)} devices for {len(engines)} engine"
                                 f"{'s' if len(engines) != 1 else ''} (ids {', '.join(map(str, engines.ids))}): "
                                 "each engine runs one rank; list fewer devices or start more engines."))
-    for rank, (eid, i) in enumerate(zip(engines.ids, info)):
-        if rank >= len(report.devices):
-            break
+    placed = list(zip(engines.ids, info, report.devices))
+    for eid, i, _device in placed:
         if "error" in i:
             findings.append(Finding("error", "engine", i["error"]))
         elif "torch_error" in i:
@@ -165,6 +179,38 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
         elif i.get("ddp_notebook") != __version__:
             findings.append(Finding("warning", "version", f"engine {eid} has ddp_notebook {i.get('ddp_notebook')}, "
                                     f"this notebook {__version__}: install the same version on every engine."))
+    findings += _placement_findings([(eid, i, d) for eid, i, d in placed if "error" not in i and "torch_error" not in i])
     if min_free_memory is not None:
         findings.append(Finding("warning", "memory", "min_free_memory is not checked on engines."))
     return ValidationReport(report.spec, report.devices, report.backend, tuple(findings))
+
+
+def _placement_findings(placed: list) -> list[Finding]:
+    """Duplicates, missing GPUs and CPU oversubscription, each judged on the rank's own host."""
+    out: list[Finding] = []
+    ranks: dict[tuple, list[int]] = {}
+    for rank, (_eid, i, d) in enumerate(placed):
+        # A CPU slot is a label for the whole run; a GPU is a device of one host.
+        key = (d,) if d.kind == "cpu" else (i.get("host"), d)
+        ranks.setdefault(key, []).append(rank)
+    for key, rs in ranks.items():
+        if len(rs) > 1:
+            where = f" on host {key[0]}" if len(key) > 1 else ""
+            out.append(Finding("error", "duplicate", f"{key[-1]} is listed {len(rs)} times{where} (ranks "
+                               f"{', '.join(map(str, rs))}); each device may appear once per host.", str(key[-1])))
+    for eid, i, d in placed:
+        count = int(i.get("cuda_count", 0))
+        if d.kind == "cuda" and d.index >= count:
+            seen = f"{count} CUDA device{'s' if count != 1 else ''}" if count else "no CUDA device"
+            out.append(Finding("error", "missing", f"{d} does not exist on engine {eid} (host {i.get('host')}): it "
+                               f"sees {seen}.", str(d)))
+    cpu_per_host: dict[str, list[int]] = {}
+    for eid, i, d in placed:
+        if d.kind == "cpu":
+            cpu_per_host.setdefault(i.get("host", "?"), []).append(int(i.get("cpu_count", 1)))
+    for host, cores in cpu_per_host.items():
+        if len(cores) > cores[0]:
+            out.append(Finding("warning", "oversubscribed", f"{len(cores)} CPU ranks share the {cores[0]} core"
+                               f"{'s' if cores[0] != 1 else ''} of host {host}: each gets one thread and the run "
+                               "will be slower than with fewer ranks there."))
+    return out

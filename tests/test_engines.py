@@ -197,7 +197,7 @@ def test_bad_engine_selections_are_refused_with_what_would_be_valid(rc):
         ddp_notebook.launch(faults.takes_arg, engines=Engines(rc, [0, 7]), args=(1,))
     with pytest.raises(EngineSelectionError, match="engines= takes an ipyparallel Client .* not str"):
         ddp_notebook.launch(faults.takes_arg, engines="rc", args=(1,))
-    with pytest.raises(InvalidDevicesError, match="cuda:0 does not exist: no CUDA device is visible"):
+    with pytest.raises(InvalidDevicesError, match=r"cuda:0 does not exist on engine 0 \(host .*\): it sees no CUDA device"):
         ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,), devices="cuda:0,cuda:1")
 
 
@@ -276,3 +276,35 @@ def test_panel_of_an_engine_run_offers_engine_slots_and_validates_on_the_engines
     view.retry_single.click()  # the card's one-click retry: on the engine of the healthy rank
     retry = panel.views[1].run
     assert retry.wait(timeout=60) == [1.0, 1.0] and retry.options.engines.ids == (rc.ids[0],)
+
+
+def engines_on(*hosts, gpus=1, cores=8):
+    """Engines as validation sees them (what each engine said of itself), without a cluster."""
+    fake = Engines(None, list(range(len(hosts))))
+    fake._info = [{"host": h, "cuda_count": gpus, "cpu_count": cores, "nccl": True,
+                   "ddp_notebook": ddp_notebook.__version__} for h in hosts]
+    return fake
+
+
+def test_validation_judges_each_gpu_on_the_host_of_its_engine():
+    from ddp_notebook.engines import validate_on_engines
+
+    two_hosts = validate_on_engines("cuda:0,cuda:0", engines_on("gpu-a", "gpu-b"))
+    assert two_hosts.ok and two_hosts.backend == "nccl"
+    one_host = validate_on_engines("cuda:0,cuda:0", engines_on("gpu-a", "gpu-a", gpus=2))
+    assert [f.message for f in one_host.errors] == [
+        "cuda:0 is listed 2 times on host gpu-a (ranks 0, 1); each device may appear once per host."]
+    missing = validate_on_engines("cuda:0,cuda:1", engines_on("gpu-a", "gpu-b"))
+    assert [f.message for f in missing.errors] == ["cuda:1 does not exist on engine 1 (host gpu-b): it sees 1 CUDA device."]
+    assert [f.code for f in validate_on_engines("cpu:0,cpu:0", engines_on("a", "b")).errors] == ["duplicate"]
+
+
+def test_cpu_oversubscription_is_judged_per_host():
+    from ddp_notebook.engines import validate_on_engines
+
+    spread = validate_on_engines("cpu*4", engines_on("a", "a", "b", "b", cores=2))
+    assert spread.ok and not spread.warnings
+    crowded = validate_on_engines("cpu*3", engines_on("a", "a", "a", cores=2))
+    assert [f.message for f in crowded.warnings] == [
+        "3 CPU ranks share the 2 cores of host a: each gets one thread and the run will be slower than with "
+        "fewer ranks there."]

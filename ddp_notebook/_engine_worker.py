@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from ._worker import Phase, _await_peers, _error_event, _flush_std, execute
+from ._worker import Phase, _await_peers, _error_event, _flush_std, execute, mark_ended
 
 __all__ = ["describe_engine", "run_rank"]
 
@@ -41,6 +41,8 @@ def describe_engine() -> dict:
         # Only look: creating a CUDA context here would hold GPU memory in the user's engine.
         info["cuda_count"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
         info["nccl"] = bool(torch.distributed.is_nccl_available())
+        # Engines pinned to one GPU each see it as cuda:0: validation needs the physical ids.
+        info["cuda_visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     except Exception as e:  # noqa: BLE001 - reported as a finding by validation
         info["torch_error"] = f"{type(e).__name__}: {e}"
     from . import __version__
@@ -76,11 +78,14 @@ def run_rank(cfg: dict, payload: bytes) -> dict:
     """Run one rank on this engine; returns ``{"kind": "done", "blob": ...}`` or an error event."""
     out = _Publisher(cfg["rank"])
     stop = threading.Event()
-    interrupted = threading.Event()
+    interrupted = threading.Event()  # the notebook interrupted this rank
+    armed = threading.Event()  # an interrupt raises (only while the function runs or waits)
+    armed.set()
 
     def on_interrupt(signum: int, frame: Any) -> None:
-        if not interrupted.is_set():  # once: the clean-up below must not be interrupted again
-            interrupted.set()
+        interrupted.set()
+        if armed.is_set():  # once: reporting and clean-up must not be interrupted
+            armed.clear()
             raise KeyboardInterrupt
 
     saved = _Saved()
@@ -105,18 +110,23 @@ def run_rank(cfg: dict, payload: bytes) -> dict:
                                      "destroy it there (dist.destroy_process_group()) or choose other engines")
             blob = execute(cfg, payload, out.send, stop, where)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, the engine lives on
+            armed.clear()
+            # Peers waiting for this rank (to start, or to leave together) need not wait any more.
+            mark_ended(cfg["run_dir"])
             event = _error_event(exc, where.name)
             event.update(time=time.time(), interrupted=interrupted.is_set())
             return event
+        out.send({"kind": "returned"})
         try:
             # Like a worker process, stay until every rank has returned: leaving now would
             # destroy the group under a peer still in its last collective.
-            _await_peers(cfg["returned"], cfg["rank"], cfg["world_size"])
-        except BaseException:  # noqa: BLE001 - interrupted (a peer failed, or a stop): the result stands
+            _await_peers(cfg["returned"], cfg["rank"], cfg["world_size"], cfg["timeout"])
+        except BaseException:  # noqa: BLE001 - interrupted, a peer failed, or the run ended: the result stands
             pass
+        armed.clear()
         return {"kind": "done", "time": time.time(), "blob": blob}
     finally:
-        interrupted.set()  # from here on an interrupt only sets the flag
+        armed.clear()
         saved.restore()
         if stack_file is not None:
             faulthandler.unregister(signal.SIGUSR1)
@@ -140,7 +150,8 @@ class _Saved:
         self.cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
     def restore(self) -> None:
-        """Give the engine back as it was; the process group goes first (see the module doc)."""
+        """Give the engine back as it was; the process group goes first (see the module doc).
+        Never raises: the rank's result or error must still reach the notebook."""
         import torch
 
         from . import _teardown, context
@@ -159,7 +170,10 @@ class _Saved:
         except OSError:
             pass
         torch.set_num_threads(self.threads)
-        if torch.cuda.is_initialized():
-            torch.cuda.set_device(self.cuda_device or 0)
+        if self.cuda_device is not None:  # never create a CUDA context the engine did not have
+            try:
+                torch.cuda.set_device(self.cuda_device)
+            except Exception:  # noqa: BLE001 - a broken device stays broken; the report matters more
+                pass
 
 

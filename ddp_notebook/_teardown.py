@@ -27,16 +27,24 @@ def hold() -> None:
     global _original
     import torch.distributed as dist
 
+    from torch.distributed import distributed_c10d
+
     if _original is not None:
         return
-    _original = original = dist.destroy_process_group
+    _original = original = distributed_c10d.destroy_process_group
 
     def destroy_process_group(group: Any = None) -> None:
         _kept.append(group if group is not None else dist.group.WORLD)
         original(group)
 
     destroy_process_group.__doc__ = original.__doc__
-    dist.destroy_process_group = destroy_process_group
+    # Both names: code may import it from either module.
+    dist.destroy_process_group = distributed_c10d.destroy_process_group = destroy_process_group
+
+
+def keep(group: Any) -> None:
+    """Keep ``group`` alive until ``release`` (the default group, once it is set up)."""
+    _kept.append(group)
 
 
 def release(pause: float = 0.05) -> None:
@@ -44,9 +52,10 @@ def release(pause: float = 0.05) -> None:
     gloo worker threads ``pause`` seconds, without the GIL, to finish their last work items."""
     global _original
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
     if _original is not None:
-        dist.destroy_process_group = _original
+        dist.destroy_process_group = distributed_c10d.destroy_process_group = _original
         _original = None
     live = dist.is_available() and dist.is_initialized()
     if not (live or _kept):
@@ -54,5 +63,5 @@ def release(pause: float = 0.05) -> None:
     time.sleep(pause)  # the worker threads take the GIL, drop their work items, and go idle
     if live:
         _kept.append(dist.group.WORLD)
-        dist.destroy_process_group()
+        distributed_c10d.destroy_process_group()
     _kept.clear()

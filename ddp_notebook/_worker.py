@@ -153,6 +153,11 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg["threads"]))
 
+        from . import _teardown
+
+        # Before unpickling: code that binds destroy_process_group by name while it is imported
+        # must bind the version that defers the group's destruction.
+        _teardown.hold()
         where.name = "unpickle"
         call = pickling.loads(payload)
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
@@ -169,7 +174,7 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
         import datetime
 
         if cfg.get("arrivals"):
-            _await_peers(cfg["arrivals"], rank, world_size)
+            _await_peers(cfg["arrivals"], rank, world_size, cfg.get("timeout"))
         spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
         if not spawn_mode:
             dist.init_process_group(
@@ -177,8 +182,9 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
                 world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
                 **({"device_id": device} if kind == "cuda" else {}),
             )
+            _teardown.keep(dist.group.WORLD)
 
-        from . import _teardown, context
+        from . import context
         from .context import WorkerContext
 
         ctx = WorkerContext(
@@ -188,7 +194,6 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
             resume_from=cfg.get("resume_from"),
         )
         context._current = ctx
-        _teardown.hold()  # a group the function destroys lives on until it is safe to destroy
         send({"kind": "ready"})
         where.name = "run"
         result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)
@@ -201,19 +206,31 @@ def execute(cfg: dict, payload: bytes, send: Callable[..., None], stop: threadin
         raise
 
 
-def _await_peers(folder: str, rank: int, world_size: int) -> None:
+def mark_ended(run_dir: str) -> None:
+    """Tell every rank still waiting in ``_await_peers`` that the run is over."""
+    try:
+        with open(os.path.join(run_dir, ENDED_MARK), "w"):
+            pass
+    except OSError:
+        pass
+
+
+def _await_peers(folder: str, rank: int, world_size: int, timeout: Optional[float] = None) -> None:
     """Wait, in Python, until every rank got this far.
 
     Used where a worker cannot be killed (an ipyparallel engine): torch's rendezvous waits in
     C++, where an interrupt is not seen, so a rank whose peer failed before the rendezvous
     would otherwise wait out the whole timeout. Here it stays interruptible."""
     ended = os.path.join(os.path.dirname(folder), ENDED_MARK)
+    deadline = time.monotonic() + timeout if timeout else None
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, str(rank)), "w"):
         pass
     while len(os.listdir(folder)) < world_size:
-        if os.path.exists(ended):  # a task that started after its run was over
+        if os.path.exists(ended):  # a peer failed, or this task started after its run was over
             raise RuntimeError("the run ended before every rank got this far")
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank got this far within {timeout:.0f} s")
         time.sleep(0.01)
 
 

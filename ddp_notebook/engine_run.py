@@ -20,7 +20,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from .engines import Engines
-from ._worker import ENDED_MARK
+from ._worker import mark_ended
 from .errors import EngineUnavailableError
 from .failures import FailureKind, WorkerFailure
 from .run import Run
@@ -50,6 +50,7 @@ class EngineSupervisor(FailureRecorder):
         self.result_blob: Optional[bytes] = None
         self.stop_reason: Optional[str] = None
         self.ready: set[int] = set()
+        self.returned: set[int] = set()
         self.steps: dict[int, Optional[int]] = {}
         self.main_ident: dict[int, int] = {}
         self.pids: dict[int, Optional[int]] = {}
@@ -126,6 +127,8 @@ class EngineSupervisor(FailureRecorder):
             self.pids[rank] = event.get("pid")
         elif kind == "ready":
             self.ready.add(rank)
+        elif kind == "returned":
+            self.returned.add(rank)  # waits for its peers now: never the straggler
         elif kind == "progress":
             self._last_progress = time.monotonic()
             if event.get("step") is not None:
@@ -155,10 +158,11 @@ class EngineSupervisor(FailureRecorder):
         self.reported[rank] = "error"
         event = dict(outcome, rank=rank)
         self._emit(event, None)
-        # Interrupted by us (a stop, or a peer's failure) before it reported: stopped, not failed,
-        # whatever it raised on the way out (a KeyboardInterrupt, or the collective our interrupt
-        # of a peer broke), as a worker process terminated by its supervisor is.
-        by_us = rank in self._interrupted
+        # Interrupted by us before it reported: stopped, not failed, as a worker process that its
+        # supervisor terminated. After a peer's failure that is whatever it raised on the way out
+        # (the collective the failure broke); after a stop, only if the engine saw the interrupt
+        # (an error of its own that came first is a failure).
+        by_us = rank in self._interrupted and (bool(event.get("interrupted")) or self.root is not None)
         self._exited(rank, 1, by_us=by_us)
         if by_us:
             return
@@ -233,7 +237,9 @@ class EngineSupervisor(FailureRecorder):
             pass
 
     def abandon(self) -> None:
-        """The notebook process is leaving: interrupt every rank still running."""
+        """The notebook process is leaving: interrupt every rank still running (and mark the run
+        ended, which ranks waiting for their peers see even if a signal is lost)."""
+        mark_ended(self.configs[0]["run_dir"])
         alive = self._alive()
         self._interrupted.update(alive)
         self._signal(signal.SIGINT, alive)
@@ -275,7 +281,7 @@ class EngineSupervisor(FailureRecorder):
         if (not timeout or self._last_progress is None or self.root is not None or self.stop_reason is not None):
             return
         idle = time.monotonic() - self._last_progress
-        alive = [r for r in self._alive() if r not in self.reported]
+        alive = [r for r in self._alive() if r not in self.reported and r not in self.returned]
         if idle < timeout or not alive:
             return
         stacks = dump_stacks({r: self.configs[r]["stack_file"] for r in alive},
@@ -337,8 +343,7 @@ class EngineRun(Run):
     def _after_finish(self) -> None:
         # Engines are the cluster's: the local warm pool is not involved. A rank still queued on
         # a busy engine sees the mark when it finally starts, and leaves at once.
-        with open(os.path.join(self.run_dir, ENDED_MARK), "w"):
-            pass
+        mark_ended(self.run_dir)
         for folder in ("arrivals", "returned"):
             shutil.rmtree(os.path.join(self.run_dir, folder), ignore_errors=True)
 

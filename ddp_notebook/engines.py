@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .devices import DeviceSpec
-from .errors import EngineSelectionError
+from .devices import DeviceSpec, parse_devices
+from .errors import DeviceSpecError, EngineSelectionError
 from .probes import Probe
 from .validation import Finding, ValidationReport, validate_devices
 
@@ -160,7 +160,10 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     info = engines.describe()
     spec = f"cpu*{len(engines)}" if spec is None else spec
     # A bare "cuda" asks for every GPU; on engines that means as many as the smallest engine has.
-    report = validate_devices(spec, backend=backend, probe=EngineProbe(info), dataset_size=dataset_size,
+    # Only the engines that get a rank count (the view may hold more); how many is known once
+    # the spec is read, so read it with every engine first.
+    count = len(parse_devices(spec, cuda_count=EngineProbe(info).cuda_count)) if _readable(spec) else len(info)
+    report = validate_devices(spec, backend=backend, probe=EngineProbe(info[:count]), dataset_size=dataset_size,
                               batch_size=batch_size, drop_last=drop_last)
     findings = [f for f in report.findings if f.code not in _PER_MACHINE]
     if not engines.ids:
@@ -179,33 +182,52 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
         elif i.get("ddp_notebook") != __version__:
             findings.append(Finding("warning", "version", f"engine {eid} has ddp_notebook {i.get('ddp_notebook')}, "
                                     f"this notebook {__version__}: install the same version on every engine."))
-    findings += _placement_findings([(eid, i, d) for eid, i, d in placed if "error" not in i and "torch_error" not in i])
+    findings += _placement_findings([(rank, eid, i, d) for rank, (eid, i, d) in enumerate(placed)
+                                     if "error" not in i and "torch_error" not in i])
     if min_free_memory is not None:
         findings.append(Finding("warning", "memory", "min_free_memory is not checked on engines."))
     return ValidationReport(report.spec, report.devices, report.backend, tuple(findings))
 
 
+def _readable(spec: DeviceSpec) -> bool:
+    try:
+        parse_devices(spec, cuda_count=lambda: 0)
+    except DeviceSpecError:
+        return False
+    return True
+
+
+def _physical_gpu(info: dict, index: int) -> str:
+    """What tells GPUs of one host apart: the visible-devices entry an engine's cuda:N maps to."""
+    visible = [v.strip() for v in (info.get("cuda_visible") or "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
 def _placement_findings(placed: list) -> list[Finding]:
-    """Duplicates, missing GPUs and CPU oversubscription, each judged on the rank's own host."""
+    """Duplicates, missing GPUs and CPU oversubscription, each judged on the rank's own host.
+    ``placed``: (rank, engine id, what the engine said, device) of each rank."""
     out: list[Finding] = []
     ranks: dict[tuple, list[int]] = {}
-    for rank, (_eid, i, d) in enumerate(placed):
+    named: dict[tuple, tuple[Any, Optional[str]]] = {}
+    for rank, _eid, i, d in placed:
         # A CPU slot is a label for the whole run; a GPU is a device of one host.
-        key = (d,) if d.kind == "cpu" else (i.get("host"), d)
+        key = ("cpu", d) if d.kind == "cpu" else ("gpu", i.get("host"), _physical_gpu(i, d.index))
         ranks.setdefault(key, []).append(rank)
+        named.setdefault(key, (d, None if d.kind == "cpu" else i.get("host")))
     for key, rs in ranks.items():
         if len(rs) > 1:
-            where = f" on host {key[0]}" if len(key) > 1 else ""
-            out.append(Finding("error", "duplicate", f"{key[-1]} is listed {len(rs)} times{where} (ranks "
-                               f"{', '.join(map(str, rs))}); each device may appear once per host.", str(key[-1])))
-    for eid, i, d in placed:
+            d, host = named[key]
+            where = f" on host {host}" if host else ""
+            out.append(Finding("error", "duplicate", f"{d} is listed {len(rs)} times{where} (ranks "
+                               f"{', '.join(map(str, rs))}); each device may appear once per host.", str(d)))
+    for _rank, eid, i, d in placed:
         count = int(i.get("cuda_count", 0))
         if d.kind == "cuda" and d.index >= count:
             seen = f"{count} CUDA device{'s' if count != 1 else ''}" if count else "no CUDA device"
             out.append(Finding("error", "missing", f"{d} does not exist on engine {eid} (host {i.get('host')}): it "
                                f"sees {seen}.", str(d)))
     cpu_per_host: dict[str, list[int]] = {}
-    for eid, i, d in placed:
+    for _rank, eid, i, d in placed:
         if d.kind == "cpu":
             cpu_per_host.setdefault(i.get("host", "?"), []).append(int(i.get("cpu_count", 1)))
     for host, cores in cpu_per_host.items():

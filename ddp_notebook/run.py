@@ -209,26 +209,31 @@ class Run:
         try:
             sup.supervise()
         finally:
-            if sup.root is not None:
-                status = RunStatus.FAILED
-            elif sup.stop_reason is not None:
-                status = RunStatus.STOPPED
-            elif all(sup.reported.get(r) == "done" for r in range(len(self.devices))):
-                status = RunStatus.SUCCEEDED
-            else:
-                status = RunStatus.FAILED
-            self._result_blob = sup.result_blob
-            if sup.result_blob is not None:  # kept so the run can be reloaded after a restart
-                _write_private(os.path.join(self.run_dir, "result.pkl"), sup.result_blob)
-            self._emit({"kind": "run_finished", "time": time.time(), "status": status}, None)
-            for name in ("payload.pkl", "rendezvous"):
-                try:
-                    os.unlink(os.path.join(self.run_dir, name))
-                except OSError:
-                    pass
-            self._log.close()
-            self._after_finish()
-            self._finished.set()
+            try:
+                self._finish(sup)
+            finally:  # whatever failed above, wait() must not block forever
+                self._finished.set()
+
+    def _finish(self, sup: Any) -> None:
+        if sup.root is not None:
+            status = RunStatus.FAILED
+        elif sup.stop_reason is not None:
+            status = RunStatus.STOPPED
+        elif all(sup.reported.get(r) == "done" for r in range(len(self.devices))):
+            status = RunStatus.SUCCEEDED
+        else:
+            status = RunStatus.FAILED
+        self._result_blob = sup.result_blob
+        if sup.result_blob is not None:  # kept so the run can be reloaded after a restart
+            _write_private(os.path.join(self.run_dir, "result.pkl"), sup.result_blob)
+        self._emit({"kind": "run_finished", "time": time.time(), "status": status}, None)
+        for name in ("payload.pkl", "rendezvous"):
+            try:
+                os.unlink(os.path.join(self.run_dir, name))
+            except OSError:
+                pass
+        self._log.close()
+        self._after_finish()
 
     def _emit(self, event: dict, blob: Optional[bytes]) -> None:
         with self._lock:

@@ -100,3 +100,13 @@ def allreduce_until_stopped(ctx):
         ctx.log(step=step)
         time.sleep(0.005 * (1 + ctx.rank))
     return step
+
+
+def one_more_allreduce_on_rank_1(ctx, steps: int = 3):
+    """Rank 1 makes one more all_reduce than rank 0 (uneven batches): it waits for a peer that
+    has already returned."""
+    t = torch.ones(1)
+    for step in range(1, steps + 1 + (ctx.rank == 1)):
+        dist.all_reduce(t)
+        ctx.log(step=step)
+    return step

@@ -6,6 +6,7 @@ the environment, ipykernel's SIGINT handling back, no context (``engines_left_cl
 import contextlib
 import ipaddress
 import os
+import sys
 
 import ipyparallel as ipp
 import psutil
@@ -27,6 +28,9 @@ CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": Fa
 def local_cluster(n=2):
     cluster = ipp.Cluster(n=n, log_level=40)
     client = cluster.start_and_connect_sync()
+    # The engines import the test helpers (faults) by name, as a user's engines would their own
+    # modules; runs leave the engines' sys.path as they found it.
+    client[:].apply_sync(sys.path.insert, 0, os.path.dirname(os.path.abspath(__file__)))
     try:
         yield client
     finally:
@@ -308,3 +312,30 @@ def test_cpu_oversubscription_is_judged_per_host():
     assert [f.message for f in crowded.warnings] == [
         "3 CPU ranks share the 2 cores of host a: each gets one thread and the run will be slower than with "
         "fewer ranks there."]
+
+
+def test_validation_tells_gpus_of_engines_pinned_to_one_gpu_each_apart():
+    from ddp_notebook.engines import validate_on_engines
+
+    pinned = engines_on("gpu-a", "gpu-a")
+    for i, info in enumerate(pinned._info):
+        info["cuda_visible"] = str(i)  # each engine sees its own GPU as cuda:0
+    assert validate_on_engines("cuda:0,cuda:0", pinned).ok
+    broken = engines_on("a", "b", "b")
+    broken._info[0] = {"error": "engine 0 did not answer within 30 s (busy with another task?)"}
+    report = validate_on_engines("cpu:0,cpu:1,cpu:1", broken)
+    assert [f.message for f in report.errors] == [
+        "engine 0 did not answer within 30 s (busy with another task?)",
+        "cpu:1 is listed 2 times (ranks 1, 2); each device may appear once per host."]
+    unused_without_gpu = engines_on("gpu-a", "gpu-b", "cpu-only")
+    unused_without_gpu._info[2]["cuda_count"] = 0
+    assert validate_on_engines("cuda:0,cuda:0", unused_without_gpu).ok  # the third engine is not used
+
+
+def test_a_rank_left_in_a_collective_by_a_peer_that_returned_is_the_straggler(rc):
+    run = ddp_notebook.launch(faults.one_more_allreduce_on_rank_1, engines=rc, stall_timeout=2.0)
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1 on engine 1) failed: stalled")
+    assert "dist.all_reduce(t)" in e.value.failure.traceback
+    assert run.workers[0].status == "succeeded"  # rank 0 returned and waited: not to blame

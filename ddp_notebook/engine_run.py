@@ -288,12 +288,7 @@ class EngineSupervisor(FailureRecorder):
                              lambda: self._signal(signal.SIGUSR1, alive))
         found = stall_failures(stacks, self.main_ident, self.steps, idle,
                                {r: self._label(r) for r in alive}, {r: self.pids.get(r) for r in alive})
-        self._emit({"kind": "stalled", "time": time.time(), "ranks": [f.rank for f in found], "idle": idle,
-                    "stacks": {str(r): stacks.get(r, "") for r in alive}}, None)
-        self.root = found[0]
-        for f in found:
-            self._record(f)
-        self._interrupt_alive()
+        self._record_stall(found, stacks, idle)
 
 
 class EngineRun(Run):

@@ -77,6 +77,16 @@ class FailureRecorder:
             self._record(f)
         self._stop_peers()
 
+    def _record_stall(self, found: list[WorkerFailure], stacks: dict[int, str], idle: float) -> None:
+        """The stall watchdog's verdict (``stall_failures``; the first is the cause), with every
+        running rank's stacks in the event log; then the peers are stopped."""
+        self._emit({"kind": "stalled", "time": time.time(), "ranks": [f.rank for f in found], "idle": idle,
+                    "stacks": {str(r): text for r, text in stacks.items()}}, None)
+        self.root = found[0]
+        for f in found:
+            self._record(f)
+        self._stop_peers()
+
     def _record(self, failure: WorkerFailure) -> None:
         failure.stderr_tail = list(self._stderr[failure.rank])
         self.failures.append(failure)
@@ -401,9 +411,4 @@ class Supervisor(FailureRecorder):
         stacks = dump_stacks({r: self.workers[r].stack_file for r in alive}, request)
         found = stall_failures(stacks, self.main_ident, self.steps, idle,
                                {r: str(self.workers[r].device) for r in alive}, {r: self.workers[r].pid for r in alive})
-        self._emit({"kind": "stalled", "time": time.time(), "ranks": [f.rank for f in found], "idle": idle,
-                    "stacks": {str(r): stacks.get(r, "") for r in alive}}, None)
-        self.root = found[0]
-        for f in found:
-            self._record(f)
-        self._terminate_alive()
+        self._record_stall(found, stacks, idle)

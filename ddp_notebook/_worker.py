@@ -62,14 +62,16 @@ def _watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) ->
             return
 
 
-# Files whose frames head every worker traceback and mean nothing to users.
-_RUNNER_FILES = {__file__, os.path.join(os.path.dirname(__file__), "_engine_worker.py")}
+def is_runner_file(path: str) -> bool:
+    """True for the files whose frames head every worker traceback and stack (this module, and
+    the engine side) and mean nothing to users."""
+    return any(path.endswith(os.path.join("ddp_notebook", name)) for name in ("_worker.py", "_engine_worker.py"))
 
 
 def _error_event(exc: BaseException, phase: str) -> dict:
     # The first frames are this package's runner (main(), execute()): users need their own only.
     tb_head = exc.__traceback__
-    while tb_head is not None and tb_head.tb_next is not None and tb_head.tb_frame.f_code.co_filename in _RUNNER_FILES:
+    while tb_head is not None and tb_head.tb_next is not None and is_runner_file(tb_head.tb_frame.f_code.co_filename):
         tb_head = tb_head.tb_next
     exc.__traceback__ = tb_head
     tb = traceback.TracebackException.from_exception(exc)

@@ -297,7 +297,7 @@ class EngineRun(Run):
     def _start_workers(self, config: dict, opts: SupervisorOptions) -> EngineSupervisor:
         engines: Engines = self.options.engines
         info = engines.describe()[: len(self.devices)]
-        hosts = [i.get("host", "?") for i in info]
+        hosts = engines.hosts()[: len(self.devices)]
         env = dict(config["env"])
         env.pop("CUDA_VISIBLE_DEVICES", None)  # an engine's torch is already set up: it would not apply
         if len(set(hosts)) > 1:

@@ -162,7 +162,10 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     # A bare "cuda" asks for every GPU; on engines that means as many as the smallest engine has.
     # Only the engines that get a rank count (the view may hold more); how many is known once
     # the spec is read, so read it with every engine first.
-    count = len(parse_devices(spec, cuda_count=EngineProbe(info).cuda_count)) if _readable(spec) else len(info)
+    try:
+        count = len(parse_devices(spec, cuda_count=EngineProbe(info).cuda_count))
+    except DeviceSpecError:
+        count = len(info)  # validate_devices reports what is wrong with the spec
     report = validate_devices(spec, backend=backend, probe=EngineProbe(info[:count]), dataset_size=dataset_size,
                               batch_size=batch_size, drop_last=drop_last)
     findings = [f for f in report.findings if f.code not in _PER_MACHINE]
@@ -187,14 +190,6 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     if min_free_memory is not None:
         findings.append(Finding("warning", "memory", "min_free_memory is not checked on engines."))
     return ValidationReport(report.spec, report.devices, report.backend, tuple(findings))
-
-
-def _readable(spec: DeviceSpec) -> bool:
-    try:
-        parse_devices(spec, cuda_count=lambda: 0)
-    except DeviceSpecError:
-        return False
-    return True
 
 
 def _physical_gpu(info: dict, index: int) -> str:

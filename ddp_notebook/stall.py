@@ -14,6 +14,7 @@ import re
 import time
 from typing import Callable, Optional, Sequence
 
+from ._worker import is_runner_file
 from .failures import FailureKind, WorkerFailure
 
 __all__ = ["dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
@@ -58,7 +59,7 @@ def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, i
 def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
     """A traceback-style text, most recent call last."""
     lines = ["Stack (most recent call last):"]
-    runner = [i for i, (file, _, _) in enumerate(frames) if _is_runner(file)]
+    runner = [i for i, (file, _, _) in enumerate(frames) if is_runner_file(file)]
     # The user's frames are those above the innermost runner frame (the worker's main(), or an
     # engine's run_rank under ipykernel's loop): everything below says nothing to users.
     for file, line, name in reversed(frames[: runner[0]] if runner else frames):
@@ -67,10 +68,6 @@ def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
         if source:
             lines.append(f"    {source}")
     return "\n".join(lines) + "\n"
-
-
-def _is_runner(file: str) -> bool:
-    return any(file.endswith(os.path.join("ddp_notebook", name)) for name in ("_worker.py", "_engine_worker.py"))
 
 
 def is_waiting_in_collective(frames: Sequence[tuple[str, int, str]], torch_dir: Optional[str] = None) -> bool:

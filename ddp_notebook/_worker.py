@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from .stall import is_runner_file
 from .wire import encode, write_all
 
 CONFIG_ENV = "DDP_NOTEBOOK_WORKER"
@@ -62,10 +63,6 @@ def _watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) ->
             return
 
 
-def is_runner_file(path: str) -> bool:
-    """True for the files whose frames head every worker traceback and stack (this module, and
-    the engine side) and mean nothing to users."""
-    return any(path.endswith(os.path.join("ddp_notebook", name)) for name in ("_worker.py", "_engine_worker.py"))
 
 
 def _error_event(exc: BaseException, phase: str) -> dict:

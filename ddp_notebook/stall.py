@@ -14,7 +14,6 @@ import re
 import time
 from typing import Callable, Optional, Sequence
 
-from ._worker import is_runner_file
 from .failures import FailureKind, WorkerFailure
 
 __all__ = ["dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective", "pick_stalled"]
@@ -33,6 +32,13 @@ def _torch_dir() -> Optional[str]:
 # Where a rank that waits for its peers sits: collectives, DDP's reducer, autograd's engine
 # (DDP all-reduces gradients from backward hooks).
 _WAITING_PARTS = (("distributed",), ("nn", "parallel"), ("autograd",))
+
+
+def is_runner_file(path: str) -> bool:
+    """True for the files whose frames head every worker traceback and stack (the worker
+    process's and the engine side's runner) and mean nothing to users. Defined here, not in
+    ``_worker``, which the package must never import (it runs as ``python -m``)."""
+    return any(path.endswith(os.path.join("ddp_notebook", name)) for name in ("_worker.py", "_engine_worker.py"))
 
 
 def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, int, str]]:

@@ -7,7 +7,12 @@ import uuid
 import psutil
 import pytest
 
-WORKER_MARK = "ddp_notebook._worker"
+SLOW = ("processes", "kernel", "engines", "browser", "quality")
+# Doctests of these modules start real runs; notebook cells run in a real kernel.
+DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/engine/launch.py", "ddp_notebook/recipes/fit.py")
+NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)
+
+WORKER_MARK = "ddp_notebook.worker.process"
 # Workers inherit this: the leak check finds this session's workers even after they were
 # orphaned (re-parented away from us), and ignores those of another test session.
 SESSION = os.environ.setdefault("DDP_NOTEBOOK_TEST_SESSION", uuid.uuid4().hex)
@@ -26,9 +31,24 @@ def _workers() -> list[psutil.Process]:
 
 
 def _pool_pids() -> set:
-    import ddp_notebook.pool
+    from ddp_notebook import pool
 
-    return set(ddp_notebook.pool.get_pool().idle_pids())
+    return set(pool.get_pool().idle_pids())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark doctests and notebook cells by what they start; a test marked with none of the slow
+    kinds is a unit test (``pytest -m unit`` runs only those: seconds, no process)."""
+    for item in items:
+        path = str(item.fspath)
+        if type(item).__name__ == "IPyNbCell":
+            item.add_marker(pytest.mark.kernel)
+            if path.endswith(NOTEBOOKS_WITH_ENGINES):
+                item.add_marker(pytest.mark.engines)
+        elif type(item).__name__ == "DoctestItem" and path.endswith(DOCTESTS_THAT_LAUNCH):
+            item.add_marker(pytest.mark.processes)
+        if not any(item.get_closest_marker(name) for name in SLOW):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(autouse=True)
@@ -75,9 +95,9 @@ def ipython_shell():
 
 def pytest_sessionfinish(session, exitstatus):
     """At the very end, after every kernel and pool is gone, no worker of this session may be left."""
-    import ddp_notebook.pool
+    from ddp_notebook import pool
 
-    ddp_notebook.pool.disable()
+    pool.disable()
     _, alive = psutil.wait_procs(_workers(), timeout=10)
     if alive:
         for p in alive:

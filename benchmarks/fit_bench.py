@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     trials, steps = (1, 20) if args.quick else (args.trials, args.steps)
     os.environ.setdefault("DDP_NOTEBOOK_RUNS", tempfile.mkdtemp())
-    from ddp_notebook.probes import cpu_count
+    from ddp_notebook.core.probes import cpu_count
 
     cores = cpu_count()
     rows = {

@@ -76,7 +76,7 @@ def log_cost_us(n: int = 20000) -> float:
 
     import torch
 
-    from ddp_notebook.context import WorkerContext
+    from ddp_notebook.worker.context import WorkerContext
 
     ctx = WorkerContext(rank=0, world_size=2, device=torch.device("cpu"), device_name="cpu:0", backend="gloo",
                         run_id="bench", run_dir=tempfile.gettempdir(), send=lambda event: None,

@@ -5,48 +5,72 @@
 ...     return f"rank {ctx.rank} of {ctx.world_size} on {ctx.device_name}"
 >>> ddp_notebook.launch(train, devices="cpu:0,cpu:1").wait()
 'rank 0 of 2 on cpu:0'
+
+The package is layered; imports point one way, from the top of this list down:
+
+- ``ui``: front ends (text, HTML, widget panel, magics) that render state and call the API;
+- ``recipes``: ``fit``, ``spawn`` and the demo, built on the engine;
+- ``engine``: launch, ``Run``, options, packing, and the one supervision core;
+- ``backends``: where ranks run (``local`` processes, ``ipyparallel`` engines) beneath it;
+- ``worker``: what runs inside a rank;
+- ``core``: pure Python: devices, validation, events, state, failures, run directories.
+
+This module is the public API and the IPython extension (``%load_ext ddp_notebook``).
 """
-from . import pool
-from .context import WorkerContext, current_context
-from .devices import Device, parse_devices
-from .errors import (
+from typing import Any
+
+from .backends.local import pool
+from .core.devices import Device, parse_devices
+from .core.errors import (
     DDPNotebookError,
     DeviceSpecError,
     EngineSelectionError,
     EngineUnavailableError,
-    InvalidDevicesError,
+    FitConfigError,
     NoCheckpointError,
     NoResultError,
     NotPicklableError,
     PreflightError,
     RunStoppedError,
+    SupervisionError,
     WaitTimeoutError,
     WorkerFailedError,
 )
-from .failures import WorkerFailure
-from .fit import FitConfigError, FitResult, fit
-from .launcher import default_devices, last_run, launch, set_default_devices
-from .probes import Probe, StaticProbe
-from .run import Run
-from .spawn import spawn
-from .state import RunState, RunStatus, WorkerState, WorkerStatus
-from .validation import Finding, ValidationReport, validate_devices
-
-__version__ = "0.1.0"
+from .core.failures import WorkerFailure
+from .core.probes import Probe, StaticProbe
+from .core.state import RunState, RunStatus, WorkerState, WorkerStatus
+from .core.validation import Finding, InvalidDevicesError, ValidationReport, validate_devices
+from .core.version import __version__
+from .engine.launch import default_devices, last_run, launch, set_default_devices
+from .engine.options import LaunchOptions
+from .engine.run import Run
+from .recipes.fit import FitResult, fit
+from .recipes.spawn import spawn
+from .ui import display as _display
+from .ui.magics import load_ipython_extension as _load, unload_ipython_extension as _unload
+from .worker.context import WorkerContext, current_context
 
 __all__ = [
-    "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "last_run", "default_devices", "set_default_devices", "load_ipython_extension",
+    "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "LaunchOptions",
+    "last_run", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
-    "WorkerFailedError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
+    "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "EngineSelectionError",
-    "EngineUnavailableError",
+    "EngineUnavailableError", "__version__",
 ]
 
 
-def load_ipython_extension(ipython):  # noqa: D401 - IPython's hook name
-    """``%load_ext ddp_notebook``: registers the ``%ddp_*`` magics."""
-    from .magics import load_ipython_extension as load
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext ddp_notebook``: the ``%ddp_*`` magics, the live panel as a run's display, a warm pool."""
+    _load(ipython)
 
-    load(ipython)
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext ddp_notebook``: undoes what loading did; runs in progress go on."""
+    _unload(ipython)
+
+
+# Inside IPython, a Run that is the value of a cell shows its live panel, with or without %load_ext.
+_display.register()

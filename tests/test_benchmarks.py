@@ -2,6 +2,9 @@
 import os
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.processes
 
 RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "run.py")
 

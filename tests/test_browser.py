@@ -23,6 +23,8 @@ if not os.path.exists(CHROMIUM):
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 KERNEL_READY = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
   return !!k && k.connectionStatus === 'connected' && k.status === 'idle'; }"""

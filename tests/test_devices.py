@@ -2,7 +2,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ddp_notebook import Device, DeviceSpecError, parse_devices
-from ddp_notebook.devices import MAX_WORKERS, format_devices
+from ddp_notebook.core.devices import MAX_WORKERS, format_devices
+
+pytestmark = pytest.mark.unit
 
 
 def names(spec, gpus=0):

@@ -16,10 +16,12 @@ import torch
 import ddp_notebook
 from ddp_notebook import (EngineSelectionError, EngineUnavailableError, InvalidDevicesError, NotPicklableError,
                           WorkerFailedError)
-from ddp_notebook.engines import Engines
+from ddp_notebook.backends.ipyparallel.engines import Engines
 
 import faults
 from helpers import wait_for
+
+pytestmark = pytest.mark.engines
 
 CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False}
 
@@ -121,7 +123,7 @@ def test_a_rank_that_raises_is_named_and_its_peer_is_a_consequence(rc, bad_rank)
     assert str(e.value).startswith(f"Distributed data parallel {name} (cpu:{bad_rank} on engine {bad_rank}) "
                                    "failed: ValueError: boom at step 3")
     assert 'raise ValueError(f"boom at step {step}")' in e.value.failure.traceback
-    assert "_engine_worker.py" not in e.value.failure.traceback and "_worker.py" not in e.value.failure.traceback
+    assert os.path.join("ddp_notebook", "worker") not in e.value.failure.traceback
     assert all(f.consequence for f in run.failures if f is not e.value.failure)
     assert run.status == "failed"
 
@@ -160,7 +162,8 @@ def test_stall_names_the_straggler_engine_with_its_stack(rc):
     assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1 on engine 1) failed: stalled: "
                                    "no progress for")
     assert "time.sleep(3600)" in e.value.failure.traceback
-    assert "_engine_worker.py" not in e.value.failure.traceback and "ipykernel" not in e.value.failure.traceback
+    assert os.path.join("ddp_notebook", "worker") not in e.value.failure.traceback
+    assert "ipykernel" not in e.value.failure.traceback
 
 
 @pytest.mark.parametrize("bad_rank, kept", [(1, 0), (0, 1)])
@@ -233,7 +236,7 @@ def test_ddp_fit_magic_runs_on_engines_by_name(rc, ipython_shell):
     from IPython.core.error import UsageError
     from IPython.utils.capture import capture_output
 
-    from ddp_notebook.textview import format_run
+    from ddp_notebook.ui.text import format_run
 
     shell = ipython_shell
     shell.run_line_magic("load_ext", "ddp_notebook")
@@ -264,13 +267,15 @@ def test_spawn_style_code_runs_on_engines_of_one_host(rc):
 
 
 def test_panel_of_an_engine_run_offers_engine_slots_and_validates_on_the_engines(rc):
-    from ddp_notebook.panel import DDPPanel
+    from ddp_notebook.ui.panel import DDPPanel
 
     run = ddp_notebook.launch(faults.ddp_steps, engines=rc, kwargs=dict(fault="raise", bad_rank=1, at_step=2))
     with pytest.raises(WorkerFailedError):
         run.wait(timeout=60)
     relaunched = []
-    panel = DDPPanel.for_run(run, launcher=lambda devices: relaunched.append(devices) or run)
+    panel = DDPPanel(run, launcher=lambda devices: relaunched.append(devices) or run,
+                     available=run.device_choices(), selected=[str(d) for d in run.devices],
+                     validator=run.validate_devices)
     assert panel.picker.options == ("cpu:0", "cpu:1")  # one slot per engine, no GPU on these engines
     assert "<small>engine 1 on " in panel.views[0].rows[1].name.value
     panel.picker.value = ("cpu:0", "cpu:1")
@@ -291,7 +296,7 @@ def engines_on(*hosts, gpus=1, cores=8):
 
 
 def test_validation_judges_each_gpu_on_the_host_of_its_engine():
-    from ddp_notebook.engines import validate_on_engines
+    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
 
     two_hosts = validate_on_engines("cuda:0,cuda:0", engines_on("gpu-a", "gpu-b"))
     assert two_hosts.ok and two_hosts.backend == "nccl"
@@ -304,7 +309,7 @@ def test_validation_judges_each_gpu_on_the_host_of_its_engine():
 
 
 def test_cpu_oversubscription_is_judged_per_host():
-    from ddp_notebook.engines import validate_on_engines
+    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
 
     spread = validate_on_engines("cpu*4", engines_on("a", "a", "b", "b", cores=2))
     assert spread.ok and not spread.warnings
@@ -315,7 +320,7 @@ def test_cpu_oversubscription_is_judged_per_host():
 
 
 def test_validation_tells_gpus_of_engines_pinned_to_one_gpu_each_apart():
-    from ddp_notebook.engines import validate_on_engines
+    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
 
     pinned = engines_on("gpu-a", "gpu-a")
     for i, info in enumerate(pinned._info):

@@ -1,6 +1,8 @@
 import pytest
 
-from ddp_notebook.failures import WorkerFailure, render_failure_report
+from ddp_notebook.core.failures import WorkerFailure, render_failure_report
+
+pytestmark = pytest.mark.unit
 
 
 def failure(**kw):

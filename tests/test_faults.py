@@ -7,6 +7,8 @@ from ddp_notebook import NotPicklableError, WorkerFailedError
 
 import faults
 
+pytestmark = pytest.mark.processes
+
 RUNTIME_FAULTS = {
     "raise": ("exception", "ValueError: boom at step 3"),
     "exit": ("exit", "exited with code 3 before reporting a result"),
@@ -46,7 +48,7 @@ def test_runtime_fault(fault, bad_rank):
     assert_peers_stopped(run, bad_rank)
     if fault == "raise":
         assert "raise ValueError(f\"boom at step {step}\")" in err.failure.traceback
-        assert "_worker.py" not in err.failure.traceback
+        assert "ddp_notebook/worker/" not in err.failure.traceback
     if fault == "segfault":
         assert "Segmentation fault" in "\n".join(err.failure.stderr_tail)
     if fault == "stall":

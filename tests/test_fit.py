@@ -10,6 +10,8 @@ from ddp_notebook import FitResult, InvalidDevicesError, NotPicklableError, Pref
 
 import models
 
+pytestmark = pytest.mark.processes
+
 
 def test_two_rank_fit_converges_with_identical_weights_on_every_rank():
     x, y = models.regression_data()

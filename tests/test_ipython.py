@@ -3,6 +3,8 @@
 import pytest
 from IPython.utils.capture import capture_output
 
+pytestmark = pytest.mark.kernel
+
 CELL_DEFINE = '''
 import ddp_notebook, torch, torch.distributed as dist
 factor = 5

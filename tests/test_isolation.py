@@ -12,6 +12,9 @@ import ddp_notebook
 
 import faults
 from helpers import wait_for
+import pytest
+
+pytestmark = pytest.mark.processes
 
 
 def test_local_run_listens_on_loopback_only():

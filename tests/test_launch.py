@@ -10,6 +10,8 @@ from ddp_notebook import NoResultError, RunStoppedError, WaitTimeoutError, Worke
 import faults
 from helpers import wait_for
 
+pytestmark = pytest.mark.processes
+
 SCALE = 3.0  # a global read by a function sent by value
 
 

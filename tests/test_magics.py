@@ -5,6 +5,8 @@ from IPython.utils.capture import capture_output
 
 import ddp_notebook
 
+pytestmark = pytest.mark.kernel
+
 CELL = '''
 import torch, torch.distributed as dist
 def train(ctx, epochs=2):

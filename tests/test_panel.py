@@ -3,8 +3,10 @@ import pytest
 import torch  # noqa: F401 - the workers import it; importing here keeps timings comparable
 
 import ddp_notebook
-from ddp_notebook.failures import WorkerFailure
-from ddp_notebook.panel import DDPPanel, RunView, StateFeed
+from ddp_notebook.core.failures import WorkerFailure
+from ddp_notebook.core.stream import EventStream
+from ddp_notebook.ui.panel import DDPPanel
+from ddp_notebook.ui.run_view import RunView
 
 import faults
 
@@ -12,9 +14,9 @@ START = {"kind": "run_started", "time": 100.0, "run_id": "r1", "devices": ["cpu:
 
 
 def fed(*events):
-    feed = StateFeed()
+    feed = EventStream()
     for e in (START,) + events:
-        feed.apply(e)
+        feed.emit(e)
     return feed
 
 
@@ -72,6 +74,7 @@ def test_card_hint_follows_the_failure_kind(kind, words):
     assert words in view.card.value
 
 
+@pytest.mark.processes
 def test_panel_with_a_real_failing_run_retries_on_one_device():
     run = ddp_notebook.launch(faults.ddp_steps, devices="cpu:0,cpu:1", kwargs={"fault": "raise", "bad_rank": 1})
     panel = DDPPanel(run)
@@ -100,7 +103,8 @@ def test_launch_controls_validate_before_launching():
         launched.append(devices)
         return fed()
 
-    panel = DDPPanel(launcher=launcher, available=["cpu:0", "cpu:1", "cpu:2"], selected=["cpu:0", "cpu:1"])
+    panel = DDPPanel(launcher=launcher, available=["cpu:0", "cpu:1", "cpu:2"], selected=["cpu:0", "cpu:1"],
+                     validator=ddp_notebook.validate_devices)
     assert panel.chosen_devices() == ["cpu:0", "cpu:1"]
     panel.picker.value = ()
     panel.launch_button.click()

@@ -7,6 +7,8 @@ from ddp_notebook import pool
 
 import faults
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def warm_pool():
@@ -42,6 +44,7 @@ def test_disable_ends_idle_workers():
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
 
 
+@pytest.mark.kernel
 def test_load_ext_warms_the_pool_for_the_default_devices(ipython_shell):
     ddp_notebook.set_default_devices("cpu*3")
     try:

@@ -1,6 +1,9 @@
 """The README's example runs as written."""
 import os
 import re
+import pytest
+
+pytestmark = pytest.mark.processes
 
 README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 

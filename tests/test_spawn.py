@@ -6,6 +6,8 @@ from ddp_notebook import WorkerFailedError
 
 import tutorial_ddp
 
+pytestmark = pytest.mark.processes
+
 
 def test_tutorial_function_runs_unchanged_on_two_workers():
     run = ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, join=False)

@@ -1,6 +1,9 @@
 import os
 
-from ddp_notebook.stall import _torch_dir, is_waiting_in_collective, main_thread_stack, pick_stalled
+from ddp_notebook.core.stall import _torch_dir, is_waiting_in_collective, main_thread_stack, pick_stalled
+import pytest
+
+pytestmark = pytest.mark.unit
 
 TORCH = _torch_dir()
 DUMP = f'''Thread 0x00007f0000000001 (most recent call first):

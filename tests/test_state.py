@@ -1,5 +1,8 @@
-from ddp_notebook.failures import WorkerFailure
-from ddp_notebook.state import RunState
+from ddp_notebook.core.failures import WorkerFailure
+from ddp_notebook.core.state import RunState
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 def feed(*events):

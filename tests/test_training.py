@@ -6,6 +6,9 @@ import torch
 import ddp_notebook
 
 from helpers import wait_for
+import pytest
+
+pytestmark = pytest.mark.processes
 
 
 def shard_indices(ctx, n, epochs):

@@ -4,6 +4,8 @@ from hypothesis import given, settings, strategies as st
 import ddp_notebook
 from ddp_notebook import InvalidDevicesError, StaticProbe, validate_devices
 
+pytestmark = pytest.mark.unit
+
 GiB = 1 << 30
 
 

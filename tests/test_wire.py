@@ -2,7 +2,9 @@ import json
 
 import pytest
 
-from ddp_notebook.wire import FrameDecoder, encode, to_json_value
+from ddp_notebook.core.events import FrameDecoder, encode, to_json_value
+
+pytestmark = pytest.mark.unit
 
 
 def test_frames_survive_any_split():

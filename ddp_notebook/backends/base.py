@@ -1,0 +1,153 @@
+"""The contract between the supervision core and a backend, after torch elastic's ``PContext``.
+
+A ``Backend`` answers for placement: it validates a device list where the ranks will run, says
+where each rank runs, refuses a run that cannot be placed, and starts a ``Transport`` for a run.
+A ``Transport`` is one run's ranks as the supervisor sees them: it reports what happened as
+observations (``WorkerEvent``, ``Output``, ``Exited``) and takes a handful of requests (stop,
+interrupt, kill, release, dump stacks). Everything else (what an event means, which failure is
+the cause, deadlines, the stall watchdog) is the supervisor's, written once for every backend.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+from ..core.devices import Device, DeviceSpec
+from ..core.events import RankConfig
+from ..core.probes import Probe
+from ..core.rundir import RunDir
+from ..core.validation import ValidationReport
+
+__all__ = ["Backend", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation"]
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """An event a rank sent (started, ready, progress, checkpoint, returned, done, error)."""
+
+    rank: int
+    event: dict[str, Any]
+    blob: Optional[bytes] = None  # rank 0's pickled return value, on its ``done`` event
+
+
+@dataclass(frozen=True)
+class Output:
+    """Text a rank printed."""
+
+    rank: int
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A rank ended: its process exited, or its engine call ended (after its outcome, if any)."""
+
+    rank: int
+    code: Optional[int] = None  # exit status; negative: the signal that ended it
+    signal: Optional[str] = None
+    pid: Optional[int] = None
+    lost: Optional[str] = None  # the place itself is gone ("engine 1 died"): the rank could not report
+
+
+Observation = Union[WorkerEvent, Output, Exited]
+
+
+@dataclass
+class StartSpec:
+    """What a backend needs to start a run's ranks: the run directory, the devices, the packed
+    call, and the part of every rank's ``RankConfig`` that does not depend on where it runs."""
+
+    directory: RunDir
+    devices: list[Device]
+    payload: bytes
+    config: RankConfig
+    threads_per_worker: Optional[int] = None  # None: the cores of the rank's host shared by its ranks
+    env: dict[str, str] = field(default_factory=dict)  # the user's, wins over the backend's defaults
+
+
+class Transport(ABC):
+    """One run's ranks, started; driven from the supervisor's thread (``wake`` from any thread)."""
+
+    @abstractmethod
+    def poll(self, timeout: float) -> list[Observation]:
+        """Wait up to ``timeout`` seconds for something to happen; return what did, in order
+        (a rank's exit after everything it wrote before dying)."""
+
+    @abstractmethod
+    def settle(self, silent: Sequence[int]) -> list[Observation]:
+        """Make visible, within a couple of seconds, what has already happened but may not have
+        been seen: a rank dying closes its pipes (its peers notice) before its exit is visible.
+        ``silent`` are the ranks that have not reported an outcome yet."""
+
+    def wake(self) -> None:
+        """Make a ``poll`` in progress return soon (another thread has a request)."""
+
+    @abstractmethod
+    def request_stop(self, ranks: Sequence[int]) -> None:
+        """Ask ``ranks`` to stop cooperatively (``ctx.should_stop`` becomes True)."""
+
+    def release(self, ranks: Sequence[int]) -> None:
+        """``ranks`` returned and every rank is done: they may leave."""
+
+    @abstractmethod
+    def interrupt(self, ranks: Sequence[int]) -> None:
+        """End the function of ``ranks`` now (SIGTERM to a process, SIGINT to an engine)."""
+
+    @abstractmethod
+    def kill(self, ranks: Sequence[int]) -> None:
+        """``ranks`` outlived their interrupt by the grace period: end them for good, or give
+        up on them (an engine is not ours to kill); either way an ``Exited`` follows."""
+
+    @abstractmethod
+    def request_stacks(self, ranks: Sequence[int]) -> None:
+        """Ask ``ranks`` to dump their stacks into their stack files (SIGUSR1)."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """The notebook process is leaving, or supervision broke: end every rank now."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free what the transport holds; no rank may be left running by it."""
+
+
+class Backend(ABC):
+    """Where a run's ranks execute: validated there, placed there, started there."""
+
+    name: str
+
+    @abstractmethod
+    def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
+                 probe: Optional[Probe] = None, **shards: Any) -> ValidationReport:
+        """Validate ``devices`` (None: this backend's default) where the ranks would run;
+        ``shards`` (dataset_size, batch_size, drop_last) add the empty-shard checks."""
+
+    def check_placement(self, devices: Sequence[Device]) -> None:
+        """Raise, before anything is created, when the run cannot be placed now."""
+
+    def places(self, n: int) -> Optional[list[str]]:
+        """Where each of ``n`` ranks runs, when that is not a local process (``engine 1 on host``)."""
+        return None
+
+    def label(self, rank: int, device: Device) -> str:
+        """How failures name a rank's device: ``cpu:1``, or ``cpu:1 on engine 3``."""
+        return str(device)
+
+    @abstractmethod
+    def start(self, spec: StartSpec) -> Transport:
+        """Start one rank per device; the transport that watches them."""
+
+    def finished(self, directory: RunDir, world_size: int) -> None:
+        """A run of this backend has ended (tidy up, warm what the next run needs)."""
+
+    def retry_changes(self, devices: Sequence[Device], causing: set[int], retry: DeviceSpec) -> dict[str, Any]:
+        """Launch-option changes a retry of a run on ``devices`` (whose ranks ``causing`` caused
+        its failure) needs to run on the device list ``retry`` (where it runs; none by default)."""
+        return {}
+
+    @abstractmethod
+    def device_choices(self) -> list[str]:
+        """The devices a panel offers for a launch with this backend."""
+

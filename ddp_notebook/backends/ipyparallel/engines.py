@@ -1,0 +1,106 @@
+"""Which ipyparallel engines a run uses, and what they say about themselves.
+
+When one machine is not enough, the same ``launch`` / ``fit`` runs on the engines of an
+ipyparallel cluster: one rank per engine, in the order of the view's engine ids::
+
+    import ipyparallel as ipp
+    cluster = ipp.Cluster(n=4)             # or a cluster started elsewhere
+    rc = cluster.start_and_connect_sync()
+    result = ddp_notebook.fit(model, data, engines=rc)          # cpu on every engine
+    result = ddp_notebook.fit(model, data, engines=rc[0:2], devices="cuda:0,cuda:1")
+
+The device list pairs with the engines: rank r runs on the r-th engine with the r-th
+device (default: ``cpu`` on every engine). Every engine needs ddp_notebook and torch
+installed, and must see the run directory (``run_root``), where the process group meets
+(a shared file system when the engines are on several hosts).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ...core.errors import EngineSelectionError
+from ...worker.engine import describe_engine
+
+__all__ = ["Engines", "engines_of", "DESCRIBE_TIMEOUT"]
+
+DESCRIBE_TIMEOUT = 30.0  # seconds an engine may take to answer before validation reports it
+
+
+class Engines:
+    """An ipyparallel client and the engine ids a run uses (rank r on ``ids[r]``).
+
+    What each engine said about itself (host, GPUs, versions) is asked once, by validation,
+    and kept here for the run's start."""
+
+    def __init__(self, client: Any, ids: Sequence[int]) -> None:
+        self.client = client
+        self.ids = tuple(int(i) for i in ids)
+        self._info: Optional[list[dict[str, Any]]] = None
+
+    def describe(self, timeout: float = DESCRIBE_TIMEOUT) -> list[dict[str, Any]]:
+        """``describe_engine()`` of every engine, in rank order (``{"error": ...}`` for one
+        that cannot answer)."""
+        if self._info is None:
+            pending: list[Any] = []
+            for eid in self.ids:
+                try:
+                    pending.append(self.client[eid].apply_async(describe_engine))
+                except Exception as e:  # noqa: BLE001 - ipyparallel refuses unknown ids at once
+                    pending.append(e)
+            info = []
+            for eid, ar in zip(self.ids, pending):
+                info.append(_answer(eid, ar, timeout))
+            self._info = info
+        return self._info
+
+    def subset(self, ranks: Sequence[int]) -> "Engines":
+        """The engines of the given ranks (for a retry), with what is known of them."""
+        out = Engines(self.client, [self.ids[r] for r in ranks])
+        if self._info is not None:
+            out._info = [self._info[r] for r in ranks]
+        return out
+
+    def hosts(self) -> list[str]:
+        return [i.get("host", "?") for i in self.describe()]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"Engines({list(self.ids)})"
+
+
+def _answer(eid: int, ar: Any, timeout: float) -> dict[str, Any]:
+    if isinstance(ar, Exception):
+        return {"error": f"engine {eid} is not available: {ar}"}
+    try:
+        return dict(ar.get(timeout=timeout))
+    except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError, EngineError
+        ename = getattr(e, "ename", type(e).__name__)
+        if ename == "TimeoutError":
+            return {"error": f"engine {eid} did not answer within {timeout:.0f} s (busy with another task?)"}
+        evalue = getattr(e, "evalue", str(e))
+        return {"error": f"engine {eid} could not describe itself ({ename}: {evalue}); is ddp_notebook "
+                         "installed in the engine's environment?"}
+
+
+def engines_of(obj: Any) -> Engines:
+    """Engines from an ipyparallel ``Client`` (all its engines), a ``DirectView``
+    (``rc[0:2]``, its targets), or an ``Engines``."""
+    if isinstance(obj, Engines):
+        return obj
+    client = getattr(obj, "client", None)
+    if client is not None and hasattr(obj, "targets"):  # a view
+        targets = obj.targets
+        if targets is None or targets == "all":
+            ids = list(client.ids)
+        elif isinstance(targets, int):
+            ids = [targets]
+        else:
+            ids = list(targets)
+        return Engines(client, ids)
+    if hasattr(obj, "ids") and hasattr(obj, "load_balanced_view"):  # a Client
+        return Engines(obj, list(obj.ids))
+    raise EngineSelectionError(
+        f"engines= takes an ipyparallel Client (every engine) or a DirectView such as rc[0:2], "
+        f"not {type(obj).__name__}")

@@ -1,0 +1,85 @@
+"""The local backend: one fresh worker process per rank on this machine.
+
+Ranks meet through a file rendezvous in the run directory; gloo and NCCL are bound to the
+loopback interface, so a local run opens no socket on a routable address. CPU runs see no GPU
+at all, and each CPU worker computes with ``cores // workers`` threads.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Any, Optional, Sequence
+
+from ...core.devices import Device, DeviceSpec
+from ...core.events import RankConfig
+from ...core.probes import Probe, cpu_count, default_probe
+from ...core.rundir import RunDir
+from ...core.validation import ValidationReport, validate_devices
+from ..base import Backend, StartSpec, Transport
+from .pool import get_pool
+from .processes import WorkerProcess, start_worker
+from .transport import LocalTransport
+
+__all__ = ["LocalBackend", "default_devices", "set_default_devices"]
+
+_default_spec: Optional[DeviceSpec] = None
+
+
+def set_default_devices(spec: Optional[DeviceSpec]) -> None:
+    """The device list runs use when none is given (``%ddp_devices SPEC``); None to reset."""
+    global _default_spec
+    _default_spec = spec
+
+
+def default_devices(probe: Optional[Probe] = None) -> DeviceSpec:
+    """The list set with ``set_default_devices``; else every visible GPU, or two CPU workers."""
+    if _default_spec is not None:
+        return _default_spec
+    probe = probe or default_probe()
+    return "cuda" if probe.cuda_count() > 0 else "cpu*2"
+
+
+class LocalBackend(Backend):
+    """Worker processes on this machine (warm ones from the pool when it has them)."""
+
+    name = "local"
+
+    def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
+                 probe: Optional[Probe] = None, **shards: Any) -> ValidationReport:
+        spec = default_devices(probe) if devices is None else devices
+        return validate_devices(spec, backend=backend, min_free_memory=min_free_memory, probe=probe, **shards)
+
+    def start(self, spec: StartSpec) -> Transport:
+        n = len(spec.devices)
+        threads = spec.threads_per_worker or max(1, cpu_count() // n)
+        # Gloo and NCCL listen on the loopback interface only; CPU runs see no GPU at all.
+        env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(threads)}
+        if all(d.kind == "cpu" for d in spec.devices):
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        env.update(spec.env)
+        spec.directory.write_private(RunDir.PAYLOAD, spec.payload)
+        workers: list[WorkerProcess] = []
+        warm = get_pool().take(n)
+        try:
+            for rank, device in enumerate(spec.devices):
+                config: RankConfig = dict(spec.config, rank=rank, device=str(device), local_rank=rank,  # type: ignore[assignment]
+                                          local_world_size=n, threads=threads, env=env)
+                workers.append(start_worker(rank, device, config, warm[rank]))
+        except BaseException:
+            for w in workers:
+                w.signal_group(signal.SIGKILL)
+                w.reap()
+                w.close()
+            for process in warm[len(workers):]:  # warm ones not assigned yet
+                if process is not None:
+                    process.discard()
+            raise
+        return LocalTransport(workers)
+
+    def finished(self, directory: RunDir, world_size: int) -> None:
+        # Warm the next run's workers now that this run no longer needs the cores.
+        get_pool().refill(world_size)
+
+    def device_choices(self) -> list[str]:
+        """One CPU slot per core, and every visible GPU (probed CUDA-safely)."""
+        probe = default_probe()
+        return [f"cuda:{i}" for i in range(probe.cuda_count())] + [f"cpu:{i}" for i in range(probe.cpu_count())]

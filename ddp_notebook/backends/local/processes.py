@@ -1,0 +1,171 @@
+"""One worker OS process and its pipes: start, poll, signal, close.
+
+Workers are fresh interpreters (``python -m ddp_notebook.worker.process``), never forks of the
+notebook: a notebook process may hold a CUDA context, and a forked child of it cannot use
+CUDA. Each worker leads its own process group so that terminating it also ends anything it
+started (DataLoader workers), and is handed exactly two inherited pipe ends: one to report
+events, one to hear from the supervisor (whose EOF means the notebook is gone).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import IO, Optional
+
+from ...core.devices import Device
+from ...core.events import RankConfig, encode, write_all
+from ...worker.boot import BOOT_ENV, MODULE
+
+__all__ = ["WorkerProcess", "Prestarted", "spawn_process", "start_worker"]
+
+# The directory holding the ddp_notebook package: workers must import this very copy.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+@dataclass
+class WorkerProcess:
+    """A started worker: its Popen, the supervisor's ends of its pipes, and what we did to it."""
+
+    rank: int
+    device: Device
+    popen: subprocess.Popen
+    event_fd: int  # read end: frames from the worker
+    control_fd: Optional[int]  # write end: boot.STOP, boot.RELEASE; closing it = lifeline cut
+    pidfd: Optional[int]
+    signalled: Optional[int] = None  # the first signal the supervisor sent, if any
+    returncode: Optional[int] = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.popen.stdout is not None
+        return self.popen.stdout
+
+    @property
+    def stderr(self) -> IO[bytes]:
+        assert self.popen.stderr is not None
+        return self.popen.stderr
+
+    def send_control(self, byte: bytes) -> None:
+        if self.control_fd is None:
+            return
+        try:
+            os.write(self.control_fd, byte)
+        except OSError:  # already gone: its exit will be seen by the supervisor
+            pass
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the worker's whole process group (it and anything it started)."""
+        if self.signalled is None and self.returncode is None:
+            self.signalled = signum
+        try:
+            os.killpg(self.popen.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap(self) -> int:
+        """Collect the exit status of an exited worker, after ending its leftover children."""
+        # The zombie still holds the pid, so the group id cannot have been reused yet.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.returncode = self.popen.wait()
+        return self.returncode
+
+    def close(self) -> None:
+        _close_fds(self.control_fd, self.pidfd)
+        self.control_fd = self.pidfd = None
+
+
+def _close_fds(*fds: Optional[int]) -> None:
+    for fd in fds:
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    # A pidfd becomes readable the moment the process exits: exits are seen without polling.
+    try:
+        return os.pidfd_open(pid)  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return None
+
+
+@dataclass
+class Prestarted:
+    """A worker interpreter that imports torch and waits for its assignment on the control pipe."""
+
+    popen: subprocess.Popen
+    event_fd: int
+    control_fd: int
+    pidfd: Optional[int]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def warm(self) -> bool:
+        """True once it has imported torch (its "warm" report waits in the event pipe)."""
+        return bool(select.select([self.event_fd], [], [], 0)[0]) and self.alive()
+
+    def discard(self) -> None:
+        """Close the control pipe (the process exits on EOF) and collect it."""
+        _close_fds(self.control_fd, self.event_fd, self.pidfd)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        for stream in (self.popen.stdout, self.popen.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def spawn_process(pooled: bool = False) -> Prestarted:
+    """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run.
+    A ``pooled`` one also imports what DDP loads lazily, since it has time while idle."""
+    event_r, event_w = os.pipe()
+    control_r, control_w = os.pipe()
+    env = dict(os.environ)
+    env[BOOT_ENV] = json.dumps({"event_fd": event_w, "control_fd": control_r, "pooled": pooled})
+    env["PYTHONUNBUFFERED"] = "1"
+    # The worker must import this very copy of the package, wherever it was imported from.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", MODULE],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(event_w, control_r), env=env, start_new_session=True,
+        )
+    except BaseException:
+        _close_fds(event_r, event_w, control_r, control_w)
+        raise
+    os.close(event_w)
+    os.close(control_r)
+    assert popen.stdout is not None and popen.stderr is not None
+    for fd in (event_r, popen.stdout.fileno(), popen.stderr.fileno()):
+        os.set_blocking(fd, False)
+    return Prestarted(popen=popen, event_fd=event_r, control_fd=control_w, pidfd=_pidfd(popen.pid))
+
+
+def start_worker(rank: int, device: Device, config: RankConfig, process: Optional[Prestarted] = None) -> WorkerProcess:
+    """Assign rank ``rank`` of a run to a worker process (a warm one from the pool, or a new one):
+    ``config`` is the assignment, sent as one frame on the control pipe."""
+    process = process or spawn_process()
+    try:
+        write_all(process.control_fd, encode(dict(config)))
+    except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
+        pass
+    return WorkerProcess(rank=rank, device=device, popen=process.popen, event_fd=process.event_fd,
+                         control_fd=process.control_fd, pidfd=process.pidfd)

@@ -1,0 +1,218 @@
+"""The local transport: a run's worker processes as the supervisor sees them.
+
+One selector multiplexes every worker's event pipe, stdout, stderr and exit (pidfd), so a death
+is seen the moment it happens. Requests are a byte on a worker's control pipe (stop, release)
+or a signal to its process group (TERM, KILL; SIGUSR1 to the worker for its stacks).
+"""
+from __future__ import annotations
+
+import os
+import select
+import selectors
+import signal
+import time
+from typing import Sequence
+
+from ...core.events import FrameDecoder
+from ...core.failures import signal_name
+from ...worker.boot import RELEASE, STOP
+from ..base import Exited, Observation, Output, Transport, WorkerEvent
+from .processes import WorkerProcess
+
+__all__ = ["LocalTransport"]
+
+_CHUNK = 1 << 16
+_STREAMS = ("event", "stdout", "stderr")
+
+
+class LocalTransport(Transport):
+    """Watches started worker processes (one per rank) until each has exited and been reaped."""
+
+    def __init__(self, workers: Sequence[WorkerProcess]) -> None:
+        self.workers = {w.rank: w for w in workers}
+        self.sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+        self._decoders = {r: FrameDecoder() for r in self.workers}
+        self._partial: dict[tuple[int, str], bytes] = {}
+        self._fds: dict[tuple[int, str], int] = {}
+        self._exited: set[int] = set()
+        for w in workers:
+            for name, fd in (("event", w.event_fd), ("stdout", w.stdout.fileno()), ("stderr", w.stderr.fileno())):
+                self._fds[(w.rank, name)] = fd
+                self.sel.register(fd, selectors.EVENT_READ, (name, w.rank))
+            if w.pidfd is not None:
+                self.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w.rank))
+
+    # ---- what happened ------------------------------------------------------------------------
+    def poll(self, timeout: float) -> list[Observation]:
+        if any(w.pidfd is None for w in self.workers.values()):
+            timeout = min(timeout, 0.05)  # no pidfd: exits are found by polling
+        out: list[Observation] = []
+        ready = self.sel.select(timeout)
+        # exits first: a death must be known before a peer's knock-on report is read
+        for key, _ in sorted(ready, key=lambda kv: kv[0].data[0] != "exit"):
+            kind, rank = key.data
+            if kind == "wake":
+                self._drain_wake()
+            elif kind == "exit":
+                self._on_exit(rank, out)
+            elif (rank, kind) in self._fds:
+                self._read(rank, kind, out)
+        self._poll_exits(out)
+        return out
+
+    def settle(self, silent: Sequence[int]) -> list[Observation]:
+        out: list[Observation] = []
+        for rank, kind in list(self._fds):
+            self._drain(rank, kind, out)
+        self._await_dying(silent)
+        self._poll_exits(out)
+        return out
+
+    def _await_dying(self, silent: Sequence[int]) -> None:
+        """Wait (briefly) for the exit status of workers whose event pipe closed without a report.
+
+        A dying process closes its pipes (and its sockets, which is what its peers notice) before
+        it becomes a zombie; tearing down a large address space can take that long. Its exit is
+        certain, and needed to blame it rather than the peer that noticed."""
+        for rank in silent:
+            w = self.workers[rank]
+            if rank in self._exited or (rank, "event") in self._fds:
+                continue
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                if w.pidfd is not None:
+                    if select.select([w.pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                        break
+                elif os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    break
+                else:
+                    time.sleep(0.005)
+
+    def _poll_exits(self, out: list[Observation]) -> None:
+        for rank, w in self.workers.items():
+            if rank in self._exited:
+                continue
+            try:
+                info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = True  # already reaped
+            if info is not None:
+                self._on_exit(rank, out)
+
+    def _on_exit(self, rank: int, out: list[Observation]) -> None:
+        if rank in self._exited:
+            return
+        self._exited.add(rank)
+        w = self.workers[rank]
+        if w.pidfd is not None:
+            self.sel.unregister(w.pidfd)
+        for kind in _STREAMS:
+            self._drain(rank, kind, out)  # whatever it wrote before dying
+        rc = w.reap()
+        out.append(Exited(rank, code=rc, signal=signal_name(-rc) if rc < 0 else None, pid=w.pid))
+
+    # ---- reading pipes --------------------------------------------------------------------------
+    def _read(self, rank: int, kind: str, out: list[Observation]) -> None:
+        """Read what one pipe has; at EOF, close it."""
+        fd = self._fds[(rank, kind)]
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(rank, kind)
+            if kind != "event":
+                self._output(rank, kind, b"", out, final=True)
+        elif kind == "event":
+            for event, blob in self._decoders[rank].feed(data):
+                out.append(WorkerEvent(rank, event, blob))
+        else:
+            self._output(rank, kind, data, out)
+
+    def _drain(self, rank: int, kind: str, out: list[Observation]) -> None:
+        while (rank, kind) in self._fds:
+            if not select.select([self._fds[(rank, kind)]], [], [], 0)[0]:
+                return
+            self._read(rank, kind, out)
+
+    def _output(self, rank: int, stream: str, data: bytes, out: list[Observation], final: bool = False) -> None:
+        """Whole lines of output (a partial line waits for the rest, up to a chunk)."""
+        buf = self._partial.pop((rank, stream), b"") + data
+        if not final and b"\n" in buf and len(buf) < _CHUNK:
+            cut = buf.rindex(b"\n") + 1
+            buf, rest = buf[:cut], buf[cut:]
+            if rest:
+                self._partial[(rank, stream)] = rest
+        elif not final and len(buf) < _CHUNK:
+            self._partial[(rank, stream)] = buf
+            return
+        if buf:
+            out.append(Output(rank, stream, buf.decode("utf-8", errors="replace")))
+
+    def _close(self, rank: int, kind: str) -> None:
+        """Close one pipe through its owner (Popen's file objects would close a reused fd later)."""
+        fd = self._fds.pop((rank, kind))
+        self.sel.unregister(fd)
+        w = self.workers[rank]
+        if kind == "event":
+            os.close(fd)
+        else:
+            (w.stdout if kind == "stdout" else w.stderr).close()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    # ---- requests -------------------------------------------------------------------------------
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass
+
+    def request_stop(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self.workers[rank].send_control(STOP)
+
+    def release(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self.workers[rank].send_control(RELEASE)
+
+    def interrupt(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self.workers[rank].signal_group(signal.SIGTERM)
+
+    def kill(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self.workers[rank].signal_group(signal.SIGKILL)
+
+    def request_stacks(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            try:
+                os.kill(self.workers[rank].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
+    def abandon(self) -> None:
+        for w in self.workers.values():
+            w.signal_group(signal.SIGKILL)
+
+    def close(self) -> None:
+        for rank, w in self.workers.items():
+            if rank not in self._exited and w.returncode is None:  # only after a bug: never leave one
+                w.signal_group(signal.SIGKILL)
+                w.reap()
+            w.close()
+        for rank, kind in list(self._fds):
+            self._close(rank, kind)
+        self.sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)

@@ -1,0 +1,124 @@
+"""The package's exception tree: every error a user can see derives from ``DDPNotebookError``.
+
+::
+
+    DDPNotebookError
+    ├── DeviceSpecError (ValueError)          a device list could not be read
+    ├── InvalidDevicesError (ValueError)      a device list failed validation (in validation.py,
+    │                                         beside the report it carries)
+    ├── FitConfigError (ValueError)           an argument of fit() is not usable
+    ├── NotPicklableError (TypeError)         the call cannot be sent to the workers
+    ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
+    ├── EngineUnavailableError (RuntimeError) an engine left the cluster before the start
+    ├── PreflightError                        fit's one-step preflight failed
+    ├── WorkerFailedError (RuntimeError)      a worker failed; names the root cause
+    ├── SupervisionError (RuntimeError)       ddp_notebook's own supervision of a run failed
+    ├── RunStoppedError                       the run was stopped before a result
+    ├── WaitTimeoutError (TimeoutError)       wait(timeout) returned first; the run goes on
+    ├── NoResultError                         result() before the run ended
+    └── NoCheckpointError                     retry(resume=True) without a checkpoint
+
+Nothing here imports torch or IPython, so the errors can be raised from the pure core.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .failures import WorkerFailure, render_failure_report
+
+__all__ = [
+    "DDPNotebookError",
+    "DeviceSpecError",
+    "FitConfigError",
+    "NotPicklableError",
+    "WorkerFailedError",
+    "SupervisionError",
+    "RunStoppedError",
+    "WaitTimeoutError",
+    "NoResultError",
+    "NoCheckpointError",
+    "PreflightError",
+    "EngineSelectionError",
+    "EngineUnavailableError",
+]
+
+
+class DDPNotebookError(Exception):
+    """Base class of every error raised by ddp_notebook."""
+
+
+class DeviceSpecError(DDPNotebookError, ValueError):
+    """A device list could not be read (bad syntax, unknown device kind, bad index)."""
+
+
+class FitConfigError(DDPNotebookError, ValueError):
+    """An argument of ``fit`` is not usable (nothing was started)."""
+
+
+class EngineSelectionError(DDPNotebookError, TypeError):
+    """``engines=`` is not an ipyparallel Client, DirectView or Engines."""
+
+
+class EngineUnavailableError(DDPNotebookError, RuntimeError):
+    """An engine a run (or its retry) needs has left the cluster; nothing was started."""
+
+
+class NotPicklableError(DDPNotebookError, TypeError):
+    """The function, an argument or a keyword argument cannot be sent to the workers."""
+
+    def __init__(self, what: str, obj_type: str, reason: str) -> None:
+        self.what = what
+        self.obj_type = obj_type
+        self.reason = reason
+        super().__init__(
+            f"{what} is a {obj_type} and cannot be sent to the worker processes: {reason}. "
+            "Pass something picklable instead, or create the object inside the function."
+        )
+
+
+class WorkerFailedError(DDPNotebookError, RuntimeError):
+    """A worker of a run failed; the message names the worker that caused it.
+
+    ``rank``, ``device`` and ``failure`` describe the root cause; ``failures`` lists every
+    failure of the run (knock-on failures of peers marked ``consequence=True``).
+    """
+
+    def __init__(self, failure: WorkerFailure, failures: Sequence[WorkerFailure], run_dir: Optional[str] = None) -> None:
+        self.failure = failure
+        self.failures = tuple(failures)
+        self.rank = failure.rank
+        self.device = failure.device
+        self.run_dir = run_dir
+        super().__init__(failure.headline())
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing the supervisor's stack: users need the
+        # worker's traceback, which is where their bug is.
+        return render_failure_report(self.failure, self.failures).rstrip("\n").split("\n")
+
+
+class SupervisionError(DDPNotebookError, RuntimeError):
+    """ddp_notebook's own supervision of a run failed (a bug in ddp_notebook, not in the user's
+    code); the run's workers were ended. The message says what happened and where the log is."""
+
+
+class RunStoppedError(DDPNotebookError):
+    """The run was stopped before the main worker returned a result."""
+
+
+class WaitTimeoutError(DDPNotebookError, TimeoutError):
+    """``Run.wait(timeout=...)`` returned before the run finished; the run goes on."""
+
+
+class NoResultError(DDPNotebookError):
+    """``Run.result()`` was called before the run finished."""
+
+
+class NoCheckpointError(DDPNotebookError):
+    """``retry(resume=True)`` on a run that saved no checkpoint."""
+
+
+class PreflightError(DDPNotebookError):
+    """The single-device preflight step failed; nothing was launched.
+
+    The original exception is the ``__cause__``, so its traceback is shown as usual."""

@@ -1,0 +1,162 @@
+"""Typed events, and the one frame codec that carries them between processes.
+
+An event is a JSON object with at least ``kind`` (an ``EventKind``) and ``time`` (``time.time()``
+of the sender). On a pipe each event is one frame: a 4-byte big-endian length, then the JSON. An
+event may carry a binary attachment (a pickled return value): its ``blob`` field gives the
+attachment's size and the raw bytes follow as the next frame. The same frame carries a worker's
+assignment (its ``RankConfig``) the other way. On disk, a run's ``events.jsonl`` holds one
+event per line (attachments are not written there).
+
+>>> d = FrameDecoder()
+>>> d.feed(encode({"kind": "done", "time": 1.0}) + encode({"kind": "result"}, b"xy"))
+[({'kind': 'done', 'time': 1.0}, None), ({'kind': 'result', 'blob': 2}, b'xy')]
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from typing import Any, Optional, TypedDict
+
+from ._text import TextEnum
+
+__all__ = ["EventKind", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame", "write_all", "to_json_value"]
+
+_LEN = struct.Struct(">I")
+
+Event = dict[str, Any]
+
+
+class EventKind(TextEnum):
+    """What an event says. A worker sends the first group; the supervisor the second."""
+
+    WARM = "warm"  # a worker interpreter has imported torch and waits for its assignment
+    STARTED = "started"  # the rank was assigned (pid, main thread id)
+    READY = "ready"  # device and process group set up: the function is called now
+    PROGRESS = "progress"  # ctx.log: step, total, epoch, metrics
+    CHECKPOINT = "checkpoint"  # the main worker saved a checkpoint (epoch, path)
+    RETURNED = "returned"  # the function returned; the rank waits for its peers
+    DONE = "done"  # the rank's outcome: success (rank 0 attaches its pickled return value)
+    ERROR = "error"  # the rank's outcome: an exception (phase, type, message, traceback)
+
+    RUN_STARTED = "run_started"  # run id, devices, backend, directory, parent, places
+    OUTPUT = "output"  # text a rank printed (stream: stdout or stderr)
+    EXITED = "exited"  # a rank ended (exit code, signal, whether the supervisor ended it)
+    FAILURE = "failure"  # a WorkerFailure record
+    STOPPING = "stopping"  # a stop was asked (reason)
+    STALLED = "stalled"  # no progress for stall_timeout: every live rank's stack
+    SUPERVISOR_ERROR = "supervisor_error"  # ddp_notebook's supervision itself failed (message)
+    RUN_FINISHED = "run_finished"  # the run's status
+
+
+class RankConfig(TypedDict, total=False):
+    """One rank's assignment, as the worker process or engine receives it."""
+
+    rank: int
+    world_size: int
+    local_rank: int  # the rank's index among the ranks on its host
+    local_world_size: int  # how many ranks run on its host
+    device: str
+    backend: str  # torch.distributed backend: gloo or nccl
+    run_id: str
+    run_dir: str  # paths inside come from core.rundir.RunDir
+    timeout: float  # seconds, for the process group's collectives
+    threads: int
+    sys_path: list[str]
+    cwd: str
+    env: dict[str, str]
+    progress_interval: float
+    resume_from: Optional[str]  # a checkpoint directory to resume from
+    mode: str  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group
+    meet_in_python: bool  # wait for every peer in Python before and after the function (engines)
+
+
+def encode(event: dict[str, Any], blob: Optional[bytes] = None) -> bytes:
+    """Frame an event (and its attachment) for a pipe."""
+    if blob is not None:
+        event = dict(event, blob=len(blob))
+    data = json.dumps(event, separators=(",", ":"), allow_nan=False, default=str).encode()
+    out = _LEN.pack(len(data)) + data
+    if blob is not None:
+        out += _LEN.pack(len(blob)) + blob
+    return out
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, take complete events out."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pending: Optional[dict[str, Any]] = None  # an event waiting for its attachment
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], Optional[bytes]]]:
+        self._buf += data
+        out: list[tuple[dict[str, Any], Optional[bytes]]] = []
+        while len(self._buf) >= _LEN.size:
+            (n,) = _LEN.unpack_from(self._buf)
+            if len(self._buf) < _LEN.size + n:
+                break
+            payload = bytes(self._buf[_LEN.size:_LEN.size + n])
+            del self._buf[:_LEN.size + n]
+            if self._pending is not None:
+                out.append((self._pending, payload))
+                self._pending = None
+                continue
+            event = json.loads(payload)
+            if "blob" in event:
+                self._pending = event
+            else:
+                out.append((event, None))
+        return out
+
+    @property
+    def incomplete(self) -> bool:
+        """True when bytes of an unfinished frame are buffered (the sender died mid-write)."""
+        return bool(self._buf) or self._pending is not None
+
+
+def read_frame(fd: int) -> Optional[dict[str, Any]]:
+    """Block until one whole frame has arrived on ``fd``; its JSON (None at EOF)."""
+    def exact(n: int) -> Optional[bytes]:
+        buf = b""
+        while len(buf) < n:
+            try:
+                chunk = os.read(fd, n - len(buf))
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    head = exact(_LEN.size)
+    body = exact(_LEN.unpack(head)[0]) if head else None
+    return json.loads(body) if body else None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (pipes may accept partial writes)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def to_json_value(value: Any, name: str = "value") -> Any:
+    """A metric value as JSON: numbers, strings, bools; tensors and numpy scalars via .item().
+
+    NaN and infinities become strings ("nan", "inf") so the log stays valid JSON.
+    """
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError) as e:
+            raise TypeError(f"metric {name!r} must be a number or a one-element tensor: {e}") from None
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    raise TypeError(f"metric {name!r} must be a number or a string, not {type(value).__name__}")

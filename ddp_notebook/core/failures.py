@@ -1,0 +1,181 @@
+"""Failures as data: one ``WorkerFailure`` per failed worker, rendered in one place.
+
+Pure Python; the supervisor builds these, the exception and every front end render them.
+
+>>> f = WorkerFailure(rank=1, device="cpu:1", kind=FailureKind.EXCEPTION, time=0.0,
+...                   exc_type="ValueError", message="boom")
+>>> f.headline()
+'Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom'
+"""
+from __future__ import annotations
+
+import signal as _signal
+import time as _time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+from ._text import TextEnum
+
+__all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "order_failures",
+           "render_failure_report", "signal_name", "failure_from_error"]
+
+
+class FailureKind(TextEnum):
+    """How a worker failed (the values of ``WorkerFailure.kind``)."""
+
+    EXCEPTION = "exception"  # the function raised
+    UNPICKLE = "unpickle"  # the function or its arguments could not be loaded in the worker
+    INIT = "init"  # device or process-group set-up raised
+    RESULT = "result"  # the return value could not be sent back
+    SIGNAL = "signal"  # killed by a signal without reporting (SIGKILL, SIGSEGV, ...)
+    EXIT = "exit"  # exited with a code without reporting (os._exit, sys.exit in C code, ...)
+    STALL = "stall"  # made no progress while its peers waited for it
+    ENGINE = "engine"  # the ipyparallel engine running the rank died
+
+
+# Deaths without a report: the dead worker closed its sockets before any peer could notice, so
+# it is the cause even when a peer's knock-on error was read first.
+SILENT_KINDS = frozenset({FailureKind.SIGNAL, FailureKind.EXIT, FailureKind.ENGINE})
+
+
+class Phase(TextEnum):
+    """Where a worker was when it failed."""
+
+    STARTUP = "startup"  # before the function and its arguments were loaded
+    UNPICKLE = "unpickle"  # loading the function and its arguments
+    INIT = "init"  # setting up the device and the process group
+    RUN = "run"  # in the function
+    RESULT = "result"  # sending the return value back
+
+
+_PHASE_KIND = {Phase.RUN: FailureKind.EXCEPTION, Phase.UNPICKLE: FailureKind.UNPICKLE, Phase.INIT: FailureKind.INIT,
+               Phase.STARTUP: FailureKind.INIT, Phase.RESULT: FailureKind.RESULT}
+
+
+def worker_name(rank: int) -> str:
+    """``main worker`` for rank 0, ``worker N`` otherwise (burn's words)."""
+    return "main worker" if rank == 0 else f"worker {rank}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass
+class WorkerFailure:
+    """Everything known about one failed worker.
+
+    ``consequence`` is True for a failure that followed the root cause (for instance a gloo
+    "Connection reset by peer" in a peer of the worker that died).
+    """
+
+    rank: int
+    device: str
+    kind: FailureKind
+    time: float
+    pid: Optional[int] = None
+    phase: Phase = Phase.RUN
+    exc_type: Optional[str] = None
+    message: str = ""
+    traceback: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    consequence: bool = False
+    stalled_for: Optional[float] = None
+    last_step: Optional[int] = None
+    stderr_tail: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kind = FailureKind(self.kind)  # from JSON, or written by hand as a string
+        self.phase = Phase(self.phase)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def summary(self) -> str:
+        """What went wrong, in one line (the part after "failed: ")."""
+        exc = f"{self.exc_type}: {self.message}" if self.message else (self.exc_type or "")
+        kind = self.kind
+        if kind == FailureKind.EXCEPTION:
+            return exc
+        if kind == FailureKind.UNPICKLE:
+            return f"the function or its arguments could not be unpickled in the worker: {exc}"
+        if kind == FailureKind.INIT:
+            return f"setting up the device or process group failed: {exc}"
+        if kind == FailureKind.RESULT:
+            return f"the return value could not be sent back to the notebook: {exc}"
+        when = " during start-up, before running the function" if self.phase == Phase.STARTUP else ""
+        if kind == FailureKind.SIGNAL:
+            sig = self.signal or "an unknown signal"
+            if sig == "SIGKILL":
+                return (f"killed by signal SIGKILL{when} (often the out-of-memory killer: "
+                        "check the memory use of the data, model and batch size)")
+            if sig == "SIGSEGV":
+                return f"crashed with a segmentation fault (SIGSEGV){when}"
+            return f"killed by signal {sig}{when}"
+        if kind == FailureKind.EXIT:
+            return f"exited with code {self.exit_code}{when or ' before reporting a result'}"
+        if kind == FailureKind.ENGINE:
+            return (f"{self.message}{when}: the engine process ended (os._exit, a signal such as the out-of-memory "
+                    "killer's SIGKILL, or a crash in native code)")
+        step = f" (last step {self.last_step})" if self.last_step is not None else ""
+        return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step} while the other workers waited for it"
+
+    def headline(self) -> str:
+        """``Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom``"""
+        return f"Distributed data parallel {worker_name(self.rank)} ({self.device}) failed: {self.summary()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WorkerFailure":
+        return cls(**data)
+
+
+def failure_from_error(event: dict[str, Any], device: str, pid: Optional[int],
+                       last_step: Optional[int]) -> WorkerFailure:
+    """The failure a worker's ``error`` event reports (its phase says which kind)."""
+    phase = Phase(event.get("phase", Phase.RUN))
+    return WorkerFailure(rank=event["rank"], device=device, kind=_PHASE_KIND[phase], time=event.get("time") or _time.time(),
+                         pid=pid,
+                         phase=phase, exc_type=event.get("exc_type"), message=event.get("message", ""),
+                         traceback=event.get("traceback", ""), last_step=last_step)
+
+
+def order_failures(found: Sequence[WorkerFailure]) -> list[WorkerFailure]:
+    """The root cause first, then the rest by time marked as consequences. The cause is the
+    earliest silent death if there is one (see ``SILENT_KINDS``), else the earliest failure."""
+    silent = [f for f in found if f.kind in SILENT_KINDS]
+    root = min(silent or found, key=lambda f: f.time)
+    rest = sorted((f for f in found if f is not root), key=lambda f: f.time)
+    for f in rest:
+        f.consequence = True
+    return [root, *rest]
+
+
+def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure], stderr_lines: int = 15) -> str:
+    """The full text shown for a failed run: the root cause's traceback, its stderr tail,
+    the knock-on failures, and the one-line headline last (where eyes land)."""
+    name = f"{worker_name(root.rank)} ({root.device})"
+    parts: list[str] = []
+    if root.traceback:
+        parts.append(f"Traceback from {name}, pid {root.pid}:")
+        parts.append(root.traceback.rstrip("\n"))
+    tail = [line for line in root.stderr_tail if line.strip()][-stderr_lines:]
+    if tail and root.kind != FailureKind.EXCEPTION:
+        parts.append(f"Last lines of the stderr of {name}:")
+        parts.extend("  " + line for line in tail)
+    others = [f for f in failures if f is not root]
+    if others:
+        parts.append("")
+        for f in others:
+            how = "as a consequence" if f.consequence else "as well"
+            parts.append(f"Also: {worker_name(f.rank)} ({f.device}) failed {how}: {f.summary()}")
+    parts.append("")
+    parts.append(f"WorkerFailedError: {root.headline()}")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,46 @@
+"""cloudpickle, keeping the file names of functions sent by value.
+
+cloudpickle (3.x) replaces ``co_filename`` with ``"<dynamic-code>"`` to make payloads
+deterministic; tracebacks from the workers would then not say which cell or file a frame is
+in. We keep the real name (and ship the cells' sources, see ``engine.packing``).
+"""
+from __future__ import annotations
+
+import copyreg
+import io
+import types
+from collections import ChainMap
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["dumps", "loads"]
+
+loads = cloudpickle.loads
+
+try:
+    _code_reduce = cloudpickle.cloudpickle._code_reduce  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover - another cloudpickle: fall back to its own names
+    _code_reduce = None
+
+
+def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
+    ctor, args = _code_reduce(code)  # type: ignore[misc]
+    args = list(args)
+    if "<dynamic-code>" in args:
+        args[args.index("<dynamic-code>")] = code.co_filename
+    return ctor, tuple(args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    if _code_reduce is not None:
+        _dispatch_table = dict(cloudpickle.Pickler._dispatch_table)  # type: ignore[attr-defined]
+        _dispatch_table[types.CodeType] = _code_reduce_keeping_filename
+        dispatch_table = ChainMap(_dispatch_table, copyreg.dispatch_table)
+
+
+def dumps(obj: Any) -> bytes:
+    """cloudpickle.dumps with real file names in code objects."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return buf.getvalue()

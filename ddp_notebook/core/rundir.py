@@ -1,0 +1,156 @@
+"""A run's directory on disk, and every path inside it, in one place.
+
+::
+
+    <run_root>/<run id>/
+        events.jsonl          every event of the run, one JSON object a line
+        result.pkl            the main worker's pickled return value (a run that returned one)
+        payload.pkl           the packed call, while local workers start (removed at the end)
+        rendezvous            the process group's file rendezvous (removed at the end)
+        stacks-rank<r>.txt    rank r's stack dumps, for the stall watchdog
+        checkpoints/          ctx.save_checkpoint's files; ``latest`` names the newest
+        arrivals/, returned/  ranks on engines meet here in Python (removed at the end)
+        ended                 present once the notebook has finished the run
+
+The notebook side and the worker side both build paths with ``RunDir``.
+
+>>> d = RunDir("/tmp/runs/20261129-174217-5266c4")
+>>> d.id, os.path.basename(d.stack_file(1))
+('20261129-174217-5266c4', 'stacks-rank1.txt')
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import IO, Any, Optional
+
+__all__ = ["RunDir", "default_run_root", "latest_checkpoint"]
+
+
+def default_run_root() -> str:
+    """``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``."""
+    if os.environ.get("DDP_NOTEBOOK_RUNS"):
+        return os.environ["DDP_NOTEBOOK_RUNS"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "ddp_notebook", "runs")
+
+
+def latest_checkpoint(checkpoint_dir: str) -> Optional[str]:
+    """The path of the newest checkpoint saved in ``checkpoint_dir`` (None if there is none)."""
+    try:
+        with open(os.path.join(checkpoint_dir, RunDir.LATEST)) as f:
+            path = os.path.join(checkpoint_dir, f.read().strip())
+    except OSError:
+        return None
+    return path if os.path.exists(path) else None
+
+
+class RunDir:
+    """The directory of one run (it need not exist yet: ``create`` makes a new one)."""
+
+    EVENTS = "events.jsonl"
+    RESULT = "result.pkl"
+    PAYLOAD = "payload.pkl"
+    RENDEZVOUS = "rendezvous"
+    ENDED = "ended"
+    CHECKPOINTS = "checkpoints"
+    LATEST = "latest"
+    ARRIVALS = "arrivals"
+    RETURNED = "returned"
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(os.path.expanduser(path))
+        self.id = os.path.basename(self.path)
+
+    @classmethod
+    def create(cls, root: Optional[str] = None) -> "RunDir":
+        """A new, empty run directory under ``root`` (default ``default_run_root()``), owner-only."""
+        run_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
+        directory = cls(os.path.join(os.path.abspath(root or default_run_root()), run_id))
+        os.makedirs(directory.path, mode=0o700, exist_ok=False)
+        return directory
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.path!r})"
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    # ---- paths -----------------------------------------------------------------------------
+    @property
+    def events_path(self) -> str:
+        return self.join(self.EVENTS)
+
+    @property
+    def payload_path(self) -> str:
+        return self.join(self.PAYLOAD)
+
+    @property
+    def rendezvous_path(self) -> str:
+        return self.join(self.RENDEZVOUS)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.join(self.CHECKPOINTS)
+
+    @property
+    def arrivals_dir(self) -> str:
+        return self.join(self.ARRIVALS)
+
+    @property
+    def returned_dir(self) -> str:
+        return self.join(self.RETURNED)
+
+    @property
+    def ended_mark(self) -> str:
+        return self.join(self.ENDED)
+
+    def stack_file(self, rank: int) -> str:
+        return self.join(f"stacks-rank{rank}.txt")
+
+    def checkpoint_path(self, epoch: int) -> str:
+        return os.path.join(self.checkpoint_dir, f"epoch-{epoch:04d}.pt")
+
+    # ---- reading and writing ------------------------------------------------------------------
+    def open_log(self) -> IO[str]:
+        """The event log, open for appending one line at a time."""
+        return open(self.events_path, "a", buffering=1)
+
+    def read_events(self) -> list[dict[str, Any]]:
+        with open(self.events_path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def write_private(self, name: str, data: bytes) -> None:
+        """Write a file only its owner can read (payloads and results may hold private data)."""
+        with open(os.open(self.join(name), os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(data)
+
+    def read_result(self) -> Optional[bytes]:
+        try:
+            with open(self.join(self.RESULT), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def remove(self, *names: str) -> None:
+        """Remove files of the run (those already gone are fine)."""
+        for name in names:
+            try:
+                os.unlink(self.join(name))
+            except OSError:
+                pass
+
+    def mark_ended(self) -> None:
+        """Tell every rank still waiting for its peers that the run is over."""
+        try:
+            with open(self.ended_mark, "w"):
+                pass
+        except OSError:
+            pass
+
+    def is_ended(self) -> bool:
+        return os.path.exists(self.ended_mark)
+
+    def latest_checkpoint(self) -> Optional[str]:
+        return latest_checkpoint(self.checkpoint_dir)

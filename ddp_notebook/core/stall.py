@@ -1,0 +1,150 @@
+"""Naming the straggler when a run stops making progress.
+
+When no rank reports progress for a while, every live worker dumps its Python stacks
+(faulthandler on SIGUSR1, which works even while the thread is blocked in C code). A rank
+whose main thread is inside torch's collective machinery is waiting for a peer; the others
+are the stalled ones. Pure text processing here; the supervisor sends the signals.
+"""
+from __future__ import annotations
+
+import importlib.util
+import linecache
+import os
+import re
+import time
+from typing import Callable, Optional, Sequence
+
+from .failures import FailureKind, WorkerFailure
+
+__all__ = ["dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective", "pick_stalled",
+           "format_stack", "is_runner_file"]
+
+_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+
+
+def _torch_dir() -> Optional[str]:
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0])
+
+
+# Where a rank that waits for its peers sits: collectives, DDP's reducer, autograd's engine
+# (DDP all-reduces gradients from backward hooks).
+_WAITING_PARTS = (("distributed",), ("nn", "parallel"), ("autograd",))
+
+
+# The worker side's runner: the two entry points and the code that calls the user's function.
+RUNNER_FILES = tuple(os.path.join("ddp_notebook", "worker", name) for name in ("process.py", "engine.py", "execute.py"))
+
+
+def is_runner_file(path: str) -> bool:
+    """True for the files whose frames head every worker traceback and stack (the runner of a
+    worker process or an engine) and mean nothing to users. A path test, not an import: the
+    worker process's module runs as ``python -m`` and must not be imported first."""
+    return path.endswith(RUNNER_FILES)
+
+
+def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, int, str]]:
+    """The frames (most recent first) of the main thread in a faulthandler dump."""
+    want = f"0x{main_ident:016x}" if main_ident is not None else None
+    blocks: dict[str, list[tuple[str, int, str]]] = {}
+    current: Optional[str] = None
+    first: Optional[str] = None
+    for line in dump.splitlines():
+        h = _HEADER.match(line)
+        if h:
+            current = h.group(2).lower()
+            blocks.setdefault(current, [])
+            first = first or current
+            continue
+        f = _FRAME.match(line)
+        if f and current is not None:
+            blocks[current].append((f.group("file"), int(f.group("line")), f.group("name")))
+    if want is not None and want in blocks:
+        return blocks[want]
+    return blocks.get(first, []) if first else []
+
+
+def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
+    """A traceback-style text, most recent call last."""
+    lines = ["Stack (most recent call last):"]
+    runner = [i for i, (file, _, _) in enumerate(frames) if is_runner_file(file)]
+    # The user's frames are those above the innermost runner frame (the worker's main(), or an
+    # engine's run_rank under ipykernel's loop): everything below says nothing to users.
+    for file, line, name in reversed(frames[: runner[0]] if runner else frames):
+        lines.append(f'  File "{file}", line {line}, in {name}')
+        source = linecache.getline(file, line).strip()
+        if source:
+            lines.append(f"    {source}")
+    return "\n".join(lines) + "\n"
+
+
+def is_waiting_in_collective(frames: Sequence[tuple[str, int, str]], torch_dir: Optional[str] = None) -> bool:
+    """True when the innermost frame is in torch.distributed, DDP or autograd."""
+    if not frames:
+        return False
+    torch_dir = torch_dir or _torch_dir()
+    if torch_dir is None:
+        return False
+    path = os.path.realpath(frames[0][0])
+    if not path.startswith(torch_dir + os.sep):
+        return False
+    parts = tuple(os.path.relpath(path, torch_dir).split(os.sep))
+    return any(parts[: len(p)] == p for p in _WAITING_PARTS)
+
+
+def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> list[int]:
+    """The ranks to blame: those not waiting in a collective; when every rank waits (or
+    none does), the ranks that got least far."""
+    stalled = [r for r, w in sorted(waiting.items()) if not w]
+    if stalled and len(stalled) < len(waiting):
+        return stalled
+    lowest = min((steps.get(r) if steps.get(r) is not None else -1) for r in waiting)
+    return [r for r in sorted(waiting) if (steps.get(r) if steps.get(r) is not None else -1) == lowest]
+
+
+def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int, str]:
+    """Ask each worker for its stacks (``request`` sends SIGUSR1 to every one) and read them
+    back from its stack file (rank -> path).
+
+    The worker's faulthandler writes from its SIGUSR1 handler, asynchronously to us: read each
+    file once it has stopped growing (at most 2 s)."""
+    request()
+    sizes: dict[int, int] = {}
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        now_sizes = {r: _size(path) for r, path in files.items()}
+        if all(now_sizes[r] > 0 and sizes.get(r) == now_sizes[r] for r in files):
+            break
+        sizes = now_sizes
+        time.sleep(0.02)
+    out = {}
+    for r, path in files.items():
+        try:
+            with open(path, errors="replace") as f:
+                out[r] = f.read()
+        except OSError:
+            out[r] = ""
+    return out
+
+
+def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: dict[int, Optional[int]],
+                   idle: float, devices: dict[int, str], pids: dict[int, Optional[int]]) -> list[WorkerFailure]:
+    """One STALL failure per rank to blame (the first is the root cause), from the stacks of
+    the ranks still running (``stacks`` keys)."""
+    torch_dir = _torch_dir()
+    frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in stacks}
+    waiting = {r: is_waiting_in_collective(frames[r], torch_dir) for r in stacks}
+    now = time.time()
+    return [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
+                          traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r))
+            for r in pick_stalled(waiting, {r: steps.get(r) for r in stacks})]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,200 @@
+"""The state of a run as a pure fold of its events.
+
+Every front end (text view, widget panel, magics) renders a ``RunState``; tests build one by
+feeding events. No torch, no IPython, no threads here.
+
+>>> s = RunState()
+>>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"]})
+>>> s.apply({"kind": "ready", "time": 0.5, "rank": 1})
+>>> s.apply({"kind": "progress", "time": 1.0, "rank": 1, "step": 3, "total": 10, "metrics": {"loss": 0.5}})
+>>> s.workers[1].step, s.workers[1].metrics["loss"], s.status
+(3, 0.5, 'running')
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ._text import TextEnum
+from .events import EventKind
+from .failures import WorkerFailure
+
+__all__ = ["RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT"]
+
+OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
+LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
+
+
+class RunStatus(TextEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED)
+
+
+class WorkerStatus(TextEnum):
+    STARTING = "starting"  # process started, function not yet called
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # returned from the function
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended by the supervisor (a peer failed, or the user stopped the run)
+
+
+@dataclass
+class WorkerState:
+    """What is known about one rank."""
+
+    rank: int
+    device: str
+    place: Optional[str] = None  # where the rank runs when not in a local process: "engine 1 on host-a"
+    pid: Optional[int] = None
+    status: WorkerStatus = WorkerStatus.STARTING
+    step: Optional[int] = None
+    total: Optional[int] = None
+    epoch: Optional[int] = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    started_at: Optional[float] = None
+    last_progress_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    returned: bool = False
+    output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
+    loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.STOPPED)
+
+    @property
+    def label(self) -> str:
+        """The device, and the engine for a rank on one: ``cpu:1`` or ``cpu:1 on engine 1 on host-a``."""
+        return f"{self.device} on {self.place}" if self.place else self.device
+
+    @property
+    def last_line(self) -> str:
+        """The last line the worker printed (stdout or stderr)."""
+        return self.output[-1][1] if self.output else ""
+
+    def stderr_tail(self, n: int = 30) -> list[str]:
+        return [text for stream, text in self.output if stream == "stderr"][-n:]
+
+
+@dataclass
+class RunState:
+    """A run's status, its workers, its failures, folded from events in order."""
+
+    run_id: str = ""
+    devices: list[str] = field(default_factory=list)
+    backend: Optional[str] = None
+    run_dir: Optional[str] = None
+    status: RunStatus = RunStatus.STARTING
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    stop_reason: Optional[str] = None
+    supervisor_error: Optional[str] = None  # ddp_notebook's own supervision failed: what happened
+    parent: Optional[str] = None  # the run this one retries
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    workers: dict[int, WorkerState] = field(default_factory=dict)
+    failures: list[WorkerFailure] = field(default_factory=list)
+    events_seen: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def root_failure(self) -> Optional[WorkerFailure]:
+        causes = [f for f in self.failures if not f.consequence]
+        return causes[0] if causes else (self.failures[0] if self.failures else None)
+
+    @property
+    def causing_ranks(self) -> set[int]:
+        """Ranks whose failure was a cause, not a consequence of another's."""
+        return {f.rank for f in self.failures if not f.consequence}
+
+    @property
+    def healthy_devices(self) -> list[str]:
+        """The devices, in rank order, whose workers did not cause a failure."""
+        causing = self.causing_ranks
+        return [d for rank, d in enumerate(self.devices) if rank not in causing]
+
+    def apply(self, event: dict[str, Any]) -> None:
+        """Fold one event into the state."""
+        self.events_seen += 1
+        kind = event["kind"]
+        t = event.get("time")
+        if kind == EventKind.RUN_STARTED:
+            self.run_id = event.get("run_id", "")
+            self.devices = list(event.get("devices", []))
+            self.backend = event.get("backend")
+            self.run_dir = event.get("run_dir")
+            self.parent = event.get("parent")
+            self.started_at = t
+            places = event.get("places") or [None] * len(self.devices)
+            self.workers = {r: WorkerState(r, d, p) for r, (d, p) in enumerate(zip(self.devices, places))}
+        elif kind == EventKind.RUN_FINISHED:
+            self.status = RunStatus(event["status"])
+            self.ended_at = t
+        elif kind == EventKind.STOPPING:
+            self.stop_reason = event.get("reason")
+        elif kind == EventKind.SUPERVISOR_ERROR:
+            self.supervisor_error = event.get("message")
+        elif kind == EventKind.FAILURE:
+            self.failures.append(WorkerFailure.from_dict(event["failure"]))
+            w = self.workers.get(event["failure"]["rank"])
+            if w is not None:
+                w.status = WorkerStatus.FAILED
+        else:
+            rank = event.get("rank")
+            w = self.workers.get(rank) if rank is not None else None
+            if w is not None:
+                self._apply_to_worker(w, kind, event, t)
+
+    def _apply_to_worker(self, w: WorkerState, kind: str, event: dict[str, Any], t: Optional[float]) -> None:
+        if kind == EventKind.STARTED:
+            w.pid = event.get("pid")
+            w.started_at = t
+        elif kind == EventKind.READY:
+            w.status = WorkerStatus.RUNNING
+            if self.status == RunStatus.STARTING:
+                self.status = RunStatus.RUNNING
+        elif kind == EventKind.PROGRESS:
+            for key in ("step", "total", "epoch"):
+                if event.get(key) is not None:
+                    setattr(w, key, event[key])
+            w.metrics.update(event.get("metrics") or {})
+            w.last_progress_at = t
+            loss = (event.get("metrics") or {}).get("loss")
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+                x = event.get("step") if event.get("step") is not None else len(w.loss_history) + 1
+                w.loss_history.append((x, float(loss)))
+                if len(w.loss_history) > LOSS_POINTS_KEPT:
+                    w.loss_history = w.loss_history[::2]
+        elif kind == EventKind.CHECKPOINT:
+            self.checkpoints.append({"epoch": event.get("epoch"), "path": event.get("path")})
+        elif kind == EventKind.OUTPUT:
+            for line in event["text"].splitlines():
+                w.output.append((event["stream"], line))
+        elif kind == EventKind.DONE:
+            w.returned = True
+            w.status = WorkerStatus.SUCCEEDED
+        elif kind == EventKind.EXITED:
+            w.pid = w.pid or event.get("pid")  # a worker ended before it said it started
+            w.exit_code = event.get("exit_code")
+            w.ended_at = t
+            if not w.finished:
+                w.status = WorkerStatus.STOPPED if event.get("by_supervisor") else WorkerStatus.FAILED

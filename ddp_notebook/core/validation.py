@@ -1,0 +1,247 @@
+"""Checks a device list before anything starts and reports every problem at once.
+
+Pure logic over a :class:`~ddp_notebook.probes.Probe`; tests inject a ``StaticProbe``.
+
+>>> from ddp_notebook.core.probes import StaticProbe
+>>> report = validate_devices("cuda:0,cuda:1", probe=StaticProbe(gpus_free=[(1 << 34, 1 << 35)]))
+>>> report.ok
+False
+>>> print(report.errors[0].message)
+cuda:1 does not exist: 1 CUDA device is visible (cuda:0).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .devices import Device, DeviceSpec, format_devices, parse_devices
+from .errors import DDPNotebookError, DeviceSpecError
+from .probes import Probe, default_probe
+
+__all__ = ["Finding", "ValidationReport", "InvalidDevicesError", "validate_devices", "choose_backend", "BACKENDS",
+           "shard_sizes", "check_shards"]
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found: ``level`` is ``"error"`` or ``"warning"``; ``code`` a stable name."""
+
+    level: str
+    code: str  # syntax, empty, duplicate, missing, memory, mixed, backend, oversubscribed
+    message: str
+    device: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """The result of validating a device list: the devices, the backend and the findings."""
+
+    spec: str
+    devices: tuple[Device, ...]
+    backend: Optional[str]
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        """One paragraph: what is wrong, for exception messages."""
+        if self.ok:
+            return f"devices {format_devices(self.devices)} are valid ({self.backend})"
+        problems = " ".join(f.message for f in self.errors)
+        return f"invalid device list {self.spec!r}: {problems}"
+
+    def __str__(self) -> str:
+        lines = [f"Device list {self.spec!r}: " + ("OK" if self.ok else f"{len(self.errors)} error(s)")]
+        if self.devices:
+            ranks = ", ".join(
+                f"rank {r} = {d}" + (" (main)" if r == 0 else "") for r, d in enumerate(self.devices)
+            )
+            lines.append(f"  {ranks}; backend {self.backend or '?'}")
+        for f in self.findings:
+            lines.append(f"  {f.level.upper():7} {f.message}")
+        return "\n".join(lines)
+
+
+class InvalidDevicesError(DDPNotebookError, ValueError):
+    """A device list failed validation; nothing was started.
+
+    ``report`` holds every finding (errors and warnings). Part of the exception tree of
+    ``core.errors``; defined here, beside the report it carries."""
+
+    def __init__(self, report: ValidationReport) -> None:
+        self.report = report
+        super().__init__(report.summary())
+
+
+def choose_backend(devices: Sequence[Device]) -> str:
+    """nccl for an all-CUDA list, gloo otherwise."""
+    return "nccl" if devices and all(d.kind == "cuda" for d in devices) else "gloo"
+
+
+def _gib(n: int) -> str:
+    """Bytes as people read them: 512 B, 3.0 MiB, 1.5 GiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover
+
+
+def _spec_text(spec: DeviceSpec) -> str:
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, (list, tuple)):
+        return ",".join(str(s) for s in spec)
+    return str(spec)
+
+
+def validate_devices(
+    spec: DeviceSpec,
+    *,
+    backend: Optional[str] = None,
+    min_free_memory: Optional[int] = None,
+    probe: Optional[Probe] = None,
+    dataset_size: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    drop_last: bool = False,
+) -> ValidationReport:
+    """Validate a device list; never raises for bad input, the report says what is wrong.
+
+    ``min_free_memory`` is the bytes each worker needs free on its device (host memory for
+    CPU workers). ``backend`` defaults to nccl for all-CUDA lists and gloo otherwise. With
+    ``dataset_size`` and ``batch_size``, a rank whose data shard would yield no batch is an error.
+    """
+    probe = probe or default_probe()
+    text = _spec_text(spec)
+    findings: list[Finding] = []
+
+    def err(code: str, message: str, device: Optional[Device] = None) -> None:
+        findings.append(Finding("error", code, message, str(device) if device else None))
+
+    def warn(code: str, message: str, device: Optional[Device] = None) -> None:
+        findings.append(Finding("warning", code, message, str(device) if device else None))
+
+    try:
+        devices = parse_devices(spec, cuda_count=probe.cuda_count)
+    except DeviceSpecError as e:
+        err("syntax", str(e))
+        return ValidationReport(text, (), backend, tuple(findings))
+
+    if not devices:
+        err("empty", "The device list is empty: give at least one device, e.g. 'cpu:0,cpu:1' or 'cuda:0'.")
+        return ValidationReport(text, (), backend, tuple(findings))
+
+    ranks: dict[Device, list[int]] = defaultdict(list)
+    for rank, d in enumerate(devices):
+        ranks[d].append(rank)
+    for d, rs in ranks.items():
+        if len(rs) > 1:
+            err("duplicate", f"{d} is listed {len(rs)} times (ranks {', '.join(map(str, rs))}); "
+                "each device may appear once.", d)
+
+    kinds = sorted({d.kind for d in devices})
+    if len(kinds) > 1:
+        err("mixed", f"The list mixes device kinds ({', '.join(kinds)}); all workers of a run "
+            "must use one kind so that they share one backend.")
+
+    chosen = backend if backend is not None else choose_backend(devices)
+    if chosen not in BACKENDS:
+        err("backend", f"Unknown backend {chosen!r}; valid backends are {', '.join(BACKENDS)}.")
+    elif chosen == "nccl" and any(d.kind != "cuda" for d in devices):
+        err("backend", "The nccl backend needs CUDA devices only; use backend='gloo' for CPU workers.")
+
+    cuda = [d for d in dict.fromkeys(devices) if d.kind == "cuda"]
+    if cuda:
+        count = probe.cuda_count()
+        visible = ", ".join(f"cuda:{i}" for i in range(count))
+        for d in cuda:
+            if d.index >= count:
+                if count == 0:
+                    err("missing", f"{d} does not exist: no CUDA device is visible here (no GPU, a "
+                        "CPU-only torch, or CUDA_VISIBLE_DEVICES is empty).", d)
+                else:
+                    err("missing", f"{d} does not exist: {count} CUDA device{'s are' if count > 1 else ' is'} "
+                        f"visible ({visible}).", d)
+            elif min_free_memory is not None:
+                free, total = probe.cuda_free_memory(d.index)
+                if free < min_free_memory:
+                    err("memory", f"{d} has {_gib(free)} free of {_gib(total)}; each worker needs "
+                        f"{_gib(min_free_memory)}.", d)
+        if chosen == "nccl" and count and not probe.nccl_available():
+            err("backend", "This torch has no NCCL support; use backend='gloo'.")
+
+    cpu = [d for d in dict.fromkeys(devices) if d.kind == "cpu"]
+    if cpu:
+        cores = probe.cpu_count()
+        if len(cpu) > cores:
+            warn("oversubscribed", f"{len(cpu)} CPU workers share {cores} core{'s' if cores != 1 else ''}: "
+                 "each worker gets one thread and the run will be slower than with fewer workers.")
+        if min_free_memory is not None:
+            avail = probe.host_available_memory()
+            need = min_free_memory * len(cpu)
+            if avail is not None and avail < need:
+                err("memory", f"{len(cpu)} CPU workers need {_gib(need)} of host memory and "
+                    f"{_gib(avail)} is available.")
+
+    if dataset_size is not None and batch_size is not None:
+        findings += check_shards(devices, dataset_size, batch_size, drop_last)
+    return ValidationReport(text, tuple(devices), chosen, tuple(findings))
+
+
+def shard_sizes(n_samples: int, world_size: int, batch_size: int, drop_last: bool = False) -> list[tuple[int, int]]:
+    """(samples, batches) each rank gets from a ``DistributedSampler`` + ``DataLoader``.
+
+    Without drop_last the sampler pads the shards to equal size (repeating samples), so every
+    rank of a non-empty dataset gets at least one batch; with drop_last both the sampler and the
+    loader drop the remainder.
+
+    >>> shard_sizes(100, 2, 64, drop_last=True)
+    [(50, 0), (50, 0)]
+    >>> shard_sizes(100, 3, 16)
+    [(34, 3), (34, 3), (34, 3)]
+    """
+    if n_samples <= 0:
+        return [(0, 0)] * world_size
+    per_rank = n_samples // world_size if drop_last else -(-n_samples // world_size)
+    batches = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+    return [(per_rank, batches)] * world_size
+
+
+def check_shards(devices: Sequence[Device], n_samples: int, batch_size: int, drop_last: bool = False,
+                 what: str = "training data") -> list[Finding]:
+    """An ``empty_shard`` error for every rank whose shard would yield no batch."""
+    if batch_size < 1:
+        return [Finding("error", "batch_size", f"batch_size must be at least 1, not {batch_size}.")]
+    out = []
+    w = len(devices)
+    for rank, (samples, batches) in enumerate(shard_sizes(n_samples, w, batch_size, drop_last)):
+        if batches:
+            continue
+        name = "the main worker" if rank == 0 else f"worker {rank}"
+        if n_samples == 0:
+            why = f"the {what} is empty"
+        else:
+            why = (f"{n_samples} samples over {w} worker{'s' if w > 1 else ''} is {samples} per worker, "
+                   f"fewer than batch_size {batch_size} with drop_last=True")
+        fixes = [f"batch_size <= {max(samples, 1)}", "drop_last=False"] if samples else []
+        if w > 1:
+            fixes.append("fewer devices")
+        fix = f" Use {', or '.join(fixes)}." if fixes and n_samples else ""
+        out.append(Finding("error", "empty_shard",
+                           f"Rank {rank} ({name}, {devices[rank]}) would get 0 batches of {what}: {why}.{fix}",
+                           str(devices[rank])))
+    return out

@@ -1,0 +1,112 @@
+"""``launch``: validate the devices where the ranks will run, pack the call, start a ``Run``.
+
+The backend follows from the options: local worker processes, or one rank per ipyparallel
+engine with ``engines=``. ``start_run`` is the one way a run starts; a retry is a start too.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+from ..backends.base import Backend
+from ..backends.ipyparallel.backend import IpyparallelBackend
+from ..backends.local.backend import LocalBackend, default_devices, set_default_devices
+from ..core.devices import DeviceSpec
+from ..core.probes import Probe
+from ..core.rundir import RunDir
+from ..core.stream import EventStream
+from ..core.validation import InvalidDevicesError, ValidationReport
+from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from .packing import pack_call
+from .run import Run
+
+__all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "default_devices",
+           "set_default_devices"]
+
+_last_run: Optional[Run] = None
+
+
+def last_run() -> Optional[Run]:
+    """The most recently launched run of this process (or None)."""
+    return _last_run
+
+
+def backend_for(options: LaunchOptions) -> Backend:
+    """Where the ranks of a run with these options execute."""
+    return LocalBackend() if options.engines is None else IpyparallelBackend(options.engines)
+
+
+def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe] = None,
+                 **shards: Any) -> ValidationReport:
+    """The validation report for a launch with these options, where its ranks would run;
+    ``shards`` (dataset_size, batch_size, drop_last) add the empty-shard checks."""
+    return backend_for(options).validate(devices, backend=options.backend, min_free_memory=options.min_free_memory,
+                                         probe=probe, **shards)
+
+
+def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings = RunSettings(),
+              parent: Optional[Run] = None, probe: Optional[Probe] = None,
+              report: Optional[ValidationReport] = None) -> Run:
+    """Start a run of an already packed call; ``devices`` are validated here unless ``report``
+    says they already were. Nothing is created when validation or placement refuses the run."""
+    global _last_run
+    backend = backend_for(options)
+    if report is None:
+        report = backend.validate(devices, backend=options.backend, min_free_memory=options.min_free_memory,
+                                  probe=probe)
+        if not report.ok:
+            raise InvalidDevicesError(report)
+    backend.check_placement(report.devices)
+    directory = RunDir.create(options.run_root)
+    run = Run(directory, EventStream(directory.open_log()), report.devices, runs_on=backend, options=options,
+              settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
+    run.start(payload)
+    _last_run = run
+    return run
+
+
+def _restart(payload: bytes, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
+    return start_run(payload, devices, options, settings, parent=parent)
+
+
+def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tuple[Any, ...], kwargs: dict[str, Any],
+                options: LaunchOptions, settings: RunSettings = RunSettings(), probe: Optional[Probe] = None,
+                report: Optional[ValidationReport] = None) -> Run:
+    """``launch`` with its options already gathered (``fit`` and ``spawn`` use it). The devices
+    are validated before the call is packed, unless ``report`` says they already were."""
+    if report is None:
+        report = validate_for(devices, options, probe)
+        if not report.ok:
+            raise InvalidDevicesError(report)
+    return start_run(pack_call(fn, args, kwargs), report.devices, options, settings, probe=probe, report=report)
+
+
+@takes_launch_options
+def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: tuple[Any, ...] = (),
+           kwargs: Optional[dict[str, Any]] = None, *, probe: Optional[Probe] = None,
+           **options: Unpack[LaunchKwargs]) -> Run:
+    """Start ``fn(ctx, *args, **kwargs)`` on every device in background workers; return at once.
+
+    Each worker is a fresh process with a torch.distributed process group already set up
+    (gloo for CPU, nccl for an all-CUDA list). ``fn`` may be defined in a notebook cell, be a
+    closure or a lambda. ``ctx`` is a :class:`~ddp_notebook.worker.context.WorkerContext`.
+
+    The device list is validated first; an invalid one raises ``InvalidDevicesError`` (with
+    the report) before any process starts. ``stall_timeout`` (seconds) fails the run, naming
+    the stalled rank, when no rank reports progress for that long once one has reported.
+
+    ``engines`` (an ipyparallel Client or DirectView) runs one rank per engine instead of
+    local processes; ``devices`` then pairs with the engines (default ``cpu`` on each).
+    ``probe`` answers validation's questions about this machine (tests pass a ``StaticProbe``).
+
+    >>> import ddp_notebook
+    >>> def train(ctx, steps):
+    ...     for step in range(1, steps + 1):
+    ...         ctx.log(step=step, total=steps, loss=1.0 / step)
+    ...     return ctx.world_size
+    >>> ddp_notebook.launch(train, devices="cpu*2", args=(3,)).wait()
+    2
+    """
+    if not callable(fn):
+        raise TypeError(f"launch() needs a function to run, not {type(fn).__name__}")
+    return launch_with(fn, devices, tuple(args), dict(kwargs or {}), options_from("launch", dict(options)), probe=probe)

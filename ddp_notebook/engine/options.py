@@ -1,0 +1,135 @@
+"""Launch options, declared once: what users set (``LaunchOptions``), apart from what a recipe
+asks of a run (``RunSettings``).
+
+``launch``, ``fit`` and ``spawn`` take the same options as keyword arguments, typed for checkers
+(``**options: Unpack[LaunchKwargs]``) and shown in their signatures and docstrings
+(``takes_launch_options``), so ``fit?`` in a notebook lists every one with its default.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+import textwrap
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable, Optional, TypedDict, TypeVar
+
+from ..backends.ipyparallel.engines import engines_of
+from ..core._text import TextEnum
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # pragma: no cover
+    from typing_extensions import Unpack
+
+__all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
+           "Unpack"]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a run is launched: every option of ``launch``, ``fit`` and ``spawn`` (kept for retries)."""
+
+    backend: Optional[str] = None
+    """torch.distributed backend, ``"gloo"`` or ``"nccl"`` (default: nccl for an all-CUDA list, else gloo)."""
+    min_free_memory: Optional[int] = None
+    """Bytes each worker needs free on its device (host memory for CPU workers); checked before the start."""
+    stall_timeout: Optional[float] = None
+    """Seconds without progress from any rank (once one reported) that fail the run, naming the straggler."""
+    timeout: float = 1800.0
+    """Seconds a collective waits for its peers (the process group's timeout, torch's default for gloo)."""
+    run_root: Optional[str] = None
+    """Where run directories go (default ``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``)."""
+    threads_per_worker: Optional[int] = None
+    """torch threads of each CPU worker (default: the host's cores divided among its workers)."""
+    stop_grace: float = 10.0
+    """Seconds the workers of a stopped run have to finish before they are interrupted."""
+    kill_grace: float = 3.0
+    """Seconds an interrupted worker has before it is killed (an engine is only reported)."""
+    progress_interval: float = 0.1
+    """Seconds between two progress reports of a rank (``ctx.log`` is throttled to this)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for the workers."""
+    engines: Any = field(default=None, compare=False)
+    """An ipyparallel ``Client`` or ``DirectView``: one rank per engine instead of local processes."""
+
+    def __post_init__(self) -> None:
+        if self.engines is not None:
+            object.__setattr__(self, "engines", engines_of(self.engines))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env or {}).items()})
+
+
+class LaunchKwargs(TypedDict, total=False):
+    """``LaunchOptions`` as keyword arguments (``**options: Unpack[LaunchKwargs]``); a unit test
+    keeps the two alike."""
+
+    backend: Optional[str]
+    min_free_memory: Optional[int]
+    stall_timeout: Optional[float]
+    timeout: float
+    run_root: Optional[str]
+    threads_per_worker: Optional[int]
+    stop_grace: float
+    kill_grace: float
+    progress_interval: float
+    env: dict[str, str]
+    engines: Any
+
+
+class CallMode(TextEnum):
+    CONTEXT = "context"  # fn(ctx, *args, **kwargs) in a process group set up for it
+    SPAWN = "spawn"  # fn(rank, *args) sets up its own process group (torch.multiprocessing.spawn style)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a recipe asks of a run beyond the user's options (never set by users)."""
+
+    mode: CallMode = CallMode.CONTEXT
+    resume_from: Optional[str] = None  # a checkpoint directory ctx.load_checkpoint() reads
+    # Turns the main worker's return value into what wait() gives back (fit's FitResult);
+    # stays in the notebook, never sent to the workers.
+    postprocess: Optional[Callable[[Any, Any], Any]] = field(default=None, compare=False)
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(LaunchOptions))
+
+
+def options_from(caller: str, given: dict[str, Any]) -> LaunchOptions:
+    """``LaunchOptions`` from keyword arguments, refusing unknown names in the caller's words."""
+    unknown = sorted(set(given) - OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                        f"launch options are {', '.join(sorted(OPTION_NAMES))}")
+    return LaunchOptions(**given)
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The docstring under each annotated attribute of ``cls`` (as Sphinx reads them)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+    return {a.target.id: b.value.value for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+
+
+def _options_doc() -> str:
+    docs = _attribute_docs(LaunchOptions)
+    lines = ["", "    Launch options (keyword arguments, the same for ``launch``, ``fit`` and ``spawn``)::", ""]
+    lines += [f"        {f.name:<20}{docs[f.name]}" for f in fields(LaunchOptions)]
+    return "\n".join(lines) + "\n"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_launch_options(fn: F) -> F:
+    """Show the launch options in ``fn``'s signature and docstring (``fn`` takes them as
+    ``**options``): what ``help()``, IPython's ``?`` and completion read."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for f in fields(LaunchOptions):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
+    fn.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    fn.__doc__ = (fn.__doc__ or "").rstrip() + "\n" + _options_doc()
+    return fn

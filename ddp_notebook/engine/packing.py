@@ -1,0 +1,74 @@
+"""Packing a call for the workers: cloudpickle by value, so functions defined in notebook cells,
+closures and lambdas travel; and when something cannot travel, saying which piece it is.
+"""
+from __future__ import annotations
+
+import linecache
+from typing import Any, Callable, Optional, Sequence
+
+from ..core.errors import NotPicklableError
+from ..core.pickling import dumps
+
+__all__ = ["pack_call", "first_unpicklable"]
+
+
+def _describe(obj: Any) -> str:
+    kind = type(obj)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _captured(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
+    """The variables a function closes over or reads as globals: the usual culprits."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    name = getattr(fn, "__name__", "fn")
+    out = [(f"{var!r}, used by the function {name!r},", cell.cell_contents)
+           for var, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()) if _filled(cell)]
+    glb = getattr(fn, "__globals__", {})
+    out += [(f"the global {var!r}, used by the function {name!r},", glb[var])
+            for var in code.co_names if var in glb and not isinstance(glb[var], type(linecache))]
+    return out
+
+
+def first_unpicklable(parts: Sequence[tuple[str, Any]]) -> Optional[NotPicklableError]:
+    """The error for the first of ``(description, object)`` that cannot be pickled, else None."""
+    for what, obj in parts:
+        try:
+            dumps(obj)
+        except Exception as e:  # noqa: BLE001 - pickling raises many types
+            for inner_what, inner in _captured(obj) if callable(obj) else []:
+                try:
+                    dumps(inner)
+                except Exception as inner_e:  # noqa: BLE001
+                    return NotPicklableError(inner_what, _describe(inner), str(inner_e) or type(inner_e).__name__)
+            return NotPicklableError(what, _describe(obj), str(e) or type(e).__name__)
+    return None
+
+
+def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """cloudpickle the call; on failure, find the piece that cannot be pickled and say which.
+
+    >>> from ddp_notebook.core.pickling import loads
+    >>> loads(pack_call(len, ([1, 2],), {}))["args"]
+    ([1, 2],)
+    """
+    # Cell sources are only in this process's linecache: ship them so tracebacks raised in the
+    # worker show the lines of the cell.
+    sources = {name: entry for name, entry in list(linecache.cache.items())
+               if len(entry) == 4 and entry[1] is None}
+    try:
+        return dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
+    except Exception as whole:  # noqa: BLE001 - pickling raises many types
+        parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
+        parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
+        parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        raise (first_unpicklable(parts) or NotPicklableError("the call", "function call", str(whole))) from None

@@ -1,0 +1,296 @@
+"""``Run``: a launched DDP run — a small facade over its directory (``core.rundir``), its event
+stream (``core.stream``) and the backend and supervisor that run it.
+
+Example::
+
+    run = ddp_notebook.launch(train, devices="cpu*2", args=(100,))
+    run.status          # 'running'
+    run.workers[1].step # how far rank 1 got
+    state_dict = run.wait()   # the main worker's return value, or WorkerFailedError
+    single = run.retry()      # the same call on one device
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence
+
+from ..backends.base import Backend, StartSpec
+from ..core import pickling
+from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
+from ..core.errors import (DDPNotebookError, NoCheckpointError, NoResultError, RunStoppedError, SupervisionError,
+                           WaitTimeoutError, WorkerFailedError)
+from ..core.events import EventKind, RankConfig
+from ..core.failures import WorkerFailure
+from ..core.rundir import RunDir
+from ..core.state import RunState, RunStatus, WorkerState
+from ..core.stream import EventStream, Subscriber
+from ..core.validation import ValidationReport
+from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack
+from .supervisor import Outcome, Supervisor, SupervisorOptions
+
+__all__ = ["Run", "WorkerTraceback", "Restart"]
+
+_live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+# How a run starts another with the same call: start_run with the packed call bound (a retry is a
+# new start, not a special path).
+Restart = Callable[[DeviceSpec, LaunchOptions, RunSettings, "Run"], "Run"]
+
+
+class WorkerTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a WorkerFailedError,
+    so plain Python shows the worker's stack above the notebook's."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]
+
+
+class Run:
+    """A DDP run in background workers (one per device; rank 0 is the main worker).
+
+    Created by :func:`ddp_notebook.launch` (or read back with :meth:`Run.load`); everything here
+    is safe to call from any thread.
+    """
+
+    def __init__(self, directory: RunDir, stream: EventStream, devices: Sequence[Device], *,
+                 runs_on: Optional[Backend] = None, options: Optional[LaunchOptions] = None,
+                 settings: Optional[RunSettings] = None, report: Optional[ValidationReport] = None,
+                 parent: Optional["Run"] = None, restart: Optional[Restart] = None) -> None:
+        self.dir = directory
+        self.id = directory.id
+        self.run_dir = directory.path
+        self.stream = stream
+        self.devices: list[Device] = list(devices)
+        self.report = report
+        self.backend: str = (report.backend if report else stream.state.backend) or "gloo"
+        self.runs_on = runs_on
+        self.options = options or LaunchOptions()
+        self.settings = settings or RunSettings()
+        self.parent = parent
+        self._restart = restart
+        self._finished = threading.Event()
+        self._supervisor: Optional[Supervisor] = None
+        self._result: Optional[bytes] = None
+
+    @classmethod
+    def load(cls, run_dir: str) -> "Run":
+        """A finished run read back from its directory (for instance after a kernel restart):
+        its state, events, failures and (when it succeeded) its result. It cannot be retried:
+        the function and its arguments are not kept on disk.
+
+        Example: ``ddp_notebook.Run.load("~/.cache/ddp_notebook/runs/20261129-174217-5266c4").result()``
+        """
+        directory = RunDir(run_dir)
+        stream = EventStream.replay(directory.read_events())
+        run = cls(directory, stream, parse_devices(stream.state.devices, cuda_count=lambda: 0))
+        run._end(directory.read_result())
+        return run
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self, payload: bytes) -> "Run":
+        """Start the ranks of this run (once) on its backend, and the thread that supervises them."""
+        assert self.runs_on is not None and self._supervisor is None
+        n = len(self.devices)
+        config: RankConfig = {
+            "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
+            "timeout": self.options.timeout, "sys_path": _sys_path(), "cwd": os.getcwd(),
+            "progress_interval": self.options.progress_interval, "resume_from": self.settings.resume_from,
+            "mode": self.settings.mode,
+        }
+        self.stream.emit({"kind": EventKind.RUN_STARTED, "time": time.time(), "run_id": self.id,
+                          "devices": [str(d) for d in self.devices], "backend": self.backend,
+                          "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
+                          "places": self.runs_on.places(n)})
+        transport = self.runs_on.start(StartSpec(self.dir, self.devices, payload, config,
+                                                 threads_per_worker=self.options.threads_per_worker,
+                                                 env=self.options.env))
+        self._supervisor = Supervisor(
+            transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
+            SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
+                              stall_timeout=self.options.stall_timeout),
+            self.stream.emit)
+        _live_runs.add(self)
+        threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()
+        return self
+
+    def _supervise(self) -> None:
+        assert self._supervisor is not None and self.runs_on is not None
+        outcome = Outcome(RunStatus.FAILED, None, "the supervisor did not return")
+        try:
+            outcome = self._supervisor.supervise()
+            if outcome.result is not None:  # kept so the run can be reloaded after a restart
+                self.dir.write_private(RunDir.RESULT, outcome.result)
+            self.stream.emit({"kind": EventKind.RUN_FINISHED, "time": time.time(), "status": outcome.status})
+            self.dir.remove(RunDir.PAYLOAD, RunDir.RENDEZVOUS)
+            self.stream.close()
+            self.runs_on.finished(self.dir, len(self.devices))
+        finally:  # whatever failed above, wait() must not block forever
+            self._end(outcome.result)
+
+    def _end(self, result: Optional[bytes]) -> None:
+        self._result = result
+        self._finished.set()
+
+    # ---- what users read ------------------------------------------------------------------------
+    @property
+    def state(self) -> RunState:
+        return self.stream.state
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.stream.events
+
+    def subscribe(self, callback: Subscriber) -> None:
+        """Call ``callback(event)`` for each future event (from the supervisor thread)."""
+        self.stream.subscribe(callback)
+
+    @property
+    def status(self) -> RunStatus:
+        """starting, running, succeeded, failed or stopped."""
+        return self.state.status
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        """Per-rank state: rank, device, pid, status, step, total, epoch, metrics, output."""
+        return [self.state.workers[r] for r in sorted(self.state.workers)]
+
+    @property
+    def failures(self) -> list[WorkerFailure]:
+        return list(self.state.failures)
+
+    @property
+    def root_failure(self) -> Optional[WorkerFailure]:
+        return self.state.root_failure
+
+    def output(self, rank: int, stream: Optional[str] = None) -> str:
+        """Everything rank ``rank`` printed (``stream`` = "stdout" or "stderr" to choose one)."""
+        return "".join(e["text"] for e in self.stream.select(
+            lambda e: e["kind"] == EventKind.OUTPUT and e["rank"] == rank and (stream is None or e["stream"] == stream)))
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Block until the run ends; return the main worker's return value.
+
+        Raises WorkerFailedError when a worker failed, RunStoppedError when the run was stopped
+        before the main worker returned, WaitTimeoutError when ``timeout`` passes first
+        (the run goes on)."""
+        if not self._finished.wait(timeout):
+            raise WaitTimeoutError(f"run {self.id} is still {self.status} after {timeout} s")
+        return self._value()
+
+    def result(self) -> Any:
+        """The main worker's return value of a finished run (raises like ``wait``)."""
+        if not self._finished.is_set():
+            raise NoResultError(f"run {self.id} is still {self.status}; use run.wait() to block until it ends")
+        return self._value()
+
+    def _value(self) -> Any:
+        state = self.state
+        root = state.root_failure
+        if state.status == RunStatus.FAILED and root is not None:
+            error = WorkerFailedError(root, state.failures, self.run_dir)
+            raise error from WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
+        if state.supervisor_error is not None:
+            raise SupervisionError(f"the supervision of run {self.id} failed ({state.supervisor_error}); its workers "
+                                   f"were ended. This is a bug in ddp_notebook: the event log is {self.dir.events_path}")
+        if self._result is None:
+            if state.status == RunStatus.STOPPED:
+                raise RunStoppedError(f"run {self.id} was stopped ({state.stop_reason}) before the main "
+                                      "worker returned a result")
+            if not state.finished:
+                raise RunStoppedError(f"the event log of run {self.id} ends while it was {self.status}: the "
+                                      "process that supervised it ended before the run did")
+            raise SupervisionError(f"run {self.id} ended without a result from the main worker; this is a bug in "
+                                   f"ddp_notebook: the event log is {self.dir.events_path}")
+        value = pickling.loads(self._result)
+        return self.settings.postprocess(value, self) if self.settings.postprocess else value
+
+    # ---- control --------------------------------------------------------------------------------
+    def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
+        """Ask every worker to stop (``ctx.should_stop`` becomes True); workers still running
+        after ``grace`` seconds (default ``stop_grace``) are terminated."""
+        if self._supervisor is not None and not self.done:
+            self._supervisor.request_stop(self.options.stop_grace if grace is None else grace,
+                                          "stopped by the user")
+        if wait:
+            self._finished.wait()
+
+    def retry(self, device: Any = None, resume: bool = False, devices: Any = None,
+              **changes: Unpack[LaunchKwargs]) -> "Run":
+        """Run the same function with the same arguments and options again, on one device:
+        by default the main device, or the first device that did not fail when it did
+        (``devices=[...]`` for a list: a retry is a new start with a smaller device list).
+        ``changes`` are launch options that differ from this run's.
+
+        With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
+        checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
+        if self._restart is None or self.runs_on is None:
+            raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its function and "
+                                   "arguments are not kept there; launch it again")
+        if devices is None:
+            devices = [device if device is not None else self.retry_device()]
+        settings = self.settings
+        if resume:
+            if self.dir.latest_checkpoint() is None:
+                raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
+                                        f"(looked in {self.checkpoint_dir})")
+            settings = replace(settings, resume_from=self.checkpoint_dir)
+        where = self.runs_on.retry_changes(self.devices, self.state.causing_ranks, devices)
+        options = replace(self.options, **{**where, **changes})  # what the caller chose wins
+        return self._restart(devices, options, settings, self)
+
+    def retry_without_failed(self, resume: bool = False) -> "Run":
+        """Run again on the device list without the devices whose workers caused the failure."""
+        causing = self.state.causing_ranks
+        keep = [d for rank, d in enumerate(self.devices) if rank not in causing]
+        if not keep:
+            raise DDPNotebookError(f"every device of run {self.id} failed; choose a device with retry(device=...)")
+        return self.retry(devices=keep, resume=resume)
+
+    def retry_device(self) -> Device:
+        """The device ``retry()`` picks: the main one unless it caused the failure."""
+        causing = self.state.causing_ranks
+        return next((d for rank, d in enumerate(self.devices) if rank not in causing), self.devices[0])
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where ``ctx.save_checkpoint`` (and ``fit``) saved this run's checkpoints."""
+        return self.dir.checkpoint_dir
+
+    # ---- what a front end offers for a relaunch -------------------------------------------------
+    def device_choices(self) -> list[str]:
+        """The devices a relaunch of this run can choose from (where its backend runs ranks)."""
+        return self.runs_on.device_choices() if self.runs_on is not None else []
+
+    def validate_devices(self, devices: DeviceSpec) -> ValidationReport:
+        """Validate ``devices`` for a relaunch where this run ran (this machine, or its engines)."""
+        if self.runs_on is None:
+            raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no backend to validate on")
+        return self.runs_on.validate(devices, backend=None, min_free_memory=None)
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
+
+
+def _sys_path() -> list[str]:
+    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+
+
+@atexit.register
+def _kill_live_runs() -> None:
+    # The lifeline pipe already ends orphans; this only makes a normal exit tidy and quick.
+    for run in list(_live_runs):
+        if run._supervisor is not None and not run.done:
+            run._supervisor.abandon()

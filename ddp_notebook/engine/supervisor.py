@@ -1,0 +1,317 @@
+"""The supervision core: a run's ranks, whatever runs them, turned into events and one outcome.
+
+A ``Supervisor`` drives a backend's ``Transport`` from the run's own thread until every rank has
+ended. It owns the run's bookkeeping, written once for every backend:
+
+- events: what the ranks report and print becomes the run's events (``emit``);
+- failures: an error report, or an exit without one, becomes a ``WorkerFailure``. Which one is the
+  cause: a worker that dies without reporting (a signal, ``os._exit``, a dead engine) closes its
+  sockets before any peer can notice, so by the time a peer's knock-on error arrives the death may
+  not be visible yet. On the first failure the supervisor therefore lets the transport ``settle``
+  (everything that already happened made visible) before choosing: silent deaths first, then the
+  earliest reported exception. Everything after the cause is a consequence;
+- stopping: the first failure interrupts every peer still running, since peers blocked in a
+  collective would otherwise wait out a 10-30 minute timeout; ``request_stop`` asks for a
+  cooperative stop and interrupts after ``stop_grace``; an interrupted rank still running after
+  ``kill_grace`` is killed (or given up on, where the backend cannot kill);
+- the stall watchdog: no progress from any rank for ``stall_timeout`` seconds dumps every live
+  rank's stack and names the straggler (``core.stall``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
+from ..core.events import EventKind
+from ..core.failures import FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
+from ..core.stall import dump_stacks, stall_failures
+from ..core.state import RunStatus
+
+__all__ = ["Supervisor", "SupervisorOptions", "Outcome"]
+
+log = logging.getLogger(__name__)
+
+_DONE, _ERROR, _STOPPED = "done", "error", "stopped"  # how a rank reported its end
+_STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    kill_grace: float = 3.0  # interrupt → kill
+    stop_grace: float = 10.0  # cooperative stop → interrupt
+    stall_timeout: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, as the supervisor saw it."""
+
+    status: RunStatus
+    result: Optional[bytes]  # the main worker's pickled return value
+    error: Optional[str] = None  # the supervisor's own failure, if it had one
+
+
+class Supervisor:
+    """Watches one run's ranks until each has ended (``supervise()``, on the run's own thread);
+    reports through ``emit(event)``. ``request_stop`` and ``abandon`` may be called from any thread.
+
+    ``labels[r]`` names rank r's device in failures; ``stack_file(r)`` is where it dumps its stacks.
+    """
+
+    def __init__(self, transport: Transport, labels: Sequence[str], stack_file: Callable[[int], str],
+                 options: SupervisorOptions, emit: Callable[[dict[str, Any]], None]) -> None:
+        self.transport = transport
+        self.labels = list(labels)
+        self.ranks = range(len(self.labels))
+        self.options = options
+        self._stack_file = stack_file
+        self._emit = emit
+        self._commands: list[tuple[float, str]] = []
+        self._cmd_lock = threading.Lock()
+        self._pending: deque[Observation] = deque()
+        # what the ranks said
+        self.pids: dict[int, Optional[int]] = {}
+        self.main_ident: dict[int, int] = {}
+        self.steps: dict[int, Optional[int]] = {}
+        self.ready: set[int] = set()
+        self.returned: set[int] = set()  # returned from the function, waiting for their peers
+        self.reported: dict[int, str] = {}
+        self.result: Optional[bytes] = None
+        self._stderr: dict[int, deque[str]] = {r: deque(maxlen=_STDERR_KEPT) for r in self.ranks}
+        self._last_progress: Optional[float] = None
+        # what happened to them
+        self.exited: set[int] = set()
+        self.failures: list[WorkerFailure] = []
+        self.root: Optional[WorkerFailure] = None
+        self._settling: Optional[list[WorkerFailure]] = None
+        # what we did to them
+        self.stop_reason: Optional[str] = None
+        self.forced: set[int] = set()  # interrupted or killed by the supervisor
+        self.released = False
+        self._stop_deadline: Optional[float] = None
+        self._kill_deadline: dict[int, float] = {}
+        self.error: Optional[str] = None
+
+    # ---- requests from other threads ------------------------------------------------------------
+    def request_stop(self, grace: float, reason: str) -> None:
+        """Ask every rank to stop (``ctx.should_stop``); interrupt those still running after ``grace``."""
+        with self._cmd_lock:
+            self._commands.append((grace, reason))
+        self.transport.wake()
+
+    def abandon(self) -> None:
+        """The notebook process is leaving: end every rank now."""
+        self.transport.abandon()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def supervise(self) -> Outcome:
+        try:
+            while len(self.exited) < len(self.ranks):
+                self._observe_all(self.transport.poll(self._timeout()))
+                self._take_commands()
+                self._check_deadlines()
+                self._check_stall()
+            self._observe_all(self.transport.settle([]))  # what was written after the last exit
+        except BaseException as exc:  # a bug here must never leave ranks behind, nor hide itself
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("supervision of a run failed; its ranks are being ended", exc_info=True)
+            self.transport.abandon()
+        finally:
+            self.transport.close()
+        if self.error is not None:
+            self._report_own_error()
+        return Outcome(self._status(), self.result, self.error)
+
+    def _report_own_error(self) -> None:
+        try:
+            self._emit({"kind": EventKind.SUPERVISOR_ERROR, "time": time.time(), "message": self.error})
+            for rank in self.ranks:
+                if rank not in self.exited:  # ended by abandon() and close()
+                    self._emit({"kind": EventKind.EXITED, "time": time.time(), "rank": rank,
+                                "pid": self.pids.get(rank), "exit_code": None, "signal": None, "by_supervisor": True})
+        except BaseException:  # noqa: BLE001 - the outcome still says what happened
+            log.error("the supervisor's error could not be recorded", exc_info=True)
+
+    def _status(self) -> RunStatus:
+        if self.error is not None or self.root is not None:
+            return RunStatus.FAILED
+        if self.stop_reason is not None:
+            return RunStatus.STOPPED
+        if all(self.reported.get(r) == _DONE for r in self.ranks):
+            return RunStatus.SUCCEEDED
+        return RunStatus.FAILED
+
+    def _timeout(self) -> float:
+        deadlines = list(self._kill_deadline.values())
+        if self._stop_deadline is not None:
+            deadlines.append(self._stop_deadline)
+        if self.options.stall_timeout and self._last_progress is not None:
+            deadlines.append(self._last_progress + self.options.stall_timeout)
+        now = time.monotonic()
+        return max(0.0, min(min((d - now for d in deadlines), default=1.0), 1.0))
+
+    def _alive(self) -> list[int]:
+        return [r for r in self.ranks if r not in self.exited]
+
+    # ---- observations ---------------------------------------------------------------------------
+    def _observe_all(self, observations: list[Observation]) -> None:
+        """Handle observations in order. Re-entered while a failure settles: observations still
+        queued from the batch go first, so each rank's events keep their order."""
+        self._pending.extend(observations)
+        while self._pending:
+            obs = self._pending.popleft()
+            if isinstance(obs, WorkerEvent):
+                self._on_event(obs.rank, obs.event, obs.blob)
+            elif isinstance(obs, Output):
+                self._on_output(obs)
+            else:
+                self._on_exited(obs)
+
+    def _on_event(self, rank: int, event: dict[str, Any], blob: Optional[bytes]) -> None:
+        event["rank"] = rank
+        event.pop("blob", None)
+        kind = event.get("kind")
+        if kind == EventKind.STARTED:
+            self.main_ident[rank] = event.get("main_thread", 0)
+            self.pids[rank] = event.get("pid")
+        elif kind == EventKind.READY:
+            self.ready.add(rank)
+        elif kind == EventKind.RETURNED:
+            self.returned.add(rank)  # waits for its peers now: never the straggler
+        elif kind == EventKind.PROGRESS:
+            self._last_progress = time.monotonic()
+            if event.get("step") is not None:
+                self.steps[rank] = event["step"]
+        elif kind == EventKind.DONE:
+            self.reported[rank] = _DONE
+            if rank == 0:
+                self.result = blob
+        elif kind == EventKind.ERROR:
+            # What a rank raises because we interrupted it (and says so) is a stop, not a failure.
+            self.reported[rank] = _STOPPED if rank in self.forced and event.get("interrupted") else _ERROR
+        self._emit(event)
+        if kind == EventKind.ERROR and self.reported[rank] == _ERROR:
+            self._fail(failure_from_error(event, self.labels[rank], self.pids.get(rank), self.steps.get(rank)))
+        elif kind == EventKind.DONE:
+            self._maybe_release()
+
+    def _on_output(self, obs: Output) -> None:
+        if obs.stream == "stderr":
+            self._stderr[obs.rank].extend(obs.text.splitlines())
+        self._emit({"kind": EventKind.OUTPUT, "time": time.time(), "rank": obs.rank, "stream": obs.stream,
+                    "text": obs.text})
+
+    def _on_exited(self, obs: Exited) -> None:
+        rank = obs.rank
+        if rank in self.exited:
+            return
+        self.exited.add(rank)
+        self._kill_deadline.pop(rank, None)
+        if self.pids.get(rank) is None:
+            self.pids[rank] = obs.pid
+        by_us = obs.lost is None and rank in self.forced and self.reported.get(rank) in (None, _STOPPED)
+        self._emit({"kind": EventKind.EXITED, "time": time.time(), "rank": rank, "pid": self.pids[rank],
+                    "exit_code": obs.code, "signal": obs.signal, "by_supervisor": by_us})
+        if rank in self.reported or by_us:
+            return
+        if obs.lost is not None:
+            kind = FailureKind.ENGINE
+        elif obs.signal is not None or (obs.code is not None and obs.code < 0):
+            kind = FailureKind.SIGNAL
+        else:
+            kind = FailureKind.EXIT
+        self._fail(WorkerFailure(
+            rank=rank, device=self.labels[rank], kind=kind, time=time.time(), pid=self.pids[rank],
+            phase=Phase.RUN if rank in self.ready else Phase.STARTUP, exit_code=obs.code, signal=obs.signal,
+            message=obs.lost or "", last_step=self.steps.get(rank)))
+
+    # ---- failures -------------------------------------------------------------------------------
+    def _fail(self, failure: WorkerFailure) -> None:
+        """The first failure waits for every other that already happened, then the cause is named
+        and the peers are interrupted; later failures are consequences."""
+        if self._settling is not None:
+            self._settling.append(failure)
+            return
+        if self.root is not None:
+            failure.consequence = True
+            self._record(failure)
+            return
+        self._settling = [failure]
+        silent = [r for r in self.ranks if r not in self.reported and r not in self.exited]
+        self._observe_all(self.transport.settle(silent))
+        found, self._settling = self._settling, None
+        ordered = order_failures(found)
+        self.root = ordered[0]
+        for f in ordered:
+            self._record(f)
+        self._force(self._alive())
+
+    def _record(self, failure: WorkerFailure) -> None:
+        failure.stderr_tail = list(self._stderr[failure.rank])
+        self.failures.append(failure)
+        self._emit({"kind": EventKind.FAILURE, "time": time.time(), "rank": failure.rank,
+                    "failure": failure.to_dict()})
+
+    # ---- stopping -------------------------------------------------------------------------------
+    def _force(self, ranks: list[int]) -> None:
+        """Interrupt ``ranks`` now, kill them after ``kill_grace``."""
+        self.forced.update(ranks)
+        # A rank that reported an error is already leaving.
+        self.transport.interrupt([r for r in ranks if self.reported.get(r) != _ERROR])
+        deadline = time.monotonic() + self.options.kill_grace
+        for rank in ranks:
+            self._kill_deadline[rank] = deadline
+
+    def _maybe_release(self) -> None:
+        if not self.released and self.root is None and all(self.reported.get(r) == _DONE for r in self.ranks):
+            self.released = True
+            self.transport.release(list(self.ranks))
+
+    def _take_commands(self) -> None:
+        with self._cmd_lock:
+            commands, self._commands = self._commands, []
+        for grace, reason in commands:
+            alive = self._alive()
+            if self.stop_reason is None and self.root is None and not self.released and alive:
+                self.stop_reason = reason
+                self._emit({"kind": EventKind.STOPPING, "time": time.time(), "reason": reason})
+                self.transport.request_stop(alive)
+                self._stop_deadline = time.monotonic() + grace
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if self._stop_deadline is not None and now >= self._stop_deadline:
+            self._stop_deadline = None
+            if not self.released:
+                # Ranks that returned may leave; the others are interrupted.
+                self.transport.release([r for r in self._alive() if self.reported.get(r) == _DONE])
+                self._force(self._alive())
+        for rank, deadline in list(self._kill_deadline.items()):
+            if now >= deadline and rank not in self.exited:
+                del self._kill_deadline[rank]
+                self.transport.kill([rank])
+
+    # ---- the stall watchdog ---------------------------------------------------------------------
+    def _check_stall(self) -> None:
+        timeout = self.options.stall_timeout
+        if (not timeout or self._last_progress is None or self.root is not None or self.stop_reason is not None
+                or self.released):
+            return
+        idle = time.monotonic() - self._last_progress
+        alive = [r for r in self._alive() if r not in self.reported and r not in self.returned]
+        if idle < timeout or not alive:
+            return
+        stacks = dump_stacks({r: self._stack_file(r) for r in alive}, lambda: self.transport.request_stacks(alive))
+        found = stall_failures(stacks, self.main_ident, self.steps, idle, {r: self.labels[r] for r in alive},
+                               {r: self.pids.get(r) for r in alive})
+        self._emit({"kind": EventKind.STALLED, "time": time.time(), "ranks": [f.rank for f in found], "idle": idle,
+                    "stacks": {str(r): text for r, text in stacks.items()}})
+        self.root = found[0]
+        for f in found:
+            self._record(f)
+        self._force(self._alive())

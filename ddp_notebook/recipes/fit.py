@@ -1,0 +1,189 @@
+"""The built-in DDP fit, in the spirit of burn's ``Learner::fit``.
+
+>>> import torch, ddp_notebook
+>>> x = torch.randn(256, 4); y = x.sum(1, keepdim=True)
+>>> result = ddp_notebook.fit(model=torch.nn.Linear(4, 1), train_data=(x, y), loss=torch.nn.MSELoss(),
+...                           optimizer=lambda p: torch.optim.SGD(p, lr=0.1), epochs=3, batch_size=32,
+...                           devices="cpu*2")
+>>> result.history[-1]["train_loss"] < result.history[0]["train_loss"], result.ranks_in_sync
+(True, True)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+from ..core.devices import Device, DeviceSpec
+from ..core.errors import FitConfigError, PreflightError, WorkerFailedError
+from ..core.validation import Finding, InvalidDevicesError, ValidationReport
+from ..engine.launch import launch_with, validate_for
+from ..engine.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from ..engine.packing import first_unpicklable
+from ..engine.run import Run
+from .fit_loop import FitSpec, build_model, fit_worker, preflight_step
+
+__all__ = ["fit", "FitResult"]
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` gives back: the trained model (main worker's weights), the per-epoch
+    history, whether every rank ended with identical weights, and the run itself."""
+
+    model: Any
+    history: list[dict[str, Any]]
+    run: Run
+    ranks_in_sync: bool
+    stopped_early: bool = False
+    resumed_from_epoch: Optional[int] = None
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.run.checkpoint_dir
+
+    def __repr__(self) -> str:
+        last = self.history[-1] if self.history else {}
+        losses = ", ".join(f"{k}={v:.4g}" for k, v in last.items() if k.endswith("loss") and isinstance(v, float))
+        return (f"FitResult(epochs={len(self.history)}, {losses}, ranks_in_sync={self.ranks_in_sync}, "
+                f"stopped_early={self.stopped_early}, run={self.run.id!r})")
+
+
+# ---- notebook side -------------------------------------------------------------------------
+
+def _as_dataset(data: Any, name: str) -> Any:
+    if data is None:
+        return None
+    if isinstance(data, (tuple, list)) and data and all(hasattr(t, "shape") for t in data):
+        import torch
+        from torch.utils.data import TensorDataset
+
+        lengths = {len(t) for t in data}
+        if len(lengths) != 1:
+            raise FitConfigError(f"{name} is a tuple of tensors of different lengths {sorted(lengths)}; "
+                                 "give (inputs, targets) with one row per sample.")
+        return TensorDataset(*[t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in data])
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return data
+    raise FitConfigError(f"{name} must be a Dataset (with __len__ and __getitem__) or a tuple of tensors "
+                         f"(inputs, targets), not {type(data).__name__}.")
+
+
+def _check_args(epochs: int, batch_size: int, grad_accum: int, loss: Any, metrics: Any, early_stopping: Any,
+                mode: str) -> None:
+    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("grad_accum", grad_accum)):
+        if not isinstance(value, int) or value < 1:
+            raise FitConfigError(f"{name} must be a whole number >= 1, not {value!r}.")
+    if not callable(loss):
+        raise FitConfigError(f"loss must be a function loss(prediction, target), such as torch.nn.MSELoss(); "
+                             f"got {type(loss).__name__}.")
+    if not isinstance(metrics, dict) or not all(callable(f) for f in metrics.values()):
+        raise FitConfigError("metrics must be a dict of name -> function(prediction, target).")
+    if early_stopping is not None and (not isinstance(early_stopping, int) or early_stopping < 1):
+        raise FitConfigError(f"early_stopping is the patience in epochs (>= 1) or None, not {early_stopping!r}.")
+    if mode not in ("min", "max"):
+        raise FitConfigError(f"mode must be 'min' or 'max', not {mode!r}.")
+
+
+def _preflight(spec: FitSpec, device: Device, options: LaunchOptions) -> None:
+    """One forward/backward step on the main device before any DDP worker starts."""
+    if device.kind != "cpu":
+        # Never touch CUDA in the notebook process: run the step in a one-worker run.
+        run = launch_with(preflight_step, [device], (spec,), {}, options)
+        try:
+            run.wait()
+        except WorkerFailedError as e:
+            raise PreflightError(f"The single-device preflight step on {device} failed, so no DDP worker was "
+                                 f"started: {e.failure.summary()}") from e
+        return
+    try:
+        preflight_step(None, spec)
+    except FitConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any bug in the user's model, loss or metrics
+        raise PreflightError(f"The single-device preflight step on {device} failed, so no DDP worker was "
+                             f"started: {type(e).__name__}: {e}") from e
+
+
+def _fit_result(value: dict[str, Any], run: Run, model: Any) -> FitResult:
+    import torch
+
+    target = model if isinstance(model, torch.nn.Module) else build_model(model)
+    target.load_state_dict(value["state_dict"])
+    return FitResult(model=target, history=value["history"], run=run, ranks_in_sync=value["ranks_in_sync"],
+                     stopped_early=value["stopped_early"], resumed_from_epoch=value["resumed_from_epoch"])
+
+
+@takes_launch_options
+def fit(
+    model: Any,
+    train_data: Any,
+    loss: Callable,
+    optimizer: Any = None,
+    *,
+    epochs: int = 1,
+    batch_size: int = 32,
+    devices: Optional[DeviceSpec] = None,
+    valid_data: Any = None,
+    metrics: Optional[dict[str, Callable[..., Any]]] = None,
+    valid_batch_size: Optional[int] = None,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    grad_accum: int = 1,
+    early_stopping: Optional[int] = None,
+    monitor: Optional[str] = None,
+    mode: str = "min",
+    min_delta: float = 0.0,
+    checkpoint: bool = True,
+    preflight: bool = True,
+    seed: int = 0,
+    wait: bool = True,
+    **launch_options: Unpack[LaunchKwargs],
+) -> Union[FitResult, Run]:
+    """Train ``model`` with DistributedDataParallel on ``devices``; return the trained model.
+
+    ``model`` is a ``torch.nn.Module`` (trained in place: the main worker's weights are loaded
+    back into it) or a function returning one. ``train_data``/``valid_data`` are Datasets or
+    ``(inputs, targets)`` tensors; each sample is ``(inputs..., target)``. ``optimizer`` is an
+    optimizer class or ``lambda params: torch.optim.SGD(params, lr=0.1)`` (default Adam, lr 1e-3).
+    ``batch_size`` is per worker (the global batch is ``batch_size * len(devices)``).
+
+    Per epoch every rank trains on its shard; the main worker validates (``valid_loss`` and
+    each of ``metrics``), checkpoints, and all ranks stop together on ``early_stopping``
+    (patience in epochs, watching ``monitor`` — default ``valid_loss``, else ``train_loss``).
+    Before anything starts: the device list and every rank's shard are validated, and (with
+    ``preflight``) one forward/backward step runs on the main device so plain bugs surface at
+    once with a normal traceback. ``wait=False`` returns the ``Run``; its ``wait()`` then
+    returns the ``FitResult``. Other keyword arguments are ``launch`` options.
+    """
+    import torch
+
+    metrics = dict(metrics or {})
+    _check_args(epochs, batch_size, grad_accum, loss, metrics, early_stopping, mode)
+    train = _as_dataset(train_data, "train_data")
+    valid = _as_dataset(valid_data, "valid_data")
+    if not isinstance(model, torch.nn.Module) and not callable(model):
+        raise FitConfigError(f"model must be a torch.nn.Module or a function returning one, not {type(model).__name__}.")
+    options = options_from("fit", dict(launch_options))
+    report = validate_for(devices, options, dataset_size=len(train), batch_size=batch_size, drop_last=drop_last)
+    if valid is not None and len(valid) == 0:
+        report = ValidationReport(report.spec, report.devices, report.backend, report.findings + (
+            Finding("error", "empty_shard", "valid_data is empty: give at least one sample, or valid_data=None."),))
+    if not report.ok:
+        raise InvalidDevicesError(report)
+    monitor = monitor or ("valid_loss" if valid is not None else "train_loss")
+    allowed = {"train_loss"} | ({"valid_loss", *metrics} if valid is not None else set())
+    if monitor not in allowed:
+        raise FitConfigError(f"monitor {monitor!r} is not recorded; choose one of {', '.join(sorted(allowed))}.")
+    spec = FitSpec(model=model, train_data=train, valid_data=valid, loss=loss, optimizer=optimizer, epochs=epochs,
+                   batch_size=batch_size, valid_batch_size=valid_batch_size or batch_size, metrics=metrics,
+                   shuffle=shuffle, drop_last=drop_last, grad_accum=grad_accum, early_stopping=early_stopping,
+                   monitor=monitor, mode=mode, min_delta=min_delta, checkpoint=checkpoint, seed=seed)
+    problem = first_unpicklable([(f"fit({name}=...)", getattr(spec, name)) for name in
+                                 ("model", "train_data", "valid_data", "loss", "optimizer", "metrics")])
+    if problem is not None:
+        raise problem
+    if preflight:
+        _preflight(spec, report.devices[0], options)
+    settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model))
+    run = launch_with(fit_worker, list(report.devices), (spec,), {}, options, settings, report=report)
+    return run.wait() if wait else run

@@ -1,0 +1,90 @@
+"""What shows where: the live panel in a notebook, text elsewhere.
+
+``register(shell)`` makes the panel the display of every ``Run`` in an IPython shell (IPython's
+display formatter), so a run that is the value of a cell, or passed to ``display()``, shows
+live; the package does it on import inside IPython, and the extension on load.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..core.validation import ValidationReport
+from ..engine.run import Run
+from .html import report_html
+from .text import format_run
+
+__all__ = ["in_notebook", "show_run", "show_report", "register", "unregister"]
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel with ipywidgets available (False in terminal IPython, scripts)."""
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    shell = _shell()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None) -> Any:
+    """Display the live panel of ``run`` in a notebook (with ``launcher``: controls to relaunch
+    it on other devices, offered and validated where it ran); print its state as text elsewhere."""
+    if not in_notebook():
+        print(format_run(run.state))
+        return None
+    from IPython.display import display
+
+    from .panel import DDPPanel  # ipywidgets: only in a notebook
+
+    if launcher is None:
+        panel = DDPPanel(run)
+    else:
+        panel = DDPPanel(run, launcher=launcher, available=run.device_choices(),
+                         selected=[str(d) for d in run.devices], validator=run.validate_devices)
+    display(panel)
+    return panel
+
+
+class _Report:
+    def __init__(self, report: ValidationReport) -> None:
+        self.report = report
+
+    def _repr_html_(self) -> str:
+        return report_html(self.report)
+
+    def __repr__(self) -> str:
+        return str(self.report)
+
+
+def show_report(report: ValidationReport) -> None:
+    """A validation report: a table with red errors in a notebook, text elsewhere."""
+    if not in_notebook():
+        print(report)
+        return
+    from IPython.display import display
+
+    display(_Report(report))
+
+
+def _display_run(run: Run) -> None:
+    show_run(run)
+
+
+def register(shell: Any = None) -> None:
+    """Show every ``Run`` through ``show_run`` in ``shell`` (default: the running IPython, if any)."""
+    shell = shell if shell is not None else _shell()
+    if shell is not None:
+        shell.display_formatter.ipython_display_formatter.for_type(Run, _display_run)
+
+
+def unregister(shell: Any) -> None:
+    """Undo ``register``: a ``Run`` shows as its repr again."""
+    shell.display_formatter.ipython_display_formatter.pop(Run, None)

@@ -1,0 +1,86 @@
+"""HTML for notebooks: validation reports and failure cards, as plain strings.
+
+No IPython or widget imports: the panel and the magics put these strings on screen.
+"""
+from __future__ import annotations
+
+from html import escape
+from typing import Optional, Sequence
+
+from ..core.failures import FailureKind, Phase, WorkerFailure, worker_name
+from ..core.validation import ValidationReport
+
+__all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS"]
+
+STATUS_COLORS = {
+    "starting": "#6c757d", "running": "#0d6efd", "succeeded": "#198754", "failed": "#dc3545",
+    "stopped": "#fd7e14",
+}
+RED = "#dc3545"
+
+
+def badge(text: str, color: Optional[str] = None) -> str:
+    color = color or STATUS_COLORS.get(text, "#6c757d")
+    return (f'<span style="background:{color};color:white;padding:1px 7px;border-radius:9px;'
+            f'font-size:85%">{escape(text)}</span>')
+
+
+def report_html(report: ValidationReport) -> str:
+    """A validation report as a table: ranks and devices, then every finding (errors in red)."""
+    head = badge("valid", STATUS_COLORS["succeeded"]) if report.ok else badge(f"{len(report.errors)} error(s)", RED)
+    rows = "".join(
+        f"<tr><td>{rank}{' (main)' if rank == 0 else ''}</td><td><code>{d}</code></td></tr>"
+        for rank, d in enumerate(report.devices))
+    table = (f'<table><tr><th>rank</th><th>device</th></tr>{rows}</table>' if rows else "")
+    findings = "".join(
+        f'<li style="color:{RED if f.level == "error" else "#b8860b"}"><b>{f.level}</b>: {escape(f.message)}</li>'
+        for f in report.findings)
+    backend = f" · backend <code>{report.backend}</code>" if report.backend else ""
+    return (f'<div class="ddp-report"><b>Devices</b> <code>{escape(report.spec)}</code> {head}{backend}'
+            f'{table}<ul>{findings}</ul></div>')
+
+
+def hint_for(failure: WorkerFailure) -> str:
+    """What to try next, drawn from the kind of failure (never from its message text)."""
+    if failure.kind == FailureKind.SIGNAL and failure.signal == "SIGKILL" or failure.exc_type == "OutOfMemoryError":
+        return ("Out of memory is the usual cause: lower the batch size, use a smaller model or fewer workers "
+                "per machine, or check what else uses the memory.")
+    if failure.kind == FailureKind.SIGNAL:
+        return "The process crashed inside native code: the stderr below holds its Python stack."
+    if failure.kind == FailureKind.UNPICKLE:
+        return ("The worker could not load the function or its arguments: define classes and functions in the "
+                "notebook or in a module the workers can import, and pass picklable objects.")
+    if failure.kind == FailureKind.INIT:
+        return "Setting up the device or the process group failed: check that the device exists and is free."
+    if failure.kind == FailureKind.EXIT and failure.phase == Phase.STARTUP:
+        return "The worker died while starting: check the environment (imports, installed packages) in its stderr."
+    if failure.kind == FailureKind.EXIT:
+        return "The worker exited without an exception (os._exit or sys.exit from native code)."
+    if failure.kind == FailureKind.ENGINE:
+        return ("The engine process died: the cluster's engine log (ipcluster's log directory) holds its last "
+                "words. Start a new engine before retrying on as many engines.")
+    if failure.kind == FailureKind.STALL:
+        return ("This worker stopped making progress while its peers waited for it in a collective: its stack "
+                "below shows where it is stuck (a deadlock, a slow data loader, a rank-dependent branch).")
+    return "Retry on a single device to reproduce it with the whole traceback in one process."
+
+
+def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure]) -> str:
+    """The red card: headline, hint, traceback and stderr tail (collapsible), knock-on failures."""
+    parts = [f'<div class="ddp-failure" style="border-left:4px solid {RED};padding:4px 10px;background:#fff5f5">',
+             f'<div style="color:{RED};font-weight:bold">{escape(root.headline())}</div>',
+             f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root))}</div>']
+    if root.traceback:
+        parts.append(f"<details open><summary>Traceback from {worker_name(root.rank)} ({root.device}), "
+                     f"pid {root.pid}</summary><pre>{escape(root.traceback)}</pre></details>")
+    tail = [line for line in root.stderr_tail if line.strip()][-20:]
+    if tail:
+        parts.append(f"<details><summary>Last lines of its stderr</summary><pre>{escape(chr(10).join(tail))}"
+                     "</pre></details>")
+    for f in failures:
+        if f is not root:
+            how = "as a consequence" if f.consequence else "as well"
+            parts.append(f'<div style="color:#6c757d">{escape(worker_name(f.rank))} ({f.device}) failed {how}: '
+                         f"{escape(f.summary())}</div>")
+    parts.append("</div>")
+    return "".join(parts)

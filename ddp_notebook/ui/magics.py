@@ -1,0 +1,166 @@
+"""IPython magics: ``%load_ext ddp_notebook``, then ``%ddp_devices``, ``%ddp_fit``, ``%ddp_status``,
+``%ddp_stop``, ``%ddp_retry``. Each parses its arguments and calls the Python API; the extension's
+load and unload live here too."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..backends.local import pool
+from ..core.devices import parse_devices
+from ..core.errors import (DDPNotebookError, DeviceSpecError, EngineSelectionError, EngineUnavailableError,
+                           FitConfigError, NoCheckpointError, NotPicklableError)
+from ..core.validation import InvalidDevicesError, validate_devices
+from ..engine.launch import default_devices, last_run, launch, set_default_devices
+from ..engine.run import Run
+from ..recipes.fit import fit
+from . import display
+from .display import show_report, show_run
+from .text import format_run
+
+__all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "start_target"]
+
+_USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError,
+                  EngineSelectionError, EngineUnavailableError)
+
+
+def _last_run() -> Run:
+    run = last_run()
+    if run is None:
+        raise UsageError("no run yet: start one with %ddp_fit FUNC")
+    return run
+
+
+def start_target(target: Any, name: str, devices: Optional[str], options: dict[str, Any]) -> tuple[Run, Callable[[Any], Run]]:
+    """Start what ``%ddp_fit`` names (a function ``fn(ctx, ...)`` or a dict of ``fit`` arguments)
+    without waiting; return the run and a function that relaunches it on other devices."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if isinstance(target, dict):
+        def start(devs: Any) -> Run:
+            kwargs = dict(target)
+            kwargs.update(given)
+            if devs is not None:
+                kwargs["devices"] = devs
+            try:
+                run = fit(**kwargs, wait=False)
+            except TypeError as e:
+                if isinstance(e, DDPNotebookError):  # ours, already in the user's words
+                    raise
+                raise FitConfigError(f"{name} is not a valid set of fit() arguments: {e}") from None
+            assert isinstance(run, Run)
+            return run
+    elif callable(target):
+        params = inspect.signature(target).parameters
+        run_kwargs = {}
+        for key in ("epochs", "batch_size"):
+            if key in given:
+                if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                    raise FitConfigError(f"{name}() takes no {key!r} argument, so --{key.replace('_', '-')} "
+                                         "cannot be passed to it")
+                run_kwargs[key] = given[key]
+        launch_kw = {k: given[k] for k in ("stall_timeout", "engines") if k in given}
+
+        def start(devs: Any) -> Run:
+            return launch(target, devices=devs, kwargs=run_kwargs, **launch_kw)
+    else:
+        raise FitConfigError(f"{name} is a {type(target).__name__}; %ddp_fit takes a training function "
+                             "fn(ctx, ...) or a dict of fit() arguments")
+    return start(devices), start
+
+
+@magics_class
+class DDPMagics(Magics):
+    @magic_arguments()
+    @argument("spec", nargs="?", help="device list to validate and make the default, e.g. cpu*2 or cuda:0,cuda:1")
+    @line_magic
+    def ddp_devices(self, line):
+        """Show, validate and set the default device list of this kernel."""
+        args = parse_argstring(self.ddp_devices, line)
+        report = validate_devices(args.spec or default_devices())
+        if args.spec and report.ok:
+            set_default_devices(args.spec)
+        show_report(report)
+
+    @magic_arguments()
+    @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name")
+    @argument("-d", "--devices", help="device list (default: the one set with %%ddp_devices)")
+    @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
+    @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
+    @argument("--stall-timeout", type=float, help="fail the run when no rank reports progress for this long")
+    @argument("--engines", help="run one rank per ipyparallel engine: the name of a Client or DirectView")
+    @argument("--wait", action="store_true", help="block until the run ends and return its result")
+    @line_magic
+    def ddp_fit(self, line):
+        """Launch a DDP run in background workers and show its live panel; returns at once."""
+        args = parse_argstring(self.ddp_fit, line)
+        for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
+                           (args.engines, "an ipyparallel Client or DirectView")):
+            if name is not None and name not in self.shell.user_ns:
+                raise UsageError(f"%ddp_fit: there is no {name!r} in the notebook; define {what} with that name first")
+        options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
+                   "engines": self.shell.user_ns[args.engines] if args.engines else None}
+        try:
+            run, relaunch = start_target(self.shell.user_ns[args.func], args.func, args.devices, options)
+        except _USER_MISTAKES as e:
+            raise UsageError(f"%ddp_fit: {e}") from None
+        self.shell.user_ns["_ddp_run"] = run
+        show_run(run, launcher=relaunch)
+        if args.wait:
+            return run.wait()
+
+    @line_magic
+    def ddp_status(self, line):
+        """Print the state of the last run."""
+        print(format_run(_last_run().state))
+
+    @magic_arguments()
+    @argument("--grace", type=float, help="seconds before workers that ignore the request are terminated")
+    @line_magic
+    def ddp_stop(self, line):
+        """Ask the last run to stop (ctx.should_stop), forced after the grace period."""
+        args = parse_argstring(self.ddp_stop, line)
+        _last_run().stop(grace=args.grace)
+
+    @magic_arguments()
+    @argument("--device", help="the device to retry on (default: the main one, or the first healthy one)")
+    @argument("--resume", action="store_true", help="continue from the last checkpoint")
+    @argument("--without-failed", action="store_true", help="retry on every device except the failed ones")
+    @line_magic
+    def ddp_retry(self, line):
+        """Re-run the last run on a single device (or without its failed devices)."""
+        args = parse_argstring(self.ddp_retry, line)
+        run = _last_run()
+        try:
+            new = run.retry_without_failed(resume=args.resume) if args.without_failed else \
+                run.retry(device=args.device, resume=args.resume)
+        except _USER_MISTAKES as e:
+            raise UsageError(f"%ddp_retry: {e}") from None
+        self.shell.user_ns["_ddp_run"] = new
+        show_run(new)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext ddp_notebook``: the magics, the panel as a ``Run``'s display, and the default
+    device list's workers started now (they import torch in the background), so the first
+    ``%ddp_fit`` does not wait for them. ``ddp_notebook.pool.disable()`` turns the pool off."""
+    ipython.register_magics(DDPMagics)
+    display.register(ipython)
+    try:
+        size = len(parse_devices(default_devices()))
+    except DeviceSpecError:
+        size = 2
+    pool.enable(size)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext ddp_notebook``: the magics and the panel display removed, the pool's idle
+    workers ended. Runs in progress go on."""
+    magics = ipython.magics_manager.magics["line"]
+    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_stop", "ddp_retry"):
+        magics.pop(name, None)
+    display.unregister(ipython)
+    pool.disable()

@@ -1,0 +1,91 @@
+"""The panel (ipywidgets 8): controls to pick, validate and launch a device list, above the live
+views of a run and its retries. What to offer, how to validate and how to launch are given to
+it; it renders and calls, nothing more.
+"""
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Callable, Optional, Sequence
+
+import ipywidgets as widgets
+
+from ..core.errors import DDPNotebookError
+from ..core.validation import ValidationReport
+from .html import RED, report_html
+from .run_view import FullText, RunView
+
+__all__ = ["DDPPanel"]
+
+
+class DDPPanel(FullText, widgets.VBox):
+    """Controls (device picker, Validate, Launch) above the views of a run and its retries.
+
+    ``launcher(devices) -> Run`` starts a run on the chosen devices (``%ddp_fit`` gives one);
+    ``available`` are the devices the picker offers and ``validator(devices) -> report`` checks
+    a choice (a run's ``device_choices()`` and ``validate_devices``). Without a launcher the panel
+    only shows ``run`` and its retries.
+    """
+
+    def __init__(self, run: Any = None, launcher: Optional[Callable[[list[str]], Any]] = None,
+                 available: Sequence[str] = (), selected: Optional[Sequence[str]] = None,
+                 validator: Optional[Callable[[list[str]], ValidationReport]] = None) -> None:
+        super().__init__()
+        if launcher is not None and validator is None:
+            raise TypeError("a panel that launches needs a validator (for instance run.validate_devices)")
+        self.launcher = launcher
+        self.validator = validator
+        self.views: list[RunView] = []
+        self.views_box = widgets.VBox()
+        self.report = widgets.HTML()
+        children: list[Any] = []
+        if launcher is not None:
+            options = list(available)
+            chosen = [d for d in (selected or options[:2]) if d in options] or options[:1]
+            self.picker = widgets.SelectMultiple(options=options, value=tuple(chosen), rows=min(6, len(options)),
+                                                 description="devices")
+            self.validate_button = widgets.Button(description="Validate", icon="check")
+            self.launch_button = widgets.Button(description="Launch", icon="play", button_style="success")
+            self.validate_button.on_click(lambda _: self.validate())
+            self.launch_button.on_click(lambda _: self.launch())
+            children.append(widgets.HBox([self.picker, widgets.VBox([self.validate_button, self.launch_button])]))
+            children.append(self.report)
+        children.append(self.views_box)
+        self.children = children
+        if run is not None:
+            self.show(run)
+
+    def chosen_devices(self) -> list[str]:
+        # ranks follow the order of the picker's options, so cpu:0 stays the main worker
+        return [d for d in self.picker.options if d in self.picker.value]
+
+    def validate(self) -> bool:
+        assert self.validator is not None
+        report = self.validator(self.chosen_devices())
+        self.report.value = report_html(report)
+        return report.ok
+
+    def launch(self) -> Optional[Any]:
+        if self.launcher is None or not self.validate():
+            return None
+        try:
+            run = self.launcher(self.chosen_devices())
+        except DDPNotebookError as e:
+            self.report.value = f'<span style="color:{RED}">{escape(str(e))}</span>'
+            return None
+        self.show(run)
+        return run
+
+    def show(self, run: Any, title: Optional[str] = None) -> RunView:
+        """Add a view of ``run`` (a retry's view goes below the run it retries)."""
+        def on_retry(devices: list[str], parent: Any = run) -> Any:
+            new = parent.retry(device=devices[0]) if len(devices) == 1 else parent.retry(devices=devices)
+            self.show(new, title=f"retry of {parent.id} on {','.join(devices)}")
+            return new
+
+        view = RunView(run, title=title, on_retry=on_retry if hasattr(run, "retry") else None)
+        self.views.append(view)
+        self.views_box.children = list(self.views)
+        return view
+
+    def __repr__(self) -> str:
+        return "\n".join(repr(v) for v in self.views) or "DDPPanel (no run yet)"

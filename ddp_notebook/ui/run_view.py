@@ -1,0 +1,228 @@
+"""The live view of one run (ipywidgets 8): it renders the run's state and nothing else.
+
+``RunView`` shows a header with Stop, one row per rank (status badge, progress bar,
+step/epoch/loss/rate/elapsed, last output line), a loss plot, the failure card with its retry
+buttons, and each rank's output. It needs only ``state`` and ``subscribe`` of what it shows: a
+``Run``, or a ``core.stream.EventStream`` fed by hand (a log read from disk, a test).
+
+Widget attributes are set from the refresher thread: ipywidgets sends those updates while a
+cell runs, whereas button clicks wait until the kernel is idle, which is why launches return
+at once.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+from html import escape
+from typing import Any, Callable, Optional
+
+import ipywidgets as widgets
+
+from ..core.errors import DDPNotebookError
+from ..core.state import RunState, WorkerState, WorkerStatus
+from .html import RED, badge, failure_card_html
+from .text import format_metric, format_run
+
+__all__ = ["RunView", "FullText"]
+
+REFRESH_S = 0.25  # widget updates at most this often
+PLOT_S = 1.0  # the loss plot is redrawn at most this often
+
+
+class FullText:
+    """ipywidgets cuts a widget's text/plain to 110 characters; ours is the run's text view,
+    which nbval and text-only front ends read whole."""
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        data = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        data["text/plain"] = repr(self)
+        return data
+
+
+class _Row:
+    """The widgets of one rank."""
+
+    def __init__(self, rank: int, device: str, place: Optional[str] = None) -> None:
+        where = f"<br><small>{escape(place)}</small>" if place else ""
+        self.name = widgets.HTML(f"<b>rank {rank}</b> <code>{escape(device)}</code>" + (" <i>main</i>" if rank == 0 else "")
+                                 + where, layout=widgets.Layout(width="150px"))
+        self.badge = widgets.HTML(layout=widgets.Layout(width="90px"))
+        self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="180px"))
+        self.text = widgets.HTML(layout=widgets.Layout(width="380px"))
+        self.last = widgets.HTML(layout=widgets.Layout(flex="1"))
+        self.box = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
+                                layout=widgets.Layout(padding="2px", border="1px solid transparent"))
+
+
+class RunView(FullText, widgets.VBox):
+    """Live view of one run (a ``Run``, or anything with ``state`` and ``subscribe``).
+
+    ``on_retry(devices) -> run`` is called by the card's retry buttons; the panel that owns the
+    view shows the new run below it.
+    """
+
+    def __init__(self, run: Any, title: Optional[str] = None,
+                 on_retry: Optional[Callable[[list[str]], Any]] = None, live: Optional[bool] = None) -> None:
+        super().__init__()
+        self.run = run
+        self.on_retry = on_retry
+        self.title = widgets.HTML()
+        self.subtitle = title
+        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
+                                          layout=widgets.Layout(width="90px"))
+        self.stop_button.on_click(lambda _: self._stop())
+        self.rows: dict[int, _Row] = {}
+        self.rows_box = widgets.VBox()
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(width="520px", display="none"))
+        self.card = widgets.HTML()
+        self.retry_device = widgets.Dropdown(description="device", layout=widgets.Layout(width="200px"))
+        self.retry_single = widgets.Button(description="Retry on single device", button_style="primary",
+                                           icon="redo", layout=widgets.Layout(width="210px"))
+        self.retry_without = widgets.Button(description="Retry without the failed device", icon="redo",
+                                            layout=widgets.Layout(width="250px"))
+        self.retry_single.on_click(lambda _: self._retry([self.retry_device.value]))
+        self.retry_without.on_click(lambda _: self._retry(self._healthy_devices()))
+        self.card_box = widgets.VBox([self.card, widgets.HBox([self.retry_device, self.retry_single,
+                                                               self.retry_without])],
+                                     layout=widgets.Layout(display="none"))
+        self.outputs = widgets.Tab()
+        self.output_box = widgets.Accordion(children=[self.outputs], titles=("Output per device",),
+                                            selected_index=None)
+        self.message = widgets.HTML()
+        self.children = [widgets.HBox([self.title, self.stop_button]), self.rows_box, self.plot, self.card_box,
+                         self.message, self.output_box]
+        self._dirty = threading.Event()
+        self._plotted_at = 0.0
+        self._plotted_points = -1
+        self._lock = threading.Lock()
+        run.subscribe(lambda _event: self._dirty.set())
+        self.refresh()
+        if live if live is not None else not getattr(run, "done", True):
+            threading.Thread(target=self._follow, name="ddp-panel", daemon=True).start()
+
+    # ---- rendering -------------------------------------------------------------------------
+    def _follow(self) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            self.refresh()
+            if getattr(self.run, "done", False) and self.run.state.finished:
+                self.refresh(force_plot=True)
+                return
+            time.sleep(REFRESH_S)  # throttle: one redraw per period, however many events came
+
+    def refresh(self, force_plot: bool = False) -> None:
+        """Bring every widget in line with the run state (thread-safe)."""
+        with self._lock:
+            state: RunState = self.run.state
+            now = time.time()
+            end = state.ended_at or now
+            elapsed = f"{end - state.started_at:.1f} s" if state.started_at else ""
+            sub = f" — {escape(self.subtitle)}" if self.subtitle else ""
+            self.title.value = (f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
+                                f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
+            self.stop_button.layout.display = "none" if state.finished else ""
+            if set(self.rows) != set(state.workers):
+                self.rows = {r: _Row(r, w.device, w.place) for r, w in sorted(state.workers.items())}
+                self.rows_box.children = [row.box for row in self.rows.values()]
+                self.outputs.children = [widgets.HTML() for _ in self.rows]
+                for i, r in enumerate(self.rows):
+                    self.outputs.set_title(i, f"rank {r} {state.workers[r].label}")
+            failed_ranks = state.causing_ranks
+            for r, row in self.rows.items():
+                self._render_row(row, state.workers[r], r in failed_ranks, now)
+            for i, r in enumerate(self.rows):
+                lines = [text for _stream, text in state.workers[r].output][-200:]
+                self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
+            self._render_card(state)
+            self._render_plot(state, now, force_plot)
+
+    def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
+        row.badge.value = badge(w.status)
+        if w.total:
+            row.bar.value = min(1.0, (w.step or 0) / w.total)
+        elif w.status == "succeeded":
+            row.bar.value = 1.0
+        row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(w.status, "info")
+        bits = []
+        if w.step is not None:
+            bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")
+        if w.epoch is not None:
+            bits.append(f"epoch {w.epoch}")
+        for key in ("loss", "samples_per_s"):
+            if key in w.metrics:
+                bits.append(f"{'samples/s' if key == 'samples_per_s' else key} {format_metric(w.metrics[key])}")
+        bits += [f"{k} {format_metric(v)}" for k, v in w.metrics.items() if k not in ("loss", "samples_per_s")][:3]
+        if w.started_at:
+            bits.append(f"{(w.ended_at or now) - w.started_at:.0f} s")
+        row.text.value = " · ".join(bits)
+        row.last.value = f'<code style="color:#6c757d">{escape(w.last_line[-120:])}</code>'
+        row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
+        if caused_failure and "ddp-failed-row" not in row.box._dom_classes:
+            row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests
+
+    def _render_card(self, state: RunState) -> None:
+        root = state.root_failure
+        if root is None:
+            self.card_box.layout.display = "none"
+            return
+        self.card.value = failure_card_html(root, state.failures)
+        options = list(state.devices)
+        self.retry_device.options = options
+        default = self._default_retry_device()
+        if default in options and self.retry_device.value not in options:
+            self.retry_device.value = default
+        has_retry = self.on_retry is not None and state.finished
+        self.retry_single.disabled = not has_retry
+        self.retry_without.disabled = not has_retry or not self._healthy_devices()
+        self.card_box.layout.display = ""
+
+    def _render_plot(self, state: RunState, now: float, force: bool) -> None:
+        points = sum(len(w.loss_history) for w in state.workers.values())
+        if points == 0 or points == self._plotted_points or (not force and now - self._plotted_at < PLOT_S):
+            return
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(5.2, 2.2), dpi=100)
+        ax = fig.add_subplot()
+        for r, w in sorted(state.workers.items()):
+            if w.loss_history:
+                xs, ys = zip(*w.loss_history)
+                ax.plot(xs, ys, label=f"rank {r} ({w.device})", linewidth=1.2)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        FigureCanvasAgg(fig).print_png(buf)
+        self.plot.value = buf.getvalue()
+        self.plot.layout.display = ""
+        self._plotted_at, self._plotted_points = now, points
+
+    # ---- actions --------------------------------------------------------------------------
+    def _default_retry_device(self) -> str:
+        healthy = self.run.state.healthy_devices
+        return healthy[0] if healthy else self.run.state.devices[0]
+
+    def _healthy_devices(self) -> list[str]:
+        return self.run.state.healthy_devices
+
+    def _retry(self, devices: list[str]) -> None:
+        if self.on_retry is None or not devices:
+            return
+        try:
+            self.on_retry(devices)
+            self.message.value = ""
+        except DDPNotebookError as e:
+            self.message.value = f'<span style="color:{RED}">{escape(str(e))}</span>'
+
+    def _stop(self) -> None:
+        stop = getattr(self.run, "stop", None)
+        if stop is not None:
+            stop()
+            self.message.value = "Stopping: workers finish their step, then are terminated if they do not."
+
+    def __repr__(self) -> str:
+        return format_run(self.run.state)

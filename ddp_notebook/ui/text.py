@@ -1,0 +1,50 @@
+"""A run's state as plain text lines: for terminals, scripts, logs and ``text/plain`` reprs.
+
+>>> from ddp_notebook.core.state import RunState
+>>> s = RunState()
+>>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"]})
+>>> s.apply({"kind": "progress", "time": 2.0, "rank": 0, "step": 5, "total": 10, "epoch": 1, "metrics": {"loss": 0.25}})
+>>> print(format_worker(s.workers[0], now=2.0))
+rank 0 cpu:0 (main) starting   step 5/10 ( 50%) epoch 1 loss 0.25
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from ..core.state import RunState, WorkerState
+
+__all__ = ["format_worker", "format_run", "format_metric"]
+
+
+def format_metric(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
+    name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
+    parts = [f"{name:<17} {w.status:<10}"]
+    if w.step is not None:
+        if w.total:
+            parts.append(f"step {w.step}/{w.total} ({100 * w.step / w.total:3.0f}%)")
+        else:
+            parts.append(f"step {w.step}")
+    if w.epoch is not None:
+        parts.append(f"epoch {w.epoch}")
+    parts += [f"{k} {format_metric(v)}" for k, v in w.metrics.items()]
+    return " ".join(parts).rstrip()
+
+
+def format_run(state: RunState, now: Optional[float] = None) -> str:
+    """Several lines: the run's status, one line per rank, the root failure if any."""
+    now = time.time() if now is None else now
+    end = state.ended_at or now
+    elapsed = f" after {end - state.started_at:.1f} s" if state.started_at else ""
+    lines = [f"Run {state.run_id} {state.status}{elapsed} on {','.join(state.devices)} ({state.backend or '?'})"]
+    lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
+    root = state.root_failure
+    if root is not None:
+        lines.append("  " + root.headline())
+    return "\n".join(lines)

@@ -1,0 +1,16 @@
+"""How a worker process is started: what the local backend and ``process.main`` agree on.
+
+The backend runs ``python -m ddp_notebook.worker.process`` with ``BOOT_ENV`` holding the numbers
+of two inherited pipe ends (``event_fd`` to report, ``control_fd`` to hear) and whether the
+process is pooled. The assignment (a ``RankConfig``) arrives as one frame on the control pipe.
+"""
+from __future__ import annotations
+
+__all__ = ["MODULE", "BOOT_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE"]
+
+MODULE = "ddp_notebook.worker.process"
+BOOT_ENV = "DDP_NOTEBOOK_WORKER"
+EXIT_FAILED = 1  # the rank reported an error
+EXIT_ORPHANED = 75  # the notebook process went away
+STOP = b"s"  # on the control pipe: the run asks the rank to stop (ctx.should_stop)
+RELEASE = b"x"  # on the control pipe: every rank is done, leave

@@ -1,0 +1,84 @@
+"""How a rank's events leave it: one ``Channel`` with two carriers.
+
+``PipeChannel`` writes frames (``core.events``) to the pipe a worker process inherited;
+``DataChannel`` publishes ipyparallel data messages from an engine, under increasing keys that
+the notebook reads in order. Both stamp the rank and the time, and are safe to call from any
+thread (progress may be logged from a DataLoader or a callback thread).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ..core.events import encode, write_all
+from .boot import EXIT_ORPHANED, RELEASE, STOP
+
+__all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline"]
+
+
+class Channel:
+    """``send(event, blob=None)``: fill in rank and time, then hand the event to the carrier."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, event: dict[str, Any], blob: Optional[bytes] = None) -> None:
+        event.setdefault("rank", self.rank)
+        event.setdefault("time", time.time())
+        with self._lock:
+            self._carry(event, blob)
+
+    def _carry(self, event: dict[str, Any], blob: Optional[bytes]) -> None:
+        raise NotImplementedError
+
+
+class PipeChannel(Channel):
+    """Frames on an inherited pipe; a broken pipe means the notebook is gone: leave at once."""
+
+    def __init__(self, fd: int, rank: int) -> None:
+        super().__init__(rank)
+        self.fd = fd
+
+    def _carry(self, event: dict[str, Any], blob: Optional[bytes]) -> None:
+        try:
+            write_all(self.fd, encode(event, blob))
+        except OSError:
+            os._exit(EXIT_ORPHANED)
+
+
+class DataChannel(Channel):
+    """ipyparallel data messages, keyed so the notebook reads them in order (no attachments:
+    an engine's result is the return value of its call)."""
+
+    def __init__(self, rank: int, publish: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
+        super().__init__(rank)
+        if publish is None:
+            from ipyparallel.datapub import publish_data  # only on an engine
+
+            publish = publish_data
+        self._publish = publish
+        self._seq = itertools.count()
+
+    def _carry(self, event: dict[str, Any], blob: Optional[bytes]) -> None:
+        self._publish({f"{next(self._seq):012d}": event})
+
+
+def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) -> None:
+    """Read the control pipe of a worker process: ``STOP`` = stop asked, ``RELEASE`` = every rank
+    is done; EOF = the notebook is gone, so leave at once."""
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(EXIT_ORPHANED)
+        if STOP in data:
+            stop.set()
+        if RELEASE in data:
+            release.set()
+            return

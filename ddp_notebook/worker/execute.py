@@ -1,0 +1,155 @@
+"""Running one rank of a run: set up, call the function, return its result.
+
+Shared by worker processes (``process``) and ipyparallel engines (``engine``): the environment,
+``sys.path`` and threads of the rank, unpickling the call, the device and the process group
+(file rendezvous), the ``WorkerContext``, the call itself and the pickled result. Failures are
+raised with ``where.phase`` saying how far the rank got; ``error_event`` turns them into the
+event the supervisor makes a ``WorkerFailure`` of.
+"""
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import linecache
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import IO, Any, Callable, Optional
+
+from ..core import pickling
+from ..core.events import EventKind, RankConfig
+from ..core.failures import Phase
+from ..core.rundir import RunDir
+from ..core.stall import is_runner_file
+from . import context, teardown
+from .context import WorkerContext
+from .peers import await_peers
+
+__all__ = ["Where", "execute", "error_event", "flush_std", "warm_up", "install_stack_dump", "remove_stack_dump"]
+
+
+class Where:
+    """How far a rank got (its ``Phase``): error events say it."""
+
+    phase: Phase = Phase.STARTUP
+
+
+def warm_up(preload_dynamo: bool) -> None:
+    """Import what every run needs before a run is assigned: a pooled worker pays this ahead."""
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    if preload_dynamo:
+        # DistributedDataParallel imports torch._dynamo on first use (about 1 s on a small
+        # machine): a pooled worker imports it while idle; a cold one only if the run needs it.
+        import torch._dynamo  # noqa: F401
+
+
+def install_stack_dump(path: str) -> IO[str]:
+    """SIGUSR1 dumps every thread's Python stack into ``path`` (the stall watchdog reads it);
+    faulthandler writes even while the main thread is blocked in C code."""
+    stack_file = open(path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    return stack_file
+
+
+def remove_stack_dump(stack_file: IO[str]) -> None:
+    faulthandler.unregister(signal.SIGUSR1)
+    stack_file.close()
+
+
+def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: threading.Event,
+            where: Where) -> Optional[bytes]:
+    """Set up the rank described by ``cfg``, run the packed call and return the main worker's
+    pickled result (None on other ranks). Raises whatever the set-up or the function raised,
+    with ``where.phase`` saying in which phase."""
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    directory = RunDir(cfg["run_dir"])
+    ctx = None
+    try:
+        os.environ.update(cfg.get("env", {}))
+        for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": cfg.get("local_rank", rank),
+                           "LOCAL_WORLD_SIZE": cfg.get("local_world_size", world_size)}.items():
+            os.environ[key] = str(value)
+        cwd = cfg.get("cwd")
+        if cwd and os.path.isdir(cwd):  # an engine on another host may not have it
+            os.chdir(cwd)
+        for p in reversed(cfg.get("sys_path", [])):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        import torch
+        import torch.distributed as dist
+
+        if cfg.get("threads"):
+            torch.set_num_threads(int(cfg["threads"]))
+
+        # Before unpickling: code that binds destroy_process_group by name while it is imported
+        # must bind the version that defers the group's destruction.
+        teardown.hold()
+        where.phase = Phase.UNPICKLE
+        call = pickling.loads(payload)
+        # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
+        linecache.cache.update(call.get("sources", {}))
+        fn, args, kwargs = call["fn"], call["args"], call["kwargs"]
+
+        where.phase = Phase.INIT
+        kind, index = cfg["device"].split(":")
+        device = torch.device("cuda", int(index)) if kind == "cuda" else torch.device("cpu")
+        if kind == "cuda":
+            torch.cuda.set_device(int(index))
+        if cfg.get("meet_in_python"):
+            await_peers(directory.arrivals_dir, directory, rank, world_size, cfg.get("timeout"))
+        spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
+        if not spawn_mode:
+            dist.init_process_group(
+                backend=cfg["backend"], init_method="file://" + directory.rendezvous_path, rank=rank,
+                world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
+                **({"device_id": device} if kind == "cuda" else {}),
+            )
+            teardown.keep(dist.group.WORLD)
+
+        ctx = WorkerContext(
+            rank=rank, world_size=world_size, local_rank=cfg.get("local_rank", rank),
+            local_world_size=cfg.get("local_world_size", world_size), device=device, device_name=cfg["device"],
+            backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=send, stop_event=stop,
+            progress_interval=cfg.get("progress_interval", 0.1), resume_from=cfg.get("resume_from"),
+        )
+        context.set_current(ctx)
+        send({"kind": EventKind.READY})
+        where.phase = Phase.RUN
+        result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)
+        ctx.flush()
+        where.phase = Phase.RESULT
+        return pickling.dumps(result) if rank == 0 else None
+    except BaseException:
+        if ctx is not None:
+            ctx.flush()  # the last progress before the failure, for the panel and the report
+        raise
+
+
+def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
+    """The ``error`` event for ``exc``: its type, message and traceback without the runner's frames."""
+    # The first frames are this package's runner (main(), execute()): users need their own only.
+    tb_head = exc.__traceback__
+    while tb_head is not None and tb_head.tb_next is not None and is_runner_file(tb_head.tb_frame.f_code.co_filename):
+        tb_head = tb_head.tb_next
+    exc.__traceback__ = tb_head
+    tb = traceback.TracebackException.from_exception(exc)
+    return {
+        "kind": EventKind.ERROR,
+        "phase": phase,
+        "exc_type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": "".join(tb.format()),
+    }
+
+
+def flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream must not hide the outcome
+            pass

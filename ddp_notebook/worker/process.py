@@ -1,0 +1,67 @@
+"""The worker process: ``python -m ddp_notebook.worker.process`` (started by the local backend).
+
+It imports torch first, then waits for its assignment on its control pipe, so a pool can keep
+such processes warm between runs. It reports over an inherited pipe (never a socket), watches a
+second pipe as its lifeline (EOF = the notebook is gone: exit at once), runs its rank, and
+leaves with ``os._exit`` once the supervisor has every rank's result, so interpreter teardown
+can neither hang nor turn a success into a failure.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from ..core.events import EventKind, encode, read_frame, write_all
+from ..core.rundir import RunDir
+from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED
+from .channel import PipeChannel, watch_lifeline
+from .execute import Where, error_event, execute, flush_std, install_stack_dump, warm_up
+
+
+def main() -> None:
+    boot: dict[str, Any] = json.loads(os.environ.pop(BOOT_ENV))
+    # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    warm_error: Optional[BaseException] = None
+    try:
+        warm_up(bool(boot.get("pooled")))
+    except BaseException as e:  # noqa: BLE001 - reported once the worker knows its rank
+        warm_error = e
+    # Tell whoever holds this process that it is warm (the pool looks, the run logs it).
+    write_all(boot["event_fd"], encode({"kind": EventKind.WARM, "rank": -1, "pid": os.getpid(), "time": time.time()}))
+    cfg: Any = read_frame(boot["control_fd"])
+    if cfg is None:  # the pool was shut down, or the notebook is gone
+        os._exit(EXIT_ORPHANED)
+    channel = PipeChannel(boot["event_fd"], cfg["rank"])
+    stop, release = threading.Event(), threading.Event()
+    threading.Thread(target=watch_lifeline, args=(boot["control_fd"], stop, release),
+                     name="ddp-lifeline", daemon=True).start()
+    directory = RunDir(cfg["run_dir"])
+    stacks = install_stack_dump(directory.stack_file(cfg["rank"]))  # open until os._exit
+    channel.send({"kind": EventKind.STARTED, "pid": os.getpid(), "main_thread": threading.get_ident()})
+    where = Where()
+    try:
+        if warm_error is not None:
+            raise warm_error
+        with open(directory.payload_path, "rb") as f:
+            payload = f.read()
+        blob = execute(cfg, payload, channel.send, stop, where)
+        channel.send({"kind": EventKind.DONE}, blob)
+    except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
+        channel.send(error_event(exc, where.phase))
+        flush_std()
+        os._exit(EXIT_FAILED)
+    # Stay until every rank is done: a rank leaving early could cut a peer's last collective.
+    release.wait()
+    flush_std()
+    stacks.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from launch_bench import _mp_once  # noqa: E402 - the same torch.multiprocessing anchor
+from launch_bench import _mp_once
 
 
 def _step(ctx, fail: bool = False):

@@ -149,8 +149,9 @@ def failure_latency(launcher: str, fault: str) -> dict:
 
 
 def trial(launcher: str) -> dict:
-    import ddp_notebook  # imported before timing, like torch.multiprocessing (a notebook's %load_ext)
     import torch.multiprocessing  # noqa: F401
+
+    import ddp_notebook  # imported before timing, like torch.multiprocessing (a notebook's %load_ext)
 
     if launcher == "ddp_notebook-pool":
         ddp_notebook.pool.enable(2)  # what %load_ext does

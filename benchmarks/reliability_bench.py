@@ -76,7 +76,7 @@ def one_fork() -> str:
 
 
 def part(dynamo: bool, runs: int) -> dict:
-    import torch  # noqa: F401
+    import torch
 
     if dynamo:
         import torch._dynamo  # noqa: F401 - what a notebook that used torch.compile has done

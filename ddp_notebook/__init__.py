@@ -47,7 +47,8 @@ from .engine.run import Run
 from .recipes.fit import FitResult, fit
 from .recipes.spawn import spawn
 from .ui import display as _display
-from .ui.magics import load_ipython_extension as _load, unload_ipython_extension as _unload
+from .ui.magics import load_ipython_extension as _load
+from .ui.magics import unload_ipython_extension as _unload
 from .worker.context import WorkerContext, current_context
 
 __all__ = [

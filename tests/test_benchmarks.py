@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+
 import pytest
 
 pytestmark = pytest.mark.processes

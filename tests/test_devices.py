@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddp_notebook import Device, DeviceSpecError, parse_devices
 from ddp_notebook.core.devices import MAX_WORKERS, format_devices

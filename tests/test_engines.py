@@ -8,18 +8,22 @@ import ipaddress
 import os
 import sys
 
+import faults
 import ipyparallel as ipp
 import psutil
 import pytest
 import torch
+from helpers import wait_for
 
 import ddp_notebook
-from ddp_notebook import (EngineSelectionError, EngineUnavailableError, InvalidDevicesError, NotPicklableError,
-                          WorkerFailedError)
+from ddp_notebook import (
+    EngineSelectionError,
+    EngineUnavailableError,
+    InvalidDevicesError,
+    NotPicklableError,
+    WorkerFailedError,
+)
 from ddp_notebook.backends.ipyparallel.engines import Engines
-
-import faults
-from helpers import wait_for
 
 pytestmark = pytest.mark.engines
 

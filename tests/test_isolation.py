@@ -6,13 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import faults
 import psutil
+import pytest
+from helpers import wait_for
 
 import ddp_notebook
-
-import faults
-from helpers import wait_for
-import pytest
 
 pytestmark = pytest.mark.processes
 

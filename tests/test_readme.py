@@ -1,6 +1,7 @@
 """The README's example runs as written."""
 import os
 import re
+
 import pytest
 
 pytestmark = pytest.mark.processes

@@ -1,7 +1,8 @@
 import os
 
-from ddp_notebook.core.stall import _torch_dir, is_waiting_in_collective, main_thread_stack, pick_stalled
 import pytest
+
+from ddp_notebook.core.stall import _torch_dir, is_waiting_in_collective, main_thread_stack, pick_stalled
 
 pytestmark = pytest.mark.unit
 

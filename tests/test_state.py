@@ -1,6 +1,7 @@
+import pytest
+
 from ddp_notebook.core.failures import WorkerFailure
 from ddp_notebook.core.state import RunState
-import pytest
 
 pytestmark = pytest.mark.unit
 

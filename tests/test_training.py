@@ -1,12 +1,11 @@
 """The context's training helpers in a custom loop: shards, progress, agreed stop, checkpoints."""
 import os
 
+import pytest
 import torch
+from helpers import wait_for
 
 import ddp_notebook
-
-from helpers import wait_for
-import pytest
 
 pytestmark = pytest.mark.processes
 
@@ -16,7 +15,7 @@ def shard_indices(ctx, n, epochs):
 
     loader = ctx.loader(TensorDataset(torch.arange(n)), batch_size=4, shuffle=True)
     seen = []
-    for epoch in ctx.epochs(epochs):
+    for _epoch in ctx.epochs(epochs):
         seen.append([int(i) for (batch,) in ctx.batches(loader) for i in batch])
     out = [None] * ctx.world_size
     torch.distributed.all_gather_object(out, seen)

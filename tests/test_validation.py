@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ddp_notebook
 from ddp_notebook import InvalidDevicesError, StaticProbe, validate_devices

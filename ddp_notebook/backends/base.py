@@ -10,8 +10,9 @@ the cause, deadlines, the stall watchdog) is the supervisor's, written once for 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 from ..core.devices import Device, DeviceSpec
 from ..core.events import RankConfig
@@ -19,7 +20,7 @@ from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.validation import ValidationReport
 
-__all__ = ["Backend", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation"]
+__all__ = ["Backend", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,30 @@ class StartSpec:
     config: RankConfig
     threads_per_worker: Optional[int] = None  # None: the cores of the rank's host shared by its ranks
     env: dict[str, str] = field(default_factory=dict)  # the user's, wins over the backend's defaults
+
+
+def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], env: dict[str, str],
+                 meet_in_python: bool = False) -> list[RankConfig]:
+    """Every rank's assignment: ``spec.config`` and where the rank runs. Rank r runs on host
+    ``hosts[r]``, which has ``cores[r]`` cores: ``local_rank`` is its index among the ranks on that
+    host, and those ranks share its cores (``threads``, unless ``spec.threads_per_worker``).
+    ``env`` is the backend's environment for the ranks; the user's (``spec.env``) wins over it.
+
+    >>> spec = StartSpec(RunDir("/tmp/r"), [Device("cpu", i) for i in range(3)], b"", {"world_size": 3})
+    >>> configs = rank_configs(spec, ["a", "b", "a"], [8, 8, 8], {})
+    >>> [(c["local_rank"], c["local_world_size"], c["threads"]) for c in configs]
+    [(0, 2, 4), (0, 1, 8), (1, 2, 4)]
+    """
+    configs: list[RankConfig] = []
+    for rank, device in enumerate(spec.devices):
+        local = hosts.count(hosts[rank])
+        threads = spec.threads_per_worker or max(1, cores[rank] // local)
+        rank_env = dict(env, OMP_NUM_THREADS=str(threads))
+        rank_env.update(spec.env)
+        configs.append({**spec.config, "rank": rank, "device": str(device),
+                        "local_rank": hosts[:rank].count(hosts[rank]), "local_world_size": local, "threads": threads,
+                        "env": rank_env, "meet_in_python": meet_in_python})
+    return configs
 
 
 class Transport(ABC):

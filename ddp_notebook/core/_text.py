@@ -15,5 +15,5 @@ class TextEnum(str, Enum):
 
     __repr__ = str.__repr__
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]
     __hash__ = str.__hash__

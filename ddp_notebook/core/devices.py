@@ -18,8 +18,9 @@ worker to core N; every CPU worker computes on the CPU with ``cores // cpu_worke
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 from .errors import DeviceSpecError
 from .probes import default_probe

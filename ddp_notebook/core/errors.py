@@ -22,7 +22,8 @@ Nothing here imports torch or IPython, so the errors can be raised from the pure
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from .failures import WorkerFailure, render_failure_report
 
@@ -83,7 +84,8 @@ class WorkerFailedError(DDPNotebookError, RuntimeError):
     failure of the run (knock-on failures of peers marked ``consequence=True``).
     """
 
-    def __init__(self, failure: WorkerFailure, failures: Sequence[WorkerFailure], run_dir: Optional[str] = None) -> None:
+    def __init__(self, failure: WorkerFailure, failures: Sequence[WorkerFailure],
+                 run_dir: Optional[str] = None) -> None:
         self.failure = failure
         self.failures = tuple(failures)
         self.rank = failure.rank

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import signal as _signal
 import time as _time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from ._text import TextEnum
 
@@ -133,7 +134,7 @@ class WorkerFailure:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "WorkerFailure":
+    def from_dict(cls, data: dict[str, Any]) -> WorkerFailure:
         return cls(**data)
 
 
@@ -141,9 +142,9 @@ def failure_from_error(event: dict[str, Any], device: str, pid: Optional[int],
                        last_step: Optional[int]) -> WorkerFailure:
     """The failure a worker's ``error`` event reports (its phase says which kind)."""
     phase = Phase(event.get("phase", Phase.RUN))
-    return WorkerFailure(rank=event["rank"], device=device, kind=_PHASE_KIND[phase], time=event.get("time") or _time.time(),
-                         pid=pid,
-                         phase=phase, exc_type=event.get("exc_type"), message=event.get("message", ""),
+    return WorkerFailure(rank=event["rank"], device=device, kind=_PHASE_KIND[phase],
+                         time=event.get("time") or _time.time(), pid=pid, phase=phase,
+                         exc_type=event.get("exc_type"), message=event.get("message", ""),
                          traceback=event.get("traceback", ""), last_step=last_step)
 
 

@@ -19,13 +19,13 @@ __all__ = ["dumps", "loads"]
 loads = cloudpickle.loads
 
 try:
-    _code_reduce = cloudpickle.cloudpickle._code_reduce  # type: ignore[attr-defined]
+    _code_reduce = cloudpickle.cloudpickle._code_reduce
 except AttributeError:  # pragma: no cover - another cloudpickle: fall back to its own names
     _code_reduce = None
 
 
 def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
-    ctor, args = _code_reduce(code)  # type: ignore[misc]
+    ctor, args = _code_reduce(code)
     args = list(args)
     if "<dynamic-code>" in args:
         args[args.index("<dynamic-code>")] = code.co_filename
@@ -34,7 +34,7 @@ def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
 
 class _Pickler(cloudpickle.Pickler):
     if _code_reduce is not None:
-        _dispatch_table = dict(cloudpickle.Pickler._dispatch_table)  # type: ignore[attr-defined]
+        _dispatch_table = dict(cloudpickle.Pickler._dispatch_table)
         _dispatch_table[types.CodeType] = _code_reduce_keeping_filename
         dispatch_table = ChainMap(_dispatch_table, copyreg.dispatch_table)
 

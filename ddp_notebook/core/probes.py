@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 __all__ = ["Probe", "StaticProbe", "SubprocessProbe", "default_probe", "available_memory_bytes", "cpu_count"]
 

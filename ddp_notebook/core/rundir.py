@@ -64,7 +64,7 @@ class RunDir:
         self.id = os.path.basename(self.path)
 
     @classmethod
-    def create(cls, root: Optional[str] = None) -> "RunDir":
+    def create(cls, root: Optional[str] = None) -> RunDir:
         """A new, empty run directory under ``root`` (default ``default_run_root()``), owner-only."""
         run_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
         directory = cls(os.path.join(os.path.abspath(root or default_run_root()), run_id))

@@ -12,7 +12,8 @@ import linecache
 import os
 import re
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 from .failures import FailureKind, WorkerFailure
 
@@ -101,8 +102,12 @@ def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> l
     stalled = [r for r, w in sorted(waiting.items()) if not w]
     if stalled and len(stalled) < len(waiting):
         return stalled
-    lowest = min((steps.get(r) if steps.get(r) is not None else -1) for r in waiting)
-    return [r for r in sorted(waiting) if (steps.get(r) if steps.get(r) is not None else -1) == lowest]
+    def reached(rank: int) -> int:
+        step = steps.get(rank)
+        return -1 if step is None else step
+
+    lowest = min(reached(r) for r in waiting)
+    return [r for r in sorted(waiting) if reached(r) == lowest]
 
 
 def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int, str]:

@@ -180,8 +180,8 @@ class RunState:
             w.last_progress_at = t
             loss = (event.get("metrics") or {}).get("loss")
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-                x = event.get("step") if event.get("step") is not None else len(w.loss_history) + 1
-                w.loss_history.append((x, float(loss)))
+                step = event.get("step")
+                w.loss_history.append((float(step if step is not None else len(w.loss_history) + 1), float(loss)))
                 if len(w.loss_history) > LOSS_POINTS_KEPT:
                     w.loss_history = w.loss_history[::2]
         elif kind == EventKind.CHECKPOINT:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import IO, Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import IO, Any, Optional
 
 from .state import RunState
 
@@ -35,7 +36,7 @@ class EventStream:
         self._subscribers: list[Subscriber] = []
 
     @classmethod
-    def replay(cls, events: Iterable[dict[str, Any]]) -> "EventStream":
+    def replay(cls, events: Iterable[dict[str, Any]]) -> EventStream:
         """A stream holding ``events`` (read back from a log), with nothing written anywhere."""
         stream = cls()
         for event in events:

@@ -12,8 +12,9 @@ cuda:1 does not exist: 1 CUDA device is visible (cuda:0).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 from .devices import Device, DeviceSpec, format_devices, parse_devices
 from .errors import DDPNotebookError, DeviceSpecError

@@ -6,7 +6,8 @@ engine with ``engines=``. ``start_run`` is the one way a run starts; a retry is 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..backends.base import Backend
 from ..backends.ipyparallel.backend import IpyparallelBackend

@@ -11,8 +11,9 @@ import ast
 import inspect
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, Optional, TypedDict, TypeVar
+from typing import Any, Optional, TypedDict, TypeVar
 
 from ..backends.ipyparallel.engines import engines_of
 from ..core._text import TextEnum
@@ -106,8 +107,9 @@ def options_from(caller: str, given: dict[str, Any]) -> LaunchOptions:
 
 def _attribute_docs(cls: type) -> dict[str, str]:
     """The docstring under each annotated attribute of ``cls`` (as Sphinx reads them)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
-    return {a.target.id: b.value.value for a, b in zip(body, body[1:])
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(tree, ast.ClassDef)
+    return {a.target.id: str(b.value.value) for a, b in zip(tree.body, tree.body[1:])
             if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
             and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
 
@@ -128,7 +130,7 @@ def takes_launch_options(fn: F) -> F:
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     for f in fields(LaunchOptions):
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default_factory is MISSING else f.default_factory()
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
     fn.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     fn.__doc__ = (fn.__doc__ or "").rstrip() + "\n" + _options_doc()

@@ -4,7 +4,8 @@ closures and lambdas travel; and when something cannot travel, saying which piec
 from __future__ import annotations
 
 import linecache
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from ..core.errors import NotPicklableError
 from ..core.pickling import dumps
@@ -19,7 +20,7 @@ def _describe(obj: Any) -> str:
 
 def _filled(cell: Any) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:
         return False
     return True

@@ -17,14 +17,22 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from ..backends.base import Backend, StartSpec
 from ..core import pickling
 from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
-from ..core.errors import (DDPNotebookError, NoCheckpointError, NoResultError, RunStoppedError, SupervisionError,
-                           WaitTimeoutError, WorkerFailedError)
+from ..core.errors import (
+    DDPNotebookError,
+    NoCheckpointError,
+    NoResultError,
+    RunStoppedError,
+    SupervisionError,
+    WaitTimeoutError,
+    WorkerFailedError,
+)
 from ..core.events import EventKind, RankConfig
 from ..core.failures import WorkerFailure
 from ..core.rundir import RunDir
@@ -36,7 +44,7 @@ from .supervisor import Outcome, Supervisor, SupervisorOptions
 
 __all__ = ["Run", "WorkerTraceback", "Restart"]
 
-_live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 # How a run starts another with the same call: start_run with the packed call bound (a retry is a
 # new start, not a special path).
@@ -64,7 +72,7 @@ class Run:
     def __init__(self, directory: RunDir, stream: EventStream, devices: Sequence[Device], *,
                  runs_on: Optional[Backend] = None, options: Optional[LaunchOptions] = None,
                  settings: Optional[RunSettings] = None, report: Optional[ValidationReport] = None,
-                 parent: Optional["Run"] = None, restart: Optional[Restart] = None) -> None:
+                 parent: Optional[Run] = None, restart: Optional[Restart] = None) -> None:
         self.dir = directory
         self.id = directory.id
         self.run_dir = directory.path
@@ -82,7 +90,7 @@ class Run:
         self._result: Optional[bytes] = None
 
     @classmethod
-    def load(cls, run_dir: str) -> "Run":
+    def load(cls, run_dir: str) -> Run:
         """A finished run read back from its directory (for instance after a kernel restart):
         its state, events, failures and (when it succeeded) its result. It cannot be retried:
         the function and its arguments are not kept on disk.
@@ -96,7 +104,7 @@ class Run:
         return run
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def start(self, payload: bytes) -> "Run":
+    def start(self, payload: bytes) -> Run:
         """Start the ranks of this run (once) on its backend, and the thread that supervises them."""
         assert self.runs_on is not None and self._supervisor is None
         n = len(self.devices)
@@ -177,8 +185,10 @@ class Run:
 
     def output(self, rank: int, stream: Optional[str] = None) -> str:
         """Everything rank ``rank`` printed (``stream`` = "stdout" or "stderr" to choose one)."""
-        return "".join(e["text"] for e in self.stream.select(
-            lambda e: e["kind"] == EventKind.OUTPUT and e["rank"] == rank and (stream is None or e["stream"] == stream)))
+        def wanted(e: dict[str, Any]) -> bool:
+            return e["kind"] == EventKind.OUTPUT and e["rank"] == rank and stream in (None, e["stream"])
+
+        return "".join(e["text"] for e in self.stream.select(wanted))
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the run ends; return the main worker's return value.
@@ -203,8 +213,9 @@ class Run:
             error = WorkerFailedError(root, state.failures, self.run_dir)
             raise error from WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
         if state.supervisor_error is not None:
-            raise SupervisionError(f"the supervision of run {self.id} failed ({state.supervisor_error}); its workers "
-                                   f"were ended. This is a bug in ddp_notebook: the event log is {self.dir.events_path}")
+            raise SupervisionError(f"the supervision of run {self.id} failed ({state.supervisor_error}); its "
+                                   "workers were ended. This is a bug in ddp_notebook: the event log is "
+                                   f"{self.dir.events_path}")
         if self._result is None:
             if state.status == RunStatus.STOPPED:
                 raise RunStoppedError(f"run {self.id} was stopped ({state.stop_reason}) before the main "
@@ -228,7 +239,7 @@ class Run:
             self._finished.wait()
 
     def retry(self, device: Any = None, resume: bool = False, devices: Any = None,
-              **changes: Unpack[LaunchKwargs]) -> "Run":
+              **changes: Unpack[LaunchKwargs]) -> Run:
         """Run the same function with the same arguments and options again, on one device:
         by default the main device, or the first device that did not fail when it did
         (``devices=[...]`` for a list: a retry is a new start with a smaller device list).
@@ -251,7 +262,7 @@ class Run:
         options = replace(self.options, **{**where, **changes})  # what the caller chose wins
         return self._restart(devices, options, settings, self)
 
-    def retry_without_failed(self, resume: bool = False) -> "Run":
+    def retry_without_failed(self, resume: bool = False) -> Run:
         """Run again on the device list without the devices whose workers caused the failure."""
         causing = self.state.causing_ranks
         keep = [d for rank, d in enumerate(self.devices) if rank not in causing]

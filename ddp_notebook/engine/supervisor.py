@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..core.events import EventKind
@@ -134,7 +135,7 @@ class Supervisor:
                 if rank not in self.exited:  # ended by abandon() and close()
                     self._emit({"kind": EventKind.EXITED, "time": time.time(), "rank": rank,
                                 "pid": self.pids.get(rank), "exit_code": None, "signal": None, "by_supervisor": True})
-        except BaseException:  # noqa: BLE001 - the outcome still says what happened
+        except BaseException:
             log.error("the supervisor's error could not be recorded", exc_info=True)
 
     def _status(self) -> RunStatus:

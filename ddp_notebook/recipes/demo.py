@@ -19,7 +19,8 @@ def train_demo(ctx: Any, epochs: int = 3, samples: int = 4096, batch_size: int =
     x = torch.randn(samples, 16)
     y = x @ torch.randn(16, 1) + 0.1 * torch.randn(samples, 1)
     data = TensorDataset(x, y)
-    sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True)
+    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank,
+                                                          shuffle=True)
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.02)

@@ -10,8 +10,9 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from ..core.devices import Device, DeviceSpec
 from ..core.errors import FitConfigError, PreflightError, WorkerFailedError
@@ -99,7 +100,7 @@ def _preflight(spec: FitSpec, device: Device, options: LaunchOptions) -> None:
         preflight_step(None, spec)
     except FitConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - any bug in the user's model, loss or metrics
+    except Exception as e:
         raise PreflightError(f"The single-device preflight step on {device} failed, so no DDP worker was "
                              f"started: {type(e).__name__}: {e}") from e
 
@@ -162,7 +163,8 @@ def fit(
     train = _as_dataset(train_data, "train_data")
     valid = _as_dataset(valid_data, "valid_data")
     if not isinstance(model, torch.nn.Module) and not callable(model):
-        raise FitConfigError(f"model must be a torch.nn.Module or a function returning one, not {type(model).__name__}.")
+        raise FitConfigError("model must be a torch.nn.Module or a function returning one, "
+                             f"not {type(model).__name__}.")
     options = options_from("fit", dict(launch_options))
     report = validate_for(devices, options, dataset_size=len(train), batch_size=batch_size, drop_last=drop_last)
     if valid is not None and len(valid) == 0:

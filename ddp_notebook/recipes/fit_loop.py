@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..core.errors import FitConfigError
 
@@ -123,13 +124,13 @@ def _ranks_in_sync(module: Any, ctx: Any) -> bool:
     return bool(torch.equal(hi, lo))
 
 
-def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict]:
+def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
     torch.manual_seed(spec.seed)
     module = build_model(spec.model).to(ctx.device)
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     start = 0
     state = ctx.load_checkpoint()
     if state is not None:
@@ -141,7 +142,8 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict]:
         opt.load_state_dict(state["optimizer"])
     loader = ctx.loader(spec.train_data, batch_size=spec.batch_size, shuffle=spec.shuffle,
                         drop_last=spec.drop_last, seed=spec.seed)
-    best, patience_left, stopped_early = None, spec.early_stopping, False
+    best: Optional[float] = None
+    patience_left, stopped_early = spec.early_stopping or 0, False
     sign = 1.0 if spec.mode == "min" else -1.0
     for epoch in ctx.epochs(spec.epochs, start=start):
         started = time.perf_counter()
@@ -162,14 +164,14 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict]:
             ctx.log(loss=value.item())
         if ctx.world_size > 1:
             dist.all_reduce(totals)  # the cross-rank mean loss of the epoch
-        record: dict[str, Any] = {"epoch": epoch, "train_loss": float(totals[0] / max(totals[1], 1)),
+        record: dict[str, Any] = {"epoch": epoch, "train_loss": float(totals[0]) / max(float(totals[1]), 1.0),
                                   "seconds": time.perf_counter() - started}
         record["samples_per_s"] = float(totals[1]) / record["seconds"]
         if spec.valid_data is not None:
             box = [_evaluate(module, spec, ctx.device) if ctx.is_main else None]
             if ctx.world_size > 1:
                 dist.broadcast_object_list(box, src=0)  # every rank needs it to stop together
-            record.update(box[0])
+            record.update(box[0] or {})
         history.append(record)
         ctx.log(epoch=epoch, **{k: v for k, v in record.items() if k not in ("epoch", "seconds")})
         if spec.checkpoint:
@@ -188,5 +190,6 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict]:
     if not ctx.is_main:
         return None
     return {"state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()}, "history": history,
-            "ranks_in_sync": in_sync, "stopped_early": stopped_early, "resumed_from_epoch": start - 1 if state else None}
+            "ranks_in_sync": in_sync, "stopped_early": stopped_early,
+            "resumed_from_epoch": start - 1 if state else None}
 

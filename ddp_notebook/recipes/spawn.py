@@ -22,8 +22,9 @@ Example::
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
 from ..engine.launch import launch_with

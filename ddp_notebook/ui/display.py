@@ -6,7 +6,8 @@ live; the package does it on import inside IPython, and the extension on load.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..core.validation import ValidationReport
 from ..engine.run import Run

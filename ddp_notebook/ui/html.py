@@ -4,8 +4,9 @@ No IPython or widget imports: the panel and the magics put these strings on scre
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..core.failures import FailureKind, Phase, WorkerFailure, worker_name
 from ..core.validation import ValidationReport

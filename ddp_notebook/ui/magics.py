@@ -4,7 +4,8 @@ load and unload live here too."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -12,8 +13,15 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..backends.local import pool
 from ..core.devices import parse_devices
-from ..core.errors import (DDPNotebookError, DeviceSpecError, EngineSelectionError, EngineUnavailableError,
-                           FitConfigError, NoCheckpointError, NotPicklableError)
+from ..core.errors import (
+    DDPNotebookError,
+    DeviceSpecError,
+    EngineSelectionError,
+    EngineUnavailableError,
+    FitConfigError,
+    NoCheckpointError,
+    NotPicklableError,
+)
 from ..core.validation import InvalidDevicesError, validate_devices
 from ..engine.launch import default_devices, last_run, launch, set_default_devices
 from ..engine.run import Run
@@ -35,7 +43,8 @@ def _last_run() -> Run:
     return run
 
 
-def start_target(target: Any, name: str, devices: Optional[str], options: dict[str, Any]) -> tuple[Run, Callable[[Any], Run]]:
+def start_target(target: Any, name: str, devices: Optional[str],
+                 options: dict[str, Any]) -> tuple[Run, Callable[[Any], Run]]:
     """Start what ``%ddp_fit`` names (a function ``fn(ctx, ...)`` or a dict of ``fit`` arguments)
     without waiting; return the run and a function that relaunches it on other devices."""
     given = {k: v for k, v in options.items() if v is not None}
@@ -55,7 +64,7 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
             return run
     elif callable(target):
         params = inspect.signature(target).parameters
-        run_kwargs = {}
+        run_kwargs: dict[str, Any] = {}
         for key in ("epochs", "batch_size"):
             if key in given:
                 if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -74,10 +83,15 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
 
 @magics_class
 class DDPMagics(Magics):
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        return self.user_ns
+
     @magic_arguments()
     @argument("spec", nargs="?", help="device list to validate and make the default, e.g. cpu*2 or cuda:0,cuda:1")
     @line_magic
-    def ddp_devices(self, line):
+    def ddp_devices(self, line: str) -> None:
         """Show, validate and set the default device list of this kernel."""
         args = parse_argstring(self.ddp_devices, line)
         report = validate_devices(args.spec or default_devices())
@@ -94,33 +108,33 @@ class DDPMagics(Magics):
     @argument("--engines", help="run one rank per ipyparallel engine: the name of a Client or DirectView")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic
-    def ddp_fit(self, line):
+    def ddp_fit(self, line: str) -> Any:
         """Launch a DDP run in background workers and show its live panel; returns at once."""
         args = parse_argstring(self.ddp_fit, line)
         for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
                            (args.engines, "an ipyparallel Client or DirectView")):
-            if name is not None and name not in self.shell.user_ns:
+            if name is not None and name not in self.user_ns:
                 raise UsageError(f"%ddp_fit: there is no {name!r} in the notebook; define {what} with that name first")
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
-                   "engines": self.shell.user_ns[args.engines] if args.engines else None}
+                   "engines": self.user_ns[args.engines] if args.engines else None}
         try:
-            run, relaunch = start_target(self.shell.user_ns[args.func], args.func, args.devices, options)
+            run, relaunch = start_target(self.user_ns[args.func], args.func, args.devices, options)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_fit: {e}") from None
-        self.shell.user_ns["_ddp_run"] = run
+        self.user_ns["_ddp_run"] = run
         show_run(run, launcher=relaunch)
         if args.wait:
             return run.wait()
 
     @line_magic
-    def ddp_status(self, line):
+    def ddp_status(self, line: str) -> None:
         """Print the state of the last run."""
         print(format_run(_last_run().state))
 
     @magic_arguments()
     @argument("--grace", type=float, help="seconds before workers that ignore the request are terminated")
     @line_magic
-    def ddp_stop(self, line):
+    def ddp_stop(self, line: str) -> None:
         """Ask the last run to stop (ctx.should_stop), forced after the grace period."""
         args = parse_argstring(self.ddp_stop, line)
         _last_run().stop(grace=args.grace)
@@ -130,7 +144,7 @@ class DDPMagics(Magics):
     @argument("--resume", action="store_true", help="continue from the last checkpoint")
     @argument("--without-failed", action="store_true", help="retry on every device except the failed ones")
     @line_magic
-    def ddp_retry(self, line):
+    def ddp_retry(self, line: str) -> None:
         """Re-run the last run on a single device (or without its failed devices)."""
         args = parse_argstring(self.ddp_retry, line)
         run = _last_run()
@@ -139,7 +153,7 @@ class DDPMagics(Magics):
                 run.retry(device=args.device, resume=args.resume)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_retry: {e}") from None
-        self.shell.user_ns["_ddp_run"] = new
+        self.user_ns["_ddp_run"] = new
         show_run(new)
 
 

@@ -4,8 +4,9 @@ it; it renders and calls, nothing more.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from html import escape
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 import ipywidgets as widgets
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 from html import escape
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
-from ..core.state import RunState, WorkerState, WorkerStatus
+from ..core.state import RunState
 from .html import RED, badge, failure_card_html
 from .text import format_metric, format_run
 
@@ -45,8 +46,9 @@ class _Row:
 
     def __init__(self, rank: int, device: str, place: Optional[str] = None) -> None:
         where = f"<br><small>{escape(place)}</small>" if place else ""
-        self.name = widgets.HTML(f"<b>rank {rank}</b> <code>{escape(device)}</code>" + (" <i>main</i>" if rank == 0 else "")
-                                 + where, layout=widgets.Layout(width="150px"))
+        main = " <i>main</i>" if rank == 0 else ""
+        self.name = widgets.HTML(f"<b>rank {rank}</b> <code>{escape(device)}</code>{main}{where}",
+                                 layout=widgets.Layout(width="150px"))
         self.badge = widgets.HTML(layout=widgets.Layout(width="90px"))
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="180px"))
         self.text = widgets.HTML(layout=widgets.Layout(width="380px"))

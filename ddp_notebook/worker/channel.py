@@ -11,7 +11,8 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..core.events import encode, write_all
 from .boot import EXIT_ORPHANED, RELEASE, STOP

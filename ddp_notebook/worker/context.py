@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ..core.events import EventKind, to_json_value
 from .training import TrainingHelpers
 
 __all__ = ["WorkerContext", "current_context", "set_current"]
 
-_current: Optional["WorkerContext"] = None
+_current: Optional[WorkerContext] = None
 
 
-def current_context() -> Optional["WorkerContext"]:
+def current_context() -> Optional[WorkerContext]:
     """The context of the worker this code runs in (None outside a worker).
 
     Code started with ``ddp_notebook.spawn`` gets no context argument; it can still report
@@ -33,7 +34,7 @@ def current_context() -> Optional["WorkerContext"]:
     return _current
 
 
-def set_current(ctx: Optional["WorkerContext"]) -> None:
+def set_current(ctx: Optional[WorkerContext]) -> None:
     """Make ``ctx`` the context of this process (None when the rank is over, on an engine)."""
     global _current
     _current = ctx

@@ -16,7 +16,8 @@ import signal
 import sys
 import threading
 import traceback
-from typing import IO, Any, Callable, Optional
+from collections.abc import Callable
+from typing import IO, Any, Optional
 
 from ..core import pickling
 from ..core.events import EventKind, RankConfig
@@ -39,8 +40,8 @@ class Where:
 def warm_up(preload_dynamo: bool) -> None:
     """Import what every run needs before a run is assigned: a pooled worker pays this ahead."""
     import cloudpickle  # noqa: F401
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
+    import torch
+    import torch.distributed
 
     if preload_dynamo:
         # DistributedDataParallel imports torch._dynamo on first use (about 1 s on a small
@@ -107,7 +108,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
             dist.init_process_group(
                 backend=cfg["backend"], init_method="file://" + directory.rendezvous_path, rank=rank,
                 world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
-                **({"device_id": device} if kind == "cuda" else {}),
+                device_id=device if kind == "cuda" else None,
             )
             teardown.keep(dist.group.WORLD)
 

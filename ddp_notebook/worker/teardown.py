@@ -26,7 +26,6 @@ def hold() -> None:
     now on alive (its destruction deferred to ``release``)."""
     global _original
     import torch.distributed as dist
-
     from torch.distributed import distributed_c10d
 
     if _original is not None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
 
 from ..core.events import EventKind
 from ..core.rundir import RunDir, latest_checkpoint
@@ -30,13 +31,13 @@ class ShardedLoader:
     """A DataLoader over one rank's shard (``DistributedSampler``); the sampler's epoch is set
     on each pass, from the context's current epoch, so shuffling differs between epochs."""
 
-    def __init__(self, ctx: "TrainingHelpers", dataset: Any, batch_size: int, shuffle: bool, drop_last: bool,
+    def __init__(self, ctx: TrainingHelpers, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool,
                  seed: int, **loader_kwargs: Any) -> None:
         from torch.utils.data import DataLoader, DistributedSampler
 
         self._ctx = ctx
-        self.sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle,
-                                          seed=seed, drop_last=drop_last)
+        self.sampler: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last,
                                  **loader_kwargs)
         self.batch_size = batch_size

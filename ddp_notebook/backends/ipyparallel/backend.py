@@ -8,15 +8,15 @@ several hosts let gloo/NCCL pick the host's interface unless ``env`` names one.
 from __future__ import annotations
 
 import shutil
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from ...core.devices import Device, DeviceSpec, parse_devices
 from ...core.errors import EngineUnavailableError
-from ...core.events import RankConfig
 from ...core.probes import Probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport
-from ..base import Backend, StartSpec, Transport
+from ..base import Backend, StartSpec, Transport, rank_configs
 from .engines import Engines
 from .transport import EngineTransport
 from .validation import EngineProbe, validate_on_engines
@@ -61,15 +61,8 @@ class IpyparallelBackend(Backend):
         # Ranks on several hosts must reach each other over the network: gloo/nccl pick the host's
         # interface unless the user's env names one. An engine's torch is already set up, so
         # CUDA_VISIBLE_DEVICES would not apply there: it is not set.
-        configs: list[RankConfig] = []
-        for rank, device in enumerate(spec.devices):
-            local = hosts.count(hosts[rank])
-            threads = spec.threads_per_worker or max(1, int(info[rank].get("cpu_count", 1)) // local)
-            rank_env = dict(env, OMP_NUM_THREADS=str(threads))
-            rank_env.update(spec.env)
-            configs.append(dict(spec.config, rank=rank, device=str(device),  # type: ignore[misc]
-                                local_rank=hosts[:rank].count(hosts[rank]), local_world_size=local, threads=threads,
-                                env=rank_env, meet_in_python=True))
+        # Engines cannot be killed: ranks also meet in Python, where an interrupt is seen.
+        configs = rank_configs(spec, hosts, [int(i.get("cpu_count", 1)) for i in info], env, meet_in_python=True)
         return EngineTransport(self.engines.subset(range(n)), configs, spec.payload, spec.directory)
 
     def finished(self, directory: RunDir, world_size: int) -> None:

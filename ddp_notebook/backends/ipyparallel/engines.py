@@ -16,7 +16,8 @@ installed, and must see the run directory (``run_root``), where the process grou
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from ...core.errors import EngineSelectionError
 from ...worker.engine import describe_engine
@@ -53,7 +54,7 @@ class Engines:
             self._info = info
         return self._info
 
-    def subset(self, ranks: Sequence[int]) -> "Engines":
+    def subset(self, ranks: Sequence[int]) -> Engines:
         """The engines of the given ranks (for a retry), with what is known of them."""
         out = Engines(self.client, [self.ids[r] for r in ranks])
         if self._info is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ...core.events import EventKind, RankConfig
 from ...core.failures import Phase

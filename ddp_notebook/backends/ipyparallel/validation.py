@@ -6,7 +6,8 @@ answer or lacks torch, or another ddp_notebook version are findings like any oth
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from ...core.devices import Device, DeviceSpec, parse_devices
 from ...core.errors import DeviceSpecError
@@ -127,7 +128,7 @@ def _placement_findings(placed: list[tuple[int, int, dict[str, Any], Device]]) -
             out.append(Finding("error", "missing", f"{d} does not exist on engine {eid} (host {i.get('host')}): it "
                                f"sees {seen}.", str(d)))
     cpu_per_host: dict[str, list[int]] = {}
-    for _rank, eid, i, d in placed:
+    for _rank, _eid, i, d in placed:
         if d.kind == "cpu":
             cpu_per_host.setdefault(i.get("host", "?"), []).append(int(i.get("cpu_count", 1)))
     for host, cores in cpu_per_host.items():

@@ -7,14 +7,13 @@ at all, and each CPU worker computes with ``cores // workers`` threads.
 from __future__ import annotations
 
 import signal
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from ...core.devices import Device, DeviceSpec
-from ...core.events import RankConfig
+from ...core.devices import DeviceSpec
 from ...core.probes import Probe, cpu_count, default_probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
-from ..base import Backend, StartSpec, Transport
+from ..base import Backend, StartSpec, Transport, rank_configs
 from .pool import get_pool
 from .processes import WorkerProcess, start_worker
 from .transport import LocalTransport
@@ -50,20 +49,17 @@ class LocalBackend(Backend):
 
     def start(self, spec: StartSpec) -> Transport:
         n = len(spec.devices)
-        threads = spec.threads_per_worker or max(1, cpu_count() // n)
         # Gloo and NCCL listen on the loopback interface only; CPU runs see no GPU at all.
-        env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(threads)}
+        env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
         if all(d.kind == "cpu" for d in spec.devices):
             env["CUDA_VISIBLE_DEVICES"] = ""
-        env.update(spec.env)
+        configs = rank_configs(spec, ["localhost"] * n, [cpu_count()] * n, env)
         spec.directory.write_private(RunDir.PAYLOAD, spec.payload)
         workers: list[WorkerProcess] = []
         warm = get_pool().take(n)
         try:
             for rank, device in enumerate(spec.devices):
-                config: RankConfig = dict(spec.config, rank=rank, device=str(device), local_rank=rank,  # type: ignore[assignment]
-                                          local_world_size=n, threads=threads, env=env)
-                workers.append(start_worker(rank, device, config, warm[rank]))
+                workers.append(start_worker(rank, device, configs[rank], warm[rank]))
         except BaseException:
             for w in workers:
                 w.signal_group(signal.SIGKILL)

@@ -98,7 +98,7 @@ def _close_fds(*fds: Optional[int]) -> None:
 def _pidfd(pid: int) -> Optional[int]:
     # A pidfd becomes readable the moment the process exits: exits are seen without polling.
     try:
-        return os.pidfd_open(pid)  # type: ignore[attr-defined]
+        return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
 

@@ -11,7 +11,7 @@ import select
 import selectors
 import signal
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ...core.events import FrameDecoder
 from ...core.failures import signal_name
@@ -96,10 +96,10 @@ class LocalTransport(Transport):
             if rank in self._exited:
                 continue
             try:
-                info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                ended = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             except ChildProcessError:
-                info = True  # already reaped
-            if info is not None:
+                ended = True  # already reaped
+            if ended:
                 self._on_exit(rank, out)
 
     def _on_exit(self, rank: int, out: list[Observation]) -> None:

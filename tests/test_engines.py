@@ -36,7 +36,8 @@ def local_cluster(n=2):
     client = cluster.start_and_connect_sync()
     # The engines import the test helpers (faults) by name, as a user's engines would their own
     # modules; runs leave the engines' sys.path as they found it.
-    client[:].apply_sync(sys.path.insert, 0, os.path.dirname(os.path.abspath(__file__)))
+    # (apply_sync(sys.path.insert, ...) would insert into a copy of this process's sys.path)
+    client[:].execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})", block=True)
     try:
         yield client
     finally:
@@ -71,6 +72,19 @@ def test_launch_runs_one_rank_per_engine(rc):
     assert [w.status for w in run.workers] == ["succeeded", "succeeded"]
     assert [(w.step, w.total) for w in run.workers] == [(4, 4), (4, 4)]
     assert run.state.devices == ["cpu:0", "cpu:1"]
+
+
+def test_local_rank_counts_the_ranks_on_the_engines_host(rc):
+    def where(ctx):
+        return [ctx.local_rank, ctx.local_world_size, os.environ["LOCAL_RANK"]]
+
+    def all_ranks(ctx):
+        out = [None] * ctx.world_size
+        __import__("torch").distributed.all_gather_object(out, where(ctx))
+        return out
+
+    # both engines of this cluster are on this host
+    assert ddp_notebook.launch(all_ranks, engines=rc).wait(timeout=60) == [[0, 2, "0"], [1, 2, "1"]]
 
 
 def test_output_of_each_engine_is_kept_per_rank(rc):

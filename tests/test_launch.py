@@ -125,3 +125,41 @@ def test_finished_run_reloads_from_disk():
         loaded.wait()
     with pytest.raises(ddp_notebook.DDPNotebookError, match="cannot be retried"):
         loaded.retry()
+
+
+def test_local_rank_counts_the_ranks_on_this_host():
+    def where(ctx):
+        return ctx.local_rank, ctx.local_world_size, os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]
+
+    run = ddp_notebook.launch(where, devices="cpu*2")
+    assert run.wait(timeout=60) == (0, 2, "0", "2")
+
+
+def test_a_broken_supervisor_ends_the_workers_and_says_so(monkeypatch):
+    from ddp_notebook.engine.supervisor import Supervisor
+
+    def broken(self):
+        if self.steps:  # once a rank has made progress
+            raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(Supervisor, "_check_stall", broken)
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    with pytest.raises(ddp_notebook.SupervisionError, match=r"supervision of run \S+ failed \(RuntimeError: injected bug\)"):
+        run.wait(timeout=60)
+    assert run.status == "failed" and run.state.supervisor_error == "RuntimeError: injected bug"
+    assert all(w.status == "stopped" for w in run.workers)  # ended by the supervisor as it gave up
+    from ddp_notebook.ui.text import format_run
+
+    assert "supervision of this run failed: RuntimeError: injected bug" in format_run(run.state)
+    assert ddp_notebook.Run.load(run.run_dir).state.supervisor_error == "RuntimeError: injected bug"
+
+
+def test_a_subscriber_that_raises_is_logged_and_the_run_goes_on(caplog):
+    def bad(event):
+        raise ValueError("front-end bug")
+
+    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"steps": 2})
+    run.subscribe(bad)
+    with caplog.at_level("ERROR", logger="ddp_notebook.core.stream"):
+        assert run.wait(timeout=60) == [4.0, 4.0]
+    assert any("a subscriber of run" in r.getMessage() and r.exc_info[0] is ValueError for r in caplog.records)

@@ -111,3 +111,19 @@ def test_bad_arguments_raise_usage_errors(ip, line, words):
 def test_help_comes_from_magic_arguments(ip):
     doc = ip.find_line_magic("ddp_fit").__doc__
     assert "--devices" in doc and "--wait" in doc and "Launch a DDP run" in doc
+
+
+def test_a_run_shows_through_the_display_formatter_and_unload_removes_it(ip):
+    run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2")
+    run.wait(timeout=60)
+    with capture_output() as out:
+        data, _ = ip.display_formatter.format(run)
+    assert data == {} and "succeeded" in out.stdout and "rank 1 cpu:1" in out.stdout  # the text view, outside a notebook
+    ip.run_line_magic("unload_ext", "ddp_notebook")
+    try:
+        assert ip.find_line_magic("ddp_fit") is None and ddp_notebook.pool.status()["enabled"] is False
+        data, _ = ip.display_formatter.format(run)
+        assert data["text/plain"] == repr(run)
+    finally:
+        ip.run_line_magic("load_ext", "ddp_notebook")
+    assert ip.find_line_magic("ddp_fit") is not None

@@ -138,6 +138,9 @@ class RunView(FullText, widgets.VBox):
                 lines = [text for _stream, text in state.workers[r].output][-200:]
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
             self._render_card(state)
+            if state.supervisor_error is not None:
+                self.message.value = (f'<span style="color:{RED}">ddp_notebook\'s supervision of this run failed: '
+                                      f"{escape(state.supervisor_error)}</span>")
             self._render_plot(state, now, force_plot)
 
     def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:

@@ -47,4 +47,6 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     root = state.root_failure
     if root is not None:
         lines.append("  " + root.headline())
+    if state.supervisor_error is not None:
+        lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
     return "\n".join(lines)

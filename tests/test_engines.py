@@ -6,7 +6,6 @@ the environment, ipykernel's SIGINT handling back, no context (``engines_left_cl
 import contextlib
 import ipaddress
 import os
-import sys
 
 import faults
 import ipyparallel as ipp

@@ -86,7 +86,7 @@ class DDPMagics(Magics):
     @property
     def user_ns(self) -> dict[str, Any]:
         assert self.shell is not None
-        return self.user_ns
+        return self.shell.user_ns
 
     @magic_arguments()
     @argument("spec", nargs="?", help="device list to validate and make the default, e.g. cpu*2 or cuda:0,cuda:1")

@@ -27,6 +27,7 @@ from .core.errors import (
     EngineSelectionError,
     EngineUnavailableError,
     FitConfigError,
+    LaunchOptionError,
     NoCheckpointError,
     NoResultError,
     NotPicklableError,
@@ -58,7 +59,7 @@ __all__ = [
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
-    "NoCheckpointError", "PreflightError", "FitConfigError", "EngineSelectionError",
+    "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
     "EngineUnavailableError", "__version__",
 ]
 

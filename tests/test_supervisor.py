@@ -174,3 +174,22 @@ def test_an_exit_without_a_report_is_a_signal_an_exit_or_a_lost_engine(lost):
     root = stream.state.root_failure
     assert root.rank == 1 and root.kind == ("engine" if lost else "exit")
     assert root.summary().startswith("engine 1 died" if lost else "exited with code 3")
+
+
+def test_ranks_ended_because_the_notebook_leaves_are_stopped_not_failed():
+    transport = Scripted(script=[started(0) + started(1)])
+    sup, stream = supervise(transport)
+    transport.abandon = lambda: transport.later.extend([Exited(0, code=-9, signal="SIGKILL"),
+                                                        Exited(1, code=-9, signal="SIGKILL")])
+    threading.Timer(0.05, sup.abandon).start()
+    sup.supervise()
+    assert not stream.state.failures
+    assert [w.status for w in stream.state.workers.values()] == ["stopped", "stopped"]
+
+
+def test_a_rank_whose_report_waits_later_in_the_batch_is_not_awaited_as_silent():
+    transport = Scripted(script=[started(0) + started(1) + started(2),
+                                 [Exited(1, code=-9, signal="SIGKILL"), error(0, "reset"), Exited(0, code=1)]])
+    sup, stream = supervise(transport, n=3)
+    sup.supervise()
+    assert ("settle", (2,)) in transport.calls  # rank 0 has reported; only rank 2 is silent

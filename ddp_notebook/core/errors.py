@@ -7,6 +7,7 @@
     ├── InvalidDevicesError (ValueError)      a device list failed validation (in validation.py,
     │                                         beside the report it carries)
     ├── FitConfigError (ValueError)           an argument of fit() is not usable
+    ├── LaunchOptionError (ValueError)        a launch option is not usable
     ├── NotPicklableError (TypeError)         the call cannot be sent to the workers
     ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
     ├── EngineUnavailableError (RuntimeError) an engine left the cluster before the start
@@ -31,6 +32,7 @@ __all__ = [
     "DDPNotebookError",
     "DeviceSpecError",
     "FitConfigError",
+    "LaunchOptionError",
     "NotPicklableError",
     "WorkerFailedError",
     "SupervisionError",
@@ -54,6 +56,10 @@ class DeviceSpecError(DDPNotebookError, ValueError):
 
 class FitConfigError(DDPNotebookError, ValueError):
     """An argument of ``fit`` is not usable (nothing was started)."""
+
+
+class LaunchOptionError(DDPNotebookError, ValueError):
+    """A launch option (``stall_timeout``, ``timeout``, ...) is not usable (nothing was started)."""
 
 
 class EngineSelectionError(DDPNotebookError, TypeError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import sys
 import textwrap
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any, Optional, TypedDict, TypeVar
 
 from ..backends.ipyparallel.engines import engines_of
 from ..core._text import TextEnum
+from ..core.errors import LaunchOptionError
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -55,9 +57,28 @@ class LaunchOptions:
     """An ipyparallel ``Client`` or ``DirectView``: one rank per engine instead of local processes."""
 
     def __post_init__(self) -> None:
+        for name in ("timeout", "stall_timeout", "stop_grace", "kill_grace", "progress_interval"):
+            _check_seconds(name, getattr(self, name))
+        for name, least in (("threads_per_worker", 1), ("min_free_memory", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise LaunchOptionError(f"{name} must be a whole number >= {least} or None, not {value!r}")
         if self.engines is not None:
             object.__setattr__(self, "engines", engines_of(self.engines))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env or {}).items()})
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    """A duration option: finite seconds; ``timeout`` and ``stall_timeout`` (which may be None) > 0,
+    the others >= 0."""
+    if value is None and name == "stall_timeout":
+        return
+    positive = name in ("timeout", "stall_timeout")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        optional = " or None" if name == "stall_timeout" else ""
+        raise LaunchOptionError(f"{name} must be a number of seconds {bound}{optional}, not {value!r}")
 
 
 class LaunchKwargs(TypedDict, total=False):

@@ -106,7 +106,8 @@ class Supervisor:
         self.transport.wake()
 
     def abandon(self) -> None:
-        """The notebook process is leaving: end every rank now."""
+        """The notebook process is leaving: end every rank now (their ends are ours, not failures)."""
+        self.forced.update(self.ranks)
         self.transport.abandon()
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -243,7 +244,10 @@ class Supervisor:
             self._record(failure)
             return
         self._settling = [failure]
-        silent = [r for r in self.ranks if r not in self.reported and r not in self.exited]
+        # Ranks whose report is read but not yet handled (later in this batch) are not silent.
+        queued = {obs.rank for obs in self._pending if isinstance(obs, WorkerEvent)
+                  and obs.event.get("kind") in (EventKind.DONE, EventKind.ERROR)}
+        silent = [r for r in self.ranks if r not in self.reported and r not in self.exited and r not in queued]
         self._observe_all(self.transport.settle(silent))
         found, self._settling = self._settling, None
         ordered = order_failures(found)

@@ -19,6 +19,7 @@ from ..core.errors import (
     EngineSelectionError,
     EngineUnavailableError,
     FitConfigError,
+    LaunchOptionError,
     NoCheckpointError,
     NotPicklableError,
 )
@@ -33,7 +34,7 @@ from .text import format_run
 __all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "start_target"]
 
 _USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError,
-                  EngineSelectionError, EngineUnavailableError)
+                  EngineSelectionError, EngineUnavailableError, LaunchOptionError)
 
 
 def _last_run() -> Run:

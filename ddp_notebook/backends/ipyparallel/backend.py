@@ -63,6 +63,10 @@ class IpyparallelBackend(Backend):
         # CUDA_VISIBLE_DEVICES would not apply there: it is not set.
         # Engines cannot be killed: ranks also meet in Python, where an interrupt is seen.
         configs = rank_configs(spec, hosts, [int(i.get("cpu_count", 1)) for i in info], env, meet_in_python=True)
+        for config in configs:
+            # Even the user's: it would take effect in an engine that has not used CUDA yet, for the
+            # rest of the engine's life, and no longer match what validation saw there.
+            config["env"].pop("CUDA_VISIBLE_DEVICES", None)
         return EngineTransport(self.engines.subset(range(n)), configs, spec.payload, spec.directory)
 
     def finished(self, directory: RunDir, world_size: int) -> None:

@@ -6,7 +6,6 @@ at all, and each CPU worker computes with ``cores // workers`` threads.
 """
 from __future__ import annotations
 
-import signal
 from typing import Any, Optional
 
 from ...core.devices import DeviceSpec
@@ -62,9 +61,7 @@ class LocalBackend(Backend):
                 workers.append(start_worker(rank, device, configs[rank], warm[rank]))
         except BaseException:
             for w in workers:
-                w.signal_group(signal.SIGKILL)
-                w.reap()
-                w.close()
+                w.discard()
             for process in warm[len(workers):]:  # warm ones not assigned yet
                 if process is not None:
                     process.discard()

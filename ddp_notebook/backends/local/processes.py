@@ -63,8 +63,11 @@ class WorkerProcess:
             pass
 
     def signal_group(self, signum: int) -> None:
-        """Signal the worker's whole process group (it and anything it started)."""
-        if self.signalled is None and self.returncode is None:
+        """Signal the worker's whole process group (it and anything it started); nothing once it
+        has been reaped (its pid, and so its group id, may belong to another process by then)."""
+        if self.returncode is not None:
+            return
+        if self.signalled is None:
             self.signalled = signum
         try:
             os.killpg(self.popen.pid, signum)
@@ -84,6 +87,15 @@ class WorkerProcess:
     def close(self) -> None:
         _close_fds(self.control_fd, self.pidfd)
         self.control_fd = self.pidfd = None
+
+    def discard(self) -> None:
+        """End a worker whose run could not start: kill, reap, close every pipe."""
+        self.signal_group(signal.SIGKILL)
+        self.reap()
+        self.close()
+        _close_fds(self.event_fd)
+        self.stdout.close()
+        self.stderr.close()
 
 
 def _close_fds(*fds: Optional[int]) -> None:
@@ -162,9 +174,10 @@ def spawn_process(pooled: bool = False) -> Prestarted:
 def start_worker(rank: int, device: Device, config: RankConfig, process: Optional[Prestarted] = None) -> WorkerProcess:
     """Assign rank ``rank`` of a run to a worker process (a warm one from the pool, or a new one):
     ``config`` is the assignment, sent as one frame on the control pipe."""
+    frame = encode(dict(config))  # before a process exists: a config that cannot be sent leaves nothing
     process = process or spawn_process()
     try:
-        write_all(process.control_fd, encode(dict(config)))
+        write_all(process.control_fd, frame)
     except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
         pass
     return WorkerProcess(rank=rank, device=device, popen=process.popen, event_fd=process.event_fd,

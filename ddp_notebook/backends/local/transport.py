@@ -10,6 +10,7 @@ import os
 import select
 import selectors
 import signal
+import threading
 import time
 from collections.abc import Sequence
 
@@ -38,6 +39,8 @@ class LocalTransport(Transport):
         self._partial: dict[tuple[int, str], bytes] = {}
         self._fds: dict[tuple[int, str], int] = {}
         self._exited: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = False
         for w in workers:
             for name, fd in (("event", w.event_fd), ("stdout", w.stdout.fileno()), ("stderr", w.stderr.fileno())):
                 self._fds[(w.rank, name)] = fd
@@ -173,10 +176,13 @@ class LocalTransport(Transport):
 
     # ---- requests -------------------------------------------------------------------------------
     def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"!")
-        except OSError:
-            pass
+        # From another thread (Run.stop): never into a closed pipe, whose number may be reused.
+        with self._lock:
+            if not self._closed:
+                try:
+                    os.write(self._wake_w, b"!")
+                except OSError:
+                    pass
 
     def request_stop(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
@@ -214,5 +220,7 @@ class LocalTransport(Transport):
         for rank, kind in list(self._fds):
             self._close(rank, kind)
         self.sel.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._lock:
+            self._closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)

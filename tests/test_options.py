@@ -1,0 +1,37 @@
+"""Launch options: declared once, shown in every entry point's signature, checked before a start."""
+import inspect
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook import LaunchOptionError
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("timeout", float("inf"), "timeout must be a number of seconds > 0, not inf"),
+    ("timeout", 0, "timeout must be a number of seconds > 0, not 0"),
+    ("stall_timeout", -2.0, "stall_timeout must be a number of seconds > 0 or None, not -2.0"),
+    ("stop_grace", float("nan"), "stop_grace must be a number of seconds >= 0, not nan"),
+    ("kill_grace", "3", "kill_grace must be a number of seconds >= 0, not '3'"),
+    ("progress_interval", True, "progress_interval must be a number of seconds >= 0, not True"),
+    ("threads_per_worker", 0, "threads_per_worker must be a whole number >= 1 or None, not 0"),
+    ("min_free_memory", 1.5, "min_free_memory must be a whole number >= 0 or None, not 1.5"),
+])
+def test_a_bad_option_is_refused_before_anything_starts(option, value, words, tmp_path):
+    with pytest.raises(LaunchOptionError) as e:
+        ddp_notebook.launch(lambda ctx: None, devices="cpu:0", run_root=str(tmp_path), **{option: value})
+    assert str(e.value) == words and list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_option_names_the_known_ones():
+    with pytest.raises(TypeError, match=r"^launch\(\) got unexpected keyword argument\(s\) 'stall'; launch options "
+                                        r"are backend, engines, env, kill_grace"):
+        ddp_notebook.launch(lambda ctx: None, devices="cpu:0", stall=3)
+
+
+@pytest.mark.parametrize("entry", [ddp_notebook.launch, ddp_notebook.fit, ddp_notebook.spawn])
+def test_every_entry_point_shows_every_option(entry):
+    params = inspect.signature(entry).parameters
+    for name in ("stall_timeout", "kill_grace", "engines", "env", "run_root"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and name in entry.__doc__
+    assert params["timeout"].default == 1800.0 and params["env"].default == {}

@@ -45,18 +45,21 @@ def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions, probe: O
                                          probe=probe, **shards)
 
 
+def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe]) -> ValidationReport:
+    report = validate_for(devices, options, probe)
+    if not report.ok:
+        raise InvalidDevicesError(report)
+    return report
+
+
 def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings = RunSettings(),
               parent: Optional[Run] = None, probe: Optional[Probe] = None,
               report: Optional[ValidationReport] = None) -> Run:
     """Start a run of an already packed call; ``devices`` are validated here unless ``report``
     says they already were. Nothing is created when validation or placement refuses the run."""
     global _last_run
+    report = report or _validated(devices, options, probe)
     backend = backend_for(options)
-    if report is None:
-        report = backend.validate(devices, backend=options.backend, min_free_memory=options.min_free_memory,
-                                  probe=probe)
-        if not report.ok:
-            raise InvalidDevicesError(report)
     backend.check_placement(report.devices)
     directory = RunDir.create(options.run_root)
     run = Run(directory, EventStream(directory.open_log()), report.devices, runs_on=backend, options=options,
@@ -75,10 +78,7 @@ def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tup
                 report: Optional[ValidationReport] = None) -> Run:
     """``launch`` with its options already gathered (``fit`` and ``spawn`` use it). The devices
     are validated before the call is packed, unless ``report`` says they already were."""
-    if report is None:
-        report = validate_for(devices, options, probe)
-        if not report.ok:
-            raise InvalidDevicesError(report)
+    report = report or _validated(devices, options, probe)
     return start_run(pack_call(fn, args, kwargs), report.devices, options, settings, probe=probe, report=report)
 
 

@@ -127,3 +127,48 @@ def test_a_run_shows_through_the_display_formatter_and_unload_removes_it(ip):
     finally:
         ip.run_line_magic("load_ext", "ddp_notebook")
     assert ip.find_line_magic("ddp_fit") is not None
+
+
+def test_a_trailing_comment_is_not_an_argument(ip):
+    with capture_output() as out:
+        ip.run_line_magic("ddp_devices", "cpu*2                       # validate and make it the default")
+        ip.run_line_magic("ddp_status", "  # text summary of the last run")
+    assert "Device list 'cpu*2': OK" in out.stdout and ddp_notebook.default_devices() == "cpu*2"
+
+
+@pytest.mark.parametrize("line", ['"cpu:0, cpu:1"', "cpu:0, cpu:1", "'cpu:0,cpu:1'"])
+def test_device_lists_may_be_quoted_or_spaced(ip, line):
+    with capture_output() as out:
+        ip.run_line_magic("ddp_devices", line)
+    assert "rank 1 = cpu:1" in out.stdout and "OK" in out.stdout
+    ddp_notebook.set_default_devices("cpu*2")
+    with capture_output():
+        assert ip.run_line_magic("ddp_fit", f"train --devices {line} --epochs 1 --wait") == 2.0
+
+
+def test_an_unbalanced_quote_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match=r"""^%ddp_devices: cannot read '"cpu:0': no closing quotation"""):
+        ip.run_line_magic("ddp_devices", '"cpu:0')
+
+
+def test_stop_and_retry_say_what_they_do(ip):
+    with capture_output():
+        ip.run_line_magic("ddp_fit", "until_stopped")
+    run = ip.user_ns["_ddp_run"]
+    with pytest.raises(UsageError, match=rf"run {run.id} is still (starting|running); stop it first \(%ddp_stop\)"):
+        ip.run_line_magic("ddp_retry", "")
+    with capture_output() as out:
+        ip.run_line_magic("ddp_stop", "")
+    assert out.stdout.startswith(f"Stopping run {run.id} on cpu:0,cpu:1: each worker sees ctx.should_stop")
+    with capture_output():
+        ip.run_line_magic("ddp_retry", "--device cpu:1")  # waits for the stop to end, then retries
+    retry = ip.user_ns["_ddp_run"]
+    assert run.status == "stopped" and retry.parent is run
+    retry.stop(grace=20, wait=True)
+    with capture_output() as out:
+        ip.run_line_magic("ddp_stop", "")
+    assert out.stdout == f"Run {retry.id} has already ended (stopped): nothing to stop.\n"
+    with capture_output():
+        assert ip.run_line_magic("ddp_fit", "train --wait") == 4.0
+    with pytest.raises(UsageError, match=r"succeeded: there is nothing to retry \(%ddp_fit runs it again\)"):
+        ip.run_line_magic("ddp_retry", "")

@@ -86,6 +86,7 @@ class Run:
         self.parent = parent
         self._restart = restart
         self._finished = threading.Event()
+        self._stop_requested = False
         self._supervisor: Optional[Supervisor] = None
         self._result: Optional[bytes] = None
 
@@ -171,6 +172,11 @@ class Run:
         return self._finished.is_set()
 
     @property
+    def stop_requested(self) -> bool:
+        """True once ``stop()`` was called on this run while it ran (it may still be stopping)."""
+        return self._stop_requested
+
+    @property
     def workers(self) -> list[WorkerState]:
         """Per-rank state: rank, device, pid, status, step, total, epoch, metrics, output."""
         return [self.state.workers[r] for r in sorted(self.state.workers)]
@@ -233,6 +239,7 @@ class Run:
         """Ask every worker to stop (``ctx.should_stop`` becomes True); workers still running
         after ``grace`` seconds (default ``stop_grace``) are terminated."""
         if self._supervisor is not None and not self.done:
+            self._stop_requested = True
             self._supervisor.request_stop(self.options.stop_grace if grace is None else grace,
                                           "stopped by the user")
         if wait:

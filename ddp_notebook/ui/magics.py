@@ -3,13 +3,15 @@
 load and unload live here too."""
 from __future__ import annotations
 
+import argparse
 import inspect
+import shlex
 from collections.abc import Callable
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..backends.local import pool
 from ..core.devices import parse_devices
@@ -35,6 +37,22 @@ __all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "s
 
 _USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError,
                   EngineSelectionError, EngineUnavailableError, LaunchOptionError)
+
+
+def _parse(magic: Any, line: str) -> argparse.Namespace:
+    """A magic's arguments, read as a shell would: quotes group words, and a ``#`` outside quotes
+    starts a comment that is not an argument (``%ddp_devices cpu*2  # two workers``)."""
+    name = magic.__name__
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError as e:  # "No closing quotation"
+        raise UsageError(f"%{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
+    return magic.parser.parse_args(words)
+
+
+def _device_list(words: Optional[list[str]]) -> Optional[str]:
+    """Device-list words as one spec: ``cpu:0, cpu:1`` (two words) means ``cpu:0,cpu:1``."""
+    return " ".join(words) if words else None
 
 
 def _last_run() -> Run:
@@ -90,19 +108,19 @@ class DDPMagics(Magics):
         return self.shell.user_ns
 
     @magic_arguments()
-    @argument("spec", nargs="?", help="device list to validate and make the default, e.g. cpu*2 or cuda:0,cuda:1")
+    @argument("spec", nargs="*", help="device list to validate and make the default, e.g. cpu*2 or cuda:0,cuda:1")
     @line_magic
     def ddp_devices(self, line: str) -> None:
         """Show, validate and set the default device list of this kernel."""
-        args = parse_argstring(self.ddp_devices, line)
-        report = validate_devices(args.spec or default_devices())
-        if args.spec and report.ok:
-            set_default_devices(args.spec)
+        spec = _device_list(_parse(self.ddp_devices, line).spec)
+        report = validate_devices(spec or default_devices())
+        if spec and report.ok:
+            set_default_devices(spec)
         show_report(report)
 
     @magic_arguments()
     @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name")
-    @argument("-d", "--devices", help="device list (default: the one set with %%ddp_devices)")
+    @argument("-d", "--devices", nargs="+", help="device list (default: the one set with %%ddp_devices)")
     @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
     @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
     @argument("--stall-timeout", type=float, help="fail the run when no rank reports progress for this long")
@@ -111,7 +129,7 @@ class DDPMagics(Magics):
     @line_magic
     def ddp_fit(self, line: str) -> Any:
         """Launch a DDP run in background workers and show its live panel; returns at once."""
-        args = parse_argstring(self.ddp_fit, line)
+        args = _parse(self.ddp_fit, line)
         for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
                            (args.engines, "an ipyparallel Client or DirectView")):
             if name is not None and name not in self.user_ns:
@@ -119,7 +137,7 @@ class DDPMagics(Magics):
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
                    "engines": self.user_ns[args.engines] if args.engines else None}
         try:
-            run, relaunch = start_target(self.user_ns[args.func], args.func, args.devices, options)
+            run, relaunch = start_target(self.user_ns[args.func], args.func, _device_list(args.devices), options)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_fit: {e}") from None
         self.user_ns["_ddp_run"] = run
@@ -127,9 +145,11 @@ class DDPMagics(Magics):
         if args.wait:
             return run.wait()
 
+    @magic_arguments()
     @line_magic
     def ddp_status(self, line: str) -> None:
         """Print the state of the last run."""
+        _parse(self.ddp_status, line)
         print(format_run(_last_run().state))
 
     @magic_arguments()
@@ -137,8 +157,15 @@ class DDPMagics(Magics):
     @line_magic
     def ddp_stop(self, line: str) -> None:
         """Ask the last run to stop (ctx.should_stop), forced after the grace period."""
-        args = parse_argstring(self.ddp_stop, line)
-        _last_run().stop(grace=args.grace)
+        args = _parse(self.ddp_stop, line)
+        run = _last_run()
+        if run.done:
+            print(f"Run {run.id} has already ended ({run.status}): nothing to stop.")
+            return
+        grace = run.options.stop_grace if args.grace is None else args.grace
+        run.stop(grace=grace)
+        print(f"Stopping run {run.id} on {','.join(run.state.devices)}: each worker sees ctx.should_stop and may "
+              f"finish its step; those still running after {grace:g} s are ended.")
 
     @magic_arguments()
     @argument("--device", help="the device to retry on (default: the main one, or the first healthy one)")
@@ -147,8 +174,14 @@ class DDPMagics(Magics):
     @line_magic
     def ddp_retry(self, line: str) -> None:
         """Re-run the last run on a single device (or without its failed devices)."""
-        args = parse_argstring(self.ddp_retry, line)
+        args = _parse(self.ddp_retry, line)
         run = _last_run()
+        if not run.done and not run.stop_requested:
+            raise UsageError(f"%ddp_retry: run {run.id} is still {run.status}; stop it first (%ddp_stop)")
+        if not run.done:  # stopping: retry once it has ended (within its grace period)
+            run.stop(wait=True)
+        if run.status == "succeeded":
+            raise UsageError(f"%ddp_retry: run {run.id} succeeded: there is nothing to retry (%ddp_fit runs it again)")
         try:
             new = run.retry_without_failed(resume=args.resume) if args.without_failed else \
                 run.retry(device=args.device, resume=args.resume)

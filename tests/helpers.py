@@ -13,3 +13,13 @@ def wait_for(run, predicate, timeout=60.0):
     with cond:
         ok = cond.wait_for(lambda: predicate(run.state) or run.done, timeout)
     assert ok and predicate(run.state), f"condition not reached; run is {run.status}"
+
+
+def wait_until(condition, timeout=60.0, every=0.05):
+    """Wait for something outside any run (a file, another process) with a generous deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(every)

@@ -7,12 +7,10 @@ import contextlib
 import ipaddress
 import os
 
-import faults
 import ipyparallel as ipp
 import psutil
 import pytest
 import torch
-from helpers import wait_for
 
 import ddp_notebook
 from ddp_notebook import (
@@ -23,6 +21,9 @@ from ddp_notebook import (
     WorkerFailedError,
 )
 from ddp_notebook.backends.ipyparallel.engines import Engines
+
+import faults
+from helpers import wait_for
 
 pytestmark = pytest.mark.engines
 

@@ -1,10 +1,11 @@
 """Fault injection on the main and on a secondary rank, with real processes and gloo."""
-import faults
 import psutil
 import pytest
 
 import ddp_notebook
 from ddp_notebook import NotPicklableError, WorkerFailedError
+
+import faults
 
 pytestmark = pytest.mark.processes
 

@@ -1,13 +1,14 @@
 """The built-in fit with real 2-rank CPU runs."""
 import threading
 
-import models
 import psutil
 import pytest
 import torch
 
 import ddp_notebook
 from ddp_notebook import FitResult, InvalidDevicesError, NotPicklableError, PreflightError, WorkerFailedError
+
+import models
 
 pytestmark = pytest.mark.processes
 

@@ -1,4 +1,5 @@
 """Functions defined in a notebook's ``__main__``: in an IPython shell and in a real kernel."""
+import os
 
 import pytest
 from IPython.utils.capture import capture_output
@@ -73,6 +74,53 @@ def test_real_kernel_runs_a_cell_defined_function():
         tb = "\n".join(err["traceback"])
         assert 'raise ValueError(f"boom at step {step}")' in tb
         assert tb.rstrip().endswith("Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 1")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+LONG_RUN = '''
+import os, time, ddp_notebook
+def long_train(ctx, marker):
+    step = 0
+    while not ctx.should_stop:
+        step += 1
+        ctx.log(step=step)
+        if ctx.rank == 1 and step == 1:
+            open(marker, "w").close()
+        time.sleep(0.05)
+    return step
+'''
+
+
+def test_an_interrupt_during_a_blocking_wait_stops_the_run(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    from helpers import wait_until
+
+    marker = str(tmp_path / "training")
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        assert kc.execute_interactive(LONG_RUN, timeout=120)["content"]["status"] == "ok"
+        outputs = []
+        msg_id = kc.execute(f"run = ddp_notebook.launch(long_train, devices='cpu*2', args=({marker!r},))\n"
+                            "run.wait()")
+        wait_until(lambda: os.path.exists(marker), timeout=120)  # both ranks are training
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=120)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=120)
+        while True:  # what the cell printed before it ended
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["msg_type"] == "stream":
+                outputs.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert any("the interrupt stops run" in text for text in outputs), outputs
+        done = kc.execute_interactive("run.stop(wait=True); print(run.status, run.state.stop_reason)", timeout=120,
+                                      output_hook=lambda m: outputs.append(m["content"].get("text", "")))
+        assert done["content"]["status"] == "ok" and "stopped interrupted in the notebook\n" in outputs
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -6,12 +6,13 @@ import subprocess
 import sys
 import textwrap
 
-import faults
 import psutil
 import pytest
-from helpers import wait_for
 
 import ddp_notebook
+
+import faults
+from helpers import wait_for
 
 pytestmark = pytest.mark.processes
 

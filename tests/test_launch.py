@@ -2,12 +2,13 @@
 import json
 import os
 
-import faults
 import pytest
-from helpers import wait_for
 
 import ddp_notebook
 from ddp_notebook import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+
+import faults
+from helpers import wait_for
 
 pytestmark = pytest.mark.processes
 

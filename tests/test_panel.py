@@ -1,5 +1,4 @@
 """The widget panel: fed events with no kernel, then driven by a real failing 2-worker run."""
-import faults
 import pytest
 import torch  # noqa: F401 - the workers import it; importing here keeps timings comparable
 
@@ -8,6 +7,8 @@ from ddp_notebook.core.failures import WorkerFailure
 from ddp_notebook.core.stream import EventStream
 from ddp_notebook.ui.panel import DDPPanel
 from ddp_notebook.ui.run_view import RunView
+
+import faults
 
 START = {"kind": "run_started", "time": 100.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"], "backend": "gloo"}
 

@@ -1,10 +1,11 @@
 """The warm worker pool: runs take warm processes, each used once, refilled and resized after runs."""
-import faults
 import psutil
 import pytest
 
 import ddp_notebook
 from ddp_notebook import pool
+
+import faults
 
 pytestmark = pytest.mark.processes
 

@@ -1,9 +1,10 @@
 """Existing DDP code (tutorial style, its own init_process_group) under ddp_notebook.spawn."""
 import pytest
-import tutorial_ddp
 
 import ddp_notebook
 from ddp_notebook import WorkerFailedError
+
+import tutorial_ddp
 
 pytestmark = pytest.mark.processes
 

@@ -3,9 +3,10 @@ import os
 
 import pytest
 import torch
-from helpers import wait_for
 
 import ddp_notebook
+
+from helpers import wait_for
 
 pytestmark = pytest.mark.processes
 

@@ -201,8 +201,18 @@ class Run:
 
         Raises WorkerFailedError when a worker failed, RunStoppedError when the run was stopped
         before the main worker returned, WaitTimeoutError when ``timeout`` passes first
-        (the run goes on)."""
-        if not self._finished.wait(timeout):
+        (the run goes on). An interrupt (Kernel → Interrupt, Ctrl-C) stops the run: what the wait
+        was for is called off, so the workers are not left training unseen."""
+        try:
+            ended = self._finished.wait(timeout)
+        except KeyboardInterrupt:
+            if not self.done:
+                grace = self.options.stop_grace
+                self._request_stop(grace, "interrupted in the notebook")
+                print(f"ddp_notebook: the interrupt stops run {self.id}: each worker sees ctx.should_stop and may "
+                      f"finish its step; those still running after {grace:g} s are ended.", file=sys.stderr)
+            raise
+        if not ended:
             raise WaitTimeoutError(f"run {self.id} is still {self.status} after {timeout} s")
         return self._value()
 
@@ -238,12 +248,14 @@ class Run:
     def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
         """Ask every worker to stop (``ctx.should_stop`` becomes True); workers still running
         after ``grace`` seconds (default ``stop_grace``) are terminated."""
-        if self._supervisor is not None and not self.done:
-            self._stop_requested = True
-            self._supervisor.request_stop(self.options.stop_grace if grace is None else grace,
-                                          "stopped by the user")
+        self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
         if wait:
             self._finished.wait()
+
+    def _request_stop(self, grace: float, reason: str) -> None:
+        if self._supervisor is not None and not self.done:
+            self._stop_requested = True
+            self._supervisor.request_stop(grace, reason)
 
     def retry(self, device: Any = None, resume: bool = False, devices: Any = None,
               **changes: Unpack[LaunchKwargs]) -> Run:

@@ -73,3 +73,33 @@ def test_workers_exit_when_the_notebook_process_dies():
     alive = [p for p in alive if _running(p)]
     assert not alive, f"workers outlived their notebook: {alive}"
     kernel.stdout.close()
+
+
+CUT_OFF_SCRIPT = textwrap.dedent("""
+    import sys, threading, ddp_notebook
+    sys.path.insert(0, {tests!r})
+    import faults
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    seen = threading.Event()
+    run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
+    seen.wait(60)
+    print(run.run_dir, flush=True)
+    threading.Event().wait()
+""")
+
+
+def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason():
+    kernel = subprocess.Popen([sys.executable, "-c", CUT_OFF_SCRIPT.format(tests=os.path.dirname(__file__))],
+                              stdout=subprocess.PIPE, text=True)
+    run_dir = kernel.stdout.readline().strip()
+    kernel.send_signal(signal.SIGKILL)
+    kernel.wait()
+    kernel.stdout.close()
+    run = ddp_notebook.Run.load(run_dir)
+    assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
+    assert run.state.stop_reason.startswith("the notebook process that supervised it ended")
+    with pytest.raises(ddp_notebook.RunStoppedError, match="was stopped \\(the notebook process that supervised it ended"):
+        run.wait()
+    from ddp_notebook.ui.text import format_run
+
+    assert format_run(run.state).startswith(f"Run {run.id} stopped after ")

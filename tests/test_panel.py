@@ -113,3 +113,17 @@ def test_launch_controls_validate_before_launching():
     panel.launch_button.click()
     assert launched == [["cpu:0", "cpu:2"]]  # ranks follow the picker's order: cpu:0 stays main
     assert len(panel.views) == 1 and "valid" in panel.report.value
+
+
+def test_the_stopping_note_shows_while_stopping_and_goes_when_the_run_has_stopped():
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0}, {"kind": "ready", "time": 100.2, "rank": 1},
+               {"kind": "stopping", "time": 101.0, "reason": "stopped by the user"})
+    view = RunView(feed, live=False)
+    assert "Stopping (stopped by the user)" in view.note.value
+    for event in ({"kind": "done", "time": 101.5, "rank": 0},
+                  {"kind": "exited", "time": 102.0, "rank": 1, "exit_code": -15, "by_supervisor": True},
+                  {"kind": "run_finished", "time": 102.0, "status": "stopped"}):
+        feed.emit(event)
+    view.refresh()
+    assert view.note.value == "" and "stopped" in view.title.value
+    assert [row.badge.value.count(">stopped<") for row in view.rows.values()] == [1, 1]  # not "succeeded"

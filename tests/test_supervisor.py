@@ -136,7 +136,7 @@ def test_a_stop_is_cooperative_then_forced_and_an_interrupted_error_is_a_stop():
     assert outcome.status == RunStatus.STOPPED and outcome.result == b"x"
     assert ("stop", (0, 1)) in transport.calls and ("interrupt", (1,)) in transport.calls
     assert not stream.state.failures
-    assert [w.status for w in stream.state.workers.values()] == ["succeeded", "stopped"]
+    assert [w.status for w in stream.state.workers.values()] == ["stopped", "stopped"]
     assert stream.state.stop_reason == "stopped by the user"
 
 

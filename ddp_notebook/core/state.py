@@ -43,7 +43,7 @@ class WorkerStatus(TextEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"  # returned from the function
     FAILED = "failed"
-    STOPPED = "stopped"  # ended by the supervisor (a peer failed, or the user stopped the run)
+    STOPPED = "stopped"  # ended by the supervisor (a peer failed, a stop), or returned once a stop was asked
 
 
 @dataclass
@@ -191,7 +191,8 @@ class RunState:
                 w.output.append((event["stream"], line))
         elif kind == EventKind.DONE:
             w.returned = True
-            w.status = WorkerStatus.SUCCEEDED
+            # Returning after a stop was asked is leaving because of it: a stopped rank is "stopped".
+            w.status = WorkerStatus.STOPPED if self.stop_reason is not None else WorkerStatus.SUCCEEDED
         elif kind == EventKind.EXITED:
             w.pid = w.pid or event.get("pid")  # a worker ended before it said it started
             w.exit_code = event.get("exit_code")

@@ -100,6 +100,8 @@ class Run:
         """
         directory = RunDir(run_dir)
         stream = EventStream.replay(directory.read_events())
+        if not stream.state.finished:
+            _end_cut_off(stream)
         run = cls(directory, stream, parse_devices(stream.state.devices, cuda_count=lambda: 0))
         run._end(directory.read_result())
         return run
@@ -236,9 +238,6 @@ class Run:
             if state.status == RunStatus.STOPPED:
                 raise RunStoppedError(f"run {self.id} was stopped ({state.stop_reason}) before the main "
                                       "worker returned a result")
-            if not state.finished:
-                raise RunStoppedError(f"the event log of run {self.id} ends while it was {self.status}: the "
-                                      "process that supervised it ended before the run did")
             raise SupervisionError(f"run {self.id} ended without a result from the main worker; this is a bug in "
                                    f"ddp_notebook: the event log is {self.dir.events_path}")
         value = pickling.loads(self._result)
@@ -312,6 +311,22 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
+
+
+CUT_OFF = ("the notebook process that supervised it ended (a kernel restart or crash) before the run did, "
+           "and its workers ended with it")
+
+
+def _end_cut_off(stream: EventStream) -> None:
+    """A log that ends without the run's end: its notebook process died, and its workers with it
+    (their lifeline). Fold that ending in, in memory, at the time the run was last heard of."""
+    t = stream.events[-1].get("time") if stream.events else None
+    stream.emit({"kind": EventKind.STOPPING, "time": t, "reason": CUT_OFF})
+    for rank, w in sorted(stream.state.workers.items()):
+        if not w.finished:
+            stream.emit({"kind": EventKind.EXITED, "time": t, "rank": rank, "pid": w.pid, "exit_code": None,
+                         "signal": None, "by_supervisor": True})
+    stream.emit({"kind": EventKind.RUN_FINISHED, "time": t, "status": RunStatus.STOPPED})
 
 
 def _sys_path() -> list[str]:

@@ -91,9 +91,10 @@ class RunView(FullText, widgets.VBox):
         self.outputs = widgets.Tab()
         self.output_box = widgets.Accordion(children=[self.outputs], titles=("Output per device",),
                                             selected_index=None)
-        self.message = widgets.HTML()
-        self.children = [widgets.HBox([self.title, self.stop_button]), self.rows_box, self.plot, self.card_box,
-                         self.message, self.output_box]
+        self.note = widgets.HTML()  # what the run is doing that the rows do not say (stopping, ...)
+        self.message = widgets.HTML()  # the outcome of the user's last action here (a retry refused)
+        self.children = [widgets.HBox([self.title, self.stop_button]), self.note, self.rows_box, self.plot,
+                         self.card_box, self.message, self.output_box]
         self._dirty = threading.Event()
         self._plotted_at = 0.0
         self._plotted_points = -1
@@ -138,10 +139,19 @@ class RunView(FullText, widgets.VBox):
                 lines = [text for _stream, text in state.workers[r].output][-200:]
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
             self._render_card(state)
-            if state.supervisor_error is not None:
-                self.message.value = (f'<span style="color:{RED}">ddp_notebook\'s supervision of this run failed: '
-                                      f"{escape(state.supervisor_error)}</span>")
+            self.note.value = self._note(state)
             self._render_plot(state, now, force_plot)
+
+    def _note(self, state: RunState) -> str:
+        if state.supervisor_error is not None:
+            return (f'<span style="color:{RED}">ddp_notebook\'s supervision of this run failed: '
+                    f"{escape(state.supervisor_error)}</span>")
+        stopping = state.stop_reason is not None or getattr(self.run, "stop_requested", False)
+        if stopping and not state.finished:
+            reason = f" ({escape(state.stop_reason)})" if state.stop_reason else ""
+            return (f"<i>Stopping{reason}: each worker sees <code>ctx.should_stop</code> and may finish its step; "
+                    "those still running after the grace period are ended.</i>")
+        return ""
 
     def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
         row.badge.value = badge(w.status)
@@ -227,7 +237,7 @@ class RunView(FullText, widgets.VBox):
         stop = getattr(self.run, "stop", None)
         if stop is not None:
             stop()
-            self.message.value = "Stopping: workers finish their step, then are terminated if they do not."
+            self.refresh()
 
     def __repr__(self) -> str:
         return format_run(self.run.state)

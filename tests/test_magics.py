@@ -52,6 +52,7 @@ def test_ddp_devices_validates_and_sets_the_default(ip):
     with capture_output() as out:
         ip.run_line_magic("ddp_devices", "cpu:0,cpu:0")
     assert "cpu:0 is listed 2 times" in out.stdout and ddp_notebook.default_devices() == "cpu*2"
+    assert "The default device list stays 'cpu*2': runs without --devices use it." in out.stdout
 
 
 def test_ddp_fit_waits_and_returns_the_result(ip):

@@ -127,3 +127,31 @@ def test_the_stopping_note_shows_while_stopping_and_goes_when_the_run_has_stoppe
     view.refresh()
     assert view.note.value == "" and "stopped" in view.title.value
     assert [row.badge.value.count(">stopped<") for row in view.rows.values()] == [1, 1]  # not "succeeded"
+
+
+def test_the_clock_ticks_and_a_silent_rank_is_flagged_without_new_events():
+    import time
+
+    now = time.time()
+    feed = EventStream()
+    feed.emit(dict(START, time=now - 100))
+    for rank in (0, 1):
+        feed.emit({"kind": "ready", "time": now - 99, "rank": rank})
+    for i in range(5):  # reports every 0.5 s, then rank 1 goes quiet for a minute while rank 0 goes on
+        feed.emit({"kind": "progress", "time": now - 62 + i * 0.5, "rank": 1, "step": i + 1})
+        feed.emit({"kind": "progress", "time": now - 2 + i * 0.3, "rank": 0, "step": i + 1})
+    view = RunView(feed, live=True)
+    assert "no progress for 60 s" in view.rows[1].text.value and "no progress" not in view.rows[0].text.value
+    assert "no progress for 60 s" in repr(view)  # the text view says it too
+    first = view.title.value
+    deadline = time.monotonic() + 30
+    while view.title.value == first:  # no event arrives: only the view's own tick can move the clock
+        assert time.monotonic() < deadline, "the header clock did not move"
+        time.sleep(0.1)
+
+
+def test_metric_text_from_a_run_is_shown_literally():
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
+               {"kind": "progress", "time": 101.0, "rank": 0, "metrics": {"<b>x</b>": "<img src=x onerror=alert(1)>"}})
+    row = RunView(feed, live=False).rows[0]
+    assert "<img" not in row.text.value and "&lt;img src=x onerror=alert(1)&gt;" in row.text.value

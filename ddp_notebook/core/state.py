@@ -24,6 +24,10 @@ __all__ = ["RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
 LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
+# A running rank silent for longer than SILENCE_FACTOR times its usual gap between reports (and at
+# least SILENCE_FLOOR seconds) is shown as making no progress. Shown only: it never fails a run.
+SILENCE_FLOOR = 30.0
+SILENCE_FACTOR = 10.0
 
 
 class RunStatus(TextEnum):
@@ -64,6 +68,8 @@ class WorkerState:
     ended_at: Optional[float] = None
     exit_code: Optional[int] = None
     returned: bool = False
+    ready_at: Optional[float] = None
+    typical_gap: Optional[float] = None  # a moving average of the seconds between two progress reports
     output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
     loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
 
@@ -84,6 +90,21 @@ class WorkerState:
     def last_line(self) -> str:
         """The last line the worker printed (stdout or stderr)."""
         return self.output[-1][1] if self.output else ""
+
+    def silent_for(self, now: float) -> Optional[float]:
+        """Seconds this running rank has gone without a progress report (since it was ready, before
+        its first), when that is well over its usual gap; else None.
+
+        >>> w = WorkerState(0, "cpu:0", status=WorkerStatus.RUNNING, ready_at=0.0, last_progress_at=10.0,
+        ...                 typical_gap=0.5)
+        >>> w.silent_for(now=25.0), w.silent_for(now=45.0)
+        (None, 35.0)
+        """
+        since = self.last_progress_at if self.last_progress_at is not None else self.ready_at
+        if self.status != WorkerStatus.RUNNING or since is None:
+            return None
+        quiet = now - since
+        return quiet if quiet > max(SILENCE_FLOOR, SILENCE_FACTOR * (self.typical_gap or 0.0)) else None
 
     def stderr_tail(self, n: int = 30) -> list[str]:
         return [text for stream, text in self.output if stream == "stderr"][-n:]
@@ -170,6 +191,7 @@ class RunState:
             w.started_at = t
         elif kind == EventKind.READY:
             w.status = WorkerStatus.RUNNING
+            w.ready_at = t
             if self.status == RunStatus.STARTING:
                 self.status = RunStatus.RUNNING
         elif kind == EventKind.PROGRESS:
@@ -177,6 +199,9 @@ class RunState:
                 if event.get(key) is not None:
                     setattr(w, key, event[key])
             w.metrics.update(event.get("metrics") or {})
+            if t is not None and w.last_progress_at is not None:
+                gap = max(0.0, t - w.last_progress_at)
+                w.typical_gap = gap if w.typical_gap is None else 0.8 * w.typical_gap + 0.2 * gap
             w.last_progress_at = t
             loss = (event.get("metrics") or {}).get("loss")
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):

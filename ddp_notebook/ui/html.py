@@ -18,6 +18,7 @@ STATUS_COLORS = {
     "stopped": "#fd7e14",
 }
 RED = "#dc3545"
+ORANGE = "#fd7e14"
 
 
 def badge(text: str, color: Optional[str] = None) -> str:
@@ -36,7 +37,7 @@ def report_html(report: ValidationReport) -> str:
     findings = "".join(
         f'<li style="color:{RED if f.level == "error" else "#b8860b"}"><b>{f.level}</b>: {escape(f.message)}</li>'
         for f in report.findings)
-    backend = f" · backend <code>{report.backend}</code>" if report.backend else ""
+    backend = f" · backend <code>{escape(report.backend)}</code>" if report.backend else ""
     return (f'<div class="ddp-report"><b>Devices</b> <code>{escape(report.spec)}</code> {head}{backend}'
             f'{table}<ul>{findings}</ul></div>')
 

@@ -117,6 +117,8 @@ class DDPMagics(Magics):
         if spec and report.ok:
             set_default_devices(spec)
         show_report(report)
+        if spec and not report.ok:
+            print(f"The default device list stays {default_devices()!r}: runs without --devices use it.")
 
     @magic_arguments()
     @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name")

@@ -22,12 +22,13 @@ import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
 from ..core.state import RunState
-from .html import RED, badge, failure_card_html
-from .text import format_metric, format_run
+from .html import ORANGE, RED, badge, failure_card_html
+from .text import format_duration, format_metric, format_run
 
 __all__ = ["RunView", "FullText"]
 
 REFRESH_S = 0.25  # widget updates at most this often
+TICK_S = 1.0  # and at least this often while the run goes on: the clock and silences move without events
 PLOT_S = 1.0  # the loss plot is redrawn at most this often
 
 
@@ -107,7 +108,7 @@ class RunView(FullText, widgets.VBox):
     # ---- rendering -------------------------------------------------------------------------
     def _follow(self) -> None:
         while True:
-            self._dirty.wait()
+            self._dirty.wait(TICK_S)
             self._dirty.clear()
             self.refresh()
             if getattr(self.run, "done", False) and self.run.state.finished:
@@ -160,7 +161,7 @@ class RunView(FullText, widgets.VBox):
         elif w.status == "succeeded":
             row.bar.value = 1.0
         row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(w.status, "info")
-        bits = []
+        bits: list[str] = []
         if w.step is not None:
             bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")
         if w.epoch is not None:
@@ -171,7 +172,11 @@ class RunView(FullText, widgets.VBox):
         bits += [f"{k} {format_metric(v)}" for k, v in w.metrics.items() if k not in ("loss", "samples_per_s")][:3]
         if w.started_at:
             bits.append(f"{(w.ended_at or now) - w.started_at:.0f} s")
-        row.text.value = " · ".join(bits)
+        text = " · ".join(escape(bit) for bit in bits)  # metric names and values come from the run
+        silent = w.silent_for(now)
+        if silent is not None:
+            text += f' · <b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>'
+        row.text.value = text
         row.last.value = f'<code style="color:#6c757d">{escape(w.last_line[-120:])}</code>'
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
         if caused_failure and "ddp-failed-row" not in row.box._dom_classes:

@@ -14,13 +14,25 @@ from typing import Any, Optional
 
 from ..core.state import RunState, WorkerState
 
-__all__ = ["format_worker", "format_run", "format_metric"]
+__all__ = ["format_worker", "format_run", "format_metric", "format_duration"]
 
 
 def format_metric(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def format_duration(seconds: float) -> str:
+    """``45 s``, ``2 min``, ``1 h 5 min``.
+
+    >>> format_duration(45.2), format_duration(150), format_duration(3900)
+    ('45 s', '2 min', '1 h 5 min')
+    """
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
@@ -34,6 +46,9 @@ def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     if w.epoch is not None:
         parts.append(f"epoch {w.epoch}")
     parts += [f"{k} {format_metric(v)}" for k, v in w.metrics.items()]
+    silent = w.silent_for(time.time() if now is None else now)
+    if silent is not None:
+        parts.append(f"· no progress for {format_duration(silent)}")
     return " ".join(parts).rstrip()
 
 

@@ -102,14 +102,15 @@ import os, torch, ddp_notebook
     code("%ddp_devices cpu:0,cpu:0"),
     md("A device that does not exist (this machine has no GPU):"),
     code("%ddp_devices cuda:0"),
-    md("A rank whose data shard would be empty: 100 samples, 2 workers, batch size 64, `drop_last=True`:"),
+    md("Data whose shards would be empty (a data problem, named once): 100 samples, 2 workers, batch size 64, "
+       "`drop_last=True`:"),
     code("""
 x, y = torch.randn(100, 4), torch.randn(100, 1)
 try:
     ddp_notebook.fit(model=torch.nn.Linear(4, 1), train_data=(x, y), loss=torch.nn.MSELoss(),
                      batch_size=64, drop_last=True, devices="cpu*2")
-except ddp_notebook.InvalidDevicesError as e:
-    print(e.report.errors[1].message)
+except ddp_notebook.FitConfigError as e:
+    print(e)
 """),
     md("""
 ## A worker that raises

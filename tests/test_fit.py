@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import FitResult, InvalidDevicesError, NotPicklableError, PreflightError, WorkerFailedError
+from ddp_notebook import FitResult, NotPicklableError, PreflightError, WorkerFailedError
 
 import models
 
@@ -66,12 +66,16 @@ def test_validation_metrics_and_early_stopping():
 def test_empty_shard_is_refused_before_any_worker_starts(tmp_path):
     x, y = models.regression_data(n=100)
     before = psutil.Process().children(recursive=True)
-    with pytest.raises(InvalidDevicesError) as e:
+    with pytest.raises(ddp_notebook.FitConfigError) as e:
         ddp_notebook.fit(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), batch_size=64,
                          drop_last=True, devices="cpu*2", run_root=str(tmp_path))
-    assert ("Rank 1 (worker 1, cpu:1) would get 0 batches of training data: 100 samples over 2 workers is 50 per "
-            "worker, fewer than batch_size 64 with drop_last=True. Use batch_size <= 50, or drop_last=False, "
-            "or fewer devices.") in str(e.value)
+    assert str(e.value) == (  # a data problem, said once, not an invalid device list
+        "Each of the 2 workers would get 0 batches of training data: 100 samples over 2 workers is 50 per "
+        "worker, fewer than batch_size 64 with drop_last=True. Use batch_size <= 50, or drop_last=False, "
+        "or fewer devices.")
+    with pytest.raises(ddp_notebook.FitConfigError, match=r"^The training data is empty: give at least one sample\.$"):
+        ddp_notebook.fit(model=models.linear, train_data=(x[:0], y[:0]), loss=torch.nn.MSELoss(), devices="cpu*2",
+                         run_root=str(tmp_path))
     assert psutil.Process().children(recursive=True) == before and list(tmp_path.iterdir()) == []
 
 

@@ -145,9 +145,8 @@ class Backend(ABC):
 
     @abstractmethod
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
-                 probe: Optional[Probe] = None, **shards: Any) -> ValidationReport:
-        """Validate ``devices`` (None: this backend's default) where the ranks would run;
-        ``shards`` (dataset_size, batch_size, drop_last) add the empty-shard checks."""
+                 probe: Optional[Probe] = None) -> ValidationReport:
+        """Validate ``devices`` (None: this backend's default) where the ranks would run."""
 
     def check_placement(self, devices: Sequence[Device]) -> None:
         """Raise, before anything is created, when the run cannot be placed now."""

@@ -21,7 +21,7 @@ from .errors import DDPNotebookError, DeviceSpecError
 from .probes import Probe, default_probe
 
 __all__ = ["Finding", "ValidationReport", "InvalidDevicesError", "validate_devices", "choose_backend", "BACKENDS",
-           "shard_sizes", "check_shards"]
+           "shard_sizes", "shard_problem"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -199,7 +199,9 @@ def validate_devices(
                     f"{_gib(avail)} is available.")
 
     if dataset_size is not None and batch_size is not None:
-        findings += check_shards(devices, dataset_size, batch_size, drop_last)
+        problem = shard_problem(len(devices), dataset_size, batch_size, drop_last)
+        if problem is not None:
+            findings.append(Finding("error", "empty_shard", problem))
     return ValidationReport(text, tuple(devices), chosen, tuple(findings))
 
 
@@ -222,27 +224,25 @@ def shard_sizes(n_samples: int, world_size: int, batch_size: int, drop_last: boo
     return [(per_rank, batches)] * world_size
 
 
-def check_shards(devices: Sequence[Device], n_samples: int, batch_size: int, drop_last: bool = False,
-                 what: str = "training data") -> list[Finding]:
-    """An ``empty_shard`` error for every rank whose shard would yield no batch."""
+def shard_problem(world_size: int, n_samples: int, batch_size: int, drop_last: bool = False,
+                  what: str = "training data") -> Optional[str]:
+    """What is wrong when the ranks' shards would yield no batch, in one message (every rank's
+    shard has the same size), else None.
+
+    >>> shard_problem(2, 100, 64, drop_last=True).split(": ")[0]
+    'Each of the 2 workers would get 0 batches of training data'
+    >>> shard_problem(2, 100, 64) is None
+    True
+    """
     if batch_size < 1:
-        return [Finding("error", "batch_size", f"batch_size must be at least 1, not {batch_size}.")]
-    out = []
-    w = len(devices)
-    for rank, (samples, batches) in enumerate(shard_sizes(n_samples, w, batch_size, drop_last)):
-        if batches:
-            continue
-        name = "the main worker" if rank == 0 else f"worker {rank}"
-        if n_samples == 0:
-            why = f"the {what} is empty"
-        else:
-            why = (f"{n_samples} samples over {w} worker{'s' if w > 1 else ''} is {samples} per worker, "
-                   f"fewer than batch_size {batch_size} with drop_last=True")
-        fixes = [f"batch_size <= {max(samples, 1)}", "drop_last=False"] if samples else []
-        if w > 1:
-            fixes.append("fewer devices")
-        fix = f" Use {', or '.join(fixes)}." if fixes and n_samples else ""
-        out.append(Finding("error", "empty_shard",
-                           f"Rank {rank} ({name}, {devices[rank]}) would get 0 batches of {what}: {why}.{fix}",
-                           str(devices[rank])))
-    return out
+        return f"batch_size must be at least 1, not {batch_size}."
+    if n_samples <= 0:
+        return f"The {what} is empty: give at least one sample."
+    samples, batches = shard_sizes(n_samples, world_size, batch_size, drop_last)[0]
+    if batches:
+        return None
+    fixes = [f"batch_size <= {max(samples, 1)}", "drop_last=False"] + (["fewer devices"] if world_size > 1 else [])
+    who = f"Each of the {world_size} workers" if world_size > 1 else "The worker"
+    return (f"{who} would get 0 batches of {what}: {n_samples} samples over {world_size} "
+            f"worker{'s' if world_size > 1 else ''} is {samples} per worker, fewer than batch_size {batch_size} "
+            f"with drop_last=True. Use {', or '.join(fixes)}.")

@@ -37,12 +37,11 @@ def backend_for(options: LaunchOptions) -> Backend:
     return LocalBackend() if options.engines is None else IpyparallelBackend(options.engines)
 
 
-def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe] = None,
-                 **shards: Any) -> ValidationReport:
-    """The validation report for a launch with these options, where its ranks would run;
-    ``shards`` (dataset_size, batch_size, drop_last) add the empty-shard checks."""
+def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions,
+                 probe: Optional[Probe] = None) -> ValidationReport:
+    """The validation report for a launch with these options, where its ranks would run."""
     return backend_for(options).validate(devices, backend=options.backend, min_free_memory=options.min_free_memory,
-                                         probe=probe, **shards)
+                                         probe=probe)
 
 
 def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe]) -> ValidationReport:

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 from ..core.devices import Device, DeviceSpec
 from ..core.errors import FitConfigError, PreflightError, WorkerFailedError
-from ..core.validation import Finding, InvalidDevicesError, ValidationReport
+from ..core.validation import InvalidDevicesError, shard_problem
 from ..engine.launch import launch_with, validate_for
 from ..engine.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from ..engine.packing import first_unpicklable
@@ -166,12 +166,15 @@ def fit(
         raise FitConfigError("model must be a torch.nn.Module or a function returning one, "
                              f"not {type(model).__name__}.")
     options = options_from("fit", dict(launch_options))
-    report = validate_for(devices, options, dataset_size=len(train), batch_size=batch_size, drop_last=drop_last)
-    if valid is not None and len(valid) == 0:
-        report = ValidationReport(report.spec, report.devices, report.backend, report.findings + (
-            Finding("error", "empty_shard", "valid_data is empty: give at least one sample, or valid_data=None."),))
+    report = validate_for(devices, options)
     if not report.ok:
         raise InvalidDevicesError(report)
+    # Data problems are named as such, once (every rank's shard has the same size).
+    empty = shard_problem(len(report.devices), len(train), batch_size, drop_last)
+    if empty is not None:
+        raise FitConfigError(empty)
+    if valid is not None and len(valid) == 0:
+        raise FitConfigError("valid_data is empty: give at least one sample, or valid_data=None.")
     monitor = monitor or ("valid_loss" if valid is not None else "train_loss")
     allowed = {"train_loss"} | ({"valid_loss", *metrics} if valid is not None else set())
     if monitor not in allowed:
@@ -180,10 +183,10 @@ def fit(
                    batch_size=batch_size, valid_batch_size=valid_batch_size or batch_size, metrics=metrics,
                    shuffle=shuffle, drop_last=drop_last, grad_accum=grad_accum, early_stopping=early_stopping,
                    monitor=monitor, mode=mode, min_delta=min_delta, checkpoint=checkpoint, seed=seed)
-    problem = first_unpicklable([(f"fit({name}=...)", getattr(spec, name)) for name in
-                                 ("model", "train_data", "valid_data", "loss", "optimizer", "metrics")])
-    if problem is not None:
-        raise problem
+    unpicklable = first_unpicklable([(f"fit({name}=...)", getattr(spec, name)) for name in
+                                     ("model", "train_data", "valid_data", "loss", "optimizer", "metrics")])
+    if unpicklable is not None:
+        raise unpicklable
     if preflight:
         _preflight(spec, report.devices[0], options)
     settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model))

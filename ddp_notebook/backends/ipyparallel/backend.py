@@ -33,8 +33,8 @@ class IpyparallelBackend(Backend):
         self.engines = engines
 
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
-                 probe: Optional[Probe] = None, **shards: Any) -> ValidationReport:
-        return validate_on_engines(devices, self.engines, backend=backend, min_free_memory=min_free_memory, **shards)
+                 probe: Optional[Probe] = None) -> ValidationReport:
+        return validate_on_engines(devices, self.engines, backend=backend, min_free_memory=min_free_memory)
 
     def check_placement(self, devices: Sequence[Device]) -> None:
         """Refuse the run, before anything is logged or started, when one of its engines is gone."""

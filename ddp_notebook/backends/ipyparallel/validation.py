@@ -47,8 +47,7 @@ _PER_MACHINE = ("duplicate", "missing", "oversubscribed")
 
 
 def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend: Optional[str] = None,
-                        min_free_memory: Optional[int] = None, dataset_size: Optional[int] = None,
-                        batch_size: Optional[int] = None, drop_last: bool = False) -> ValidationReport:
+                        min_free_memory: Optional[int] = None) -> ValidationReport:
     """``validate_devices`` for a run on engines, where rank r runs on the r-th engine.
 
     A GPU is checked on the host of its engine: ``cuda:0,cuda:0`` is valid on two hosts and a
@@ -72,8 +71,7 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
         count = len(parse_devices(spec, cuda_count=EngineProbe(info).cuda_count))
     except DeviceSpecError:
         count = len(info)  # validate_devices reports what is wrong with the spec
-    report = validate_devices(spec, backend=backend, probe=EngineProbe(info[:count]), dataset_size=dataset_size,
-                              batch_size=batch_size, drop_last=drop_last)
+    report = validate_devices(spec, backend=backend, probe=EngineProbe(info[:count]))
     findings = [f for f in report.findings if f.code not in _PER_MACHINE]
     if not engines.ids:
         findings.append(Finding("error", "engines", "The view has no engines: start some (ipcluster start -n 2, "

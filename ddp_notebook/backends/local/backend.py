@@ -6,7 +6,7 @@ at all, and each CPU worker computes with ``cores // workers`` threads.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from ...core.devices import DeviceSpec
 from ...core.probes import Probe, cpu_count, default_probe
@@ -42,9 +42,9 @@ class LocalBackend(Backend):
     name = "local"
 
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
-                 probe: Optional[Probe] = None, **shards: Any) -> ValidationReport:
+                 probe: Optional[Probe] = None) -> ValidationReport:
         spec = default_devices(probe) if devices is None else devices
-        return validate_devices(spec, backend=backend, min_free_memory=min_free_memory, probe=probe, **shards)
+        return validate_devices(spec, backend=backend, min_free_memory=min_free_memory, probe=probe)
 
     def start(self, spec: StartSpec) -> Transport:
         n = len(spec.devices)

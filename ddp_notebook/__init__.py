@@ -22,6 +22,7 @@ from typing import Any
 from .backends.local import pool
 from .core.devices import Device, parse_devices
 from .core.errors import (
+    ArgumentsError,
     DDPNotebookError,
     DeviceSpecError,
     EngineSelectionError,
@@ -57,7 +58,7 @@ __all__ = [
     "last_run", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
-    "DDPNotebookError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
+    "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
     "EngineUnavailableError", "__version__",

@@ -1,4 +1,6 @@
 """The %ddp_* magics in a real IPython shell."""
+import re
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
@@ -173,3 +175,28 @@ def test_stop_and_retry_say_what_they_do(ip):
         assert ip.run_line_magic("ddp_fit", "train --wait") == 4.0
     with pytest.raises(UsageError, match=r"succeeded: there is nothing to retry \(%ddp_fit runs it again\)"):
         ip.run_line_magic("ddp_retry", "")
+
+
+def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
+    ip.user_ns["three"] = 3
+    with capture_output():
+        assert ip.run_line_magic("ddp_fit", "train(three) --wait  # three epochs") == 8.0
+        assert ip.run_line_magic("ddp_fit", "train(epochs=1) -d cpu:0, cpu:1 --wait") == 2.0
+
+
+@pytest.mark.parametrize("line, words", [
+    ("train(1, 2)", "train(ctx, ...) cannot take these arguments: too many positional arguments"),
+    ("train(epoch=2)", "train(ctx, ...) cannot take these arguments: got an unexpected keyword argument 'epoch'"),
+    ("train(nowhere)", "there is no 'nowhere' in the notebook for the call"),
+    ("train(__import__('os').getpid())", "an argument of the call is a literal (100, 0.1, 'adam', [1, 2]) or a name"),
+    ("train(*[1])", "*args and **kwargs are not read in the call"),
+    ("train(1", "cannot read the call in 'train(1': write it as Python"),
+    ("config(1)", "config is a dict of fit() arguments, not a function to call"),
+])
+def test_a_call_that_cannot_work_is_refused_before_anything_starts(ip, line, words):
+    import psutil
+
+    before = psutil.Process().children(recursive=True)
+    with pytest.raises(UsageError, match=re.escape(words)):
+        ip.run_line_magic("ddp_fit", line)
+    assert psutil.Process().children(recursive=True) == before

@@ -35,3 +35,15 @@ def test_every_entry_point_shows_every_option(entry):
     for name in ("stall_timeout", "kill_grace", "engines", "env", "run_root"):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and name in entry.__doc__
     assert params["timeout"].default == 1800.0 and params["env"].default == {}
+
+
+def test_arguments_the_function_cannot_take_are_refused_before_anything_starts(tmp_path):
+    def train(ctx, steps, lr=0.1):
+        return steps
+
+    with pytest.raises(ddp_notebook.ArgumentsError, match=r"^train\(ctx, \.\.\.\) cannot take these arguments: "
+                                                          r"missing a required argument: 'steps'$"):
+        ddp_notebook.launch(train, devices="cpu*2", run_root=str(tmp_path))
+    with pytest.raises(ddp_notebook.ArgumentsError, match=r"^train\(rank, \.\.\.\) cannot take these arguments"):
+        ddp_notebook.spawn(train, args=(1, 2, 3), nprocs=2, run_root=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

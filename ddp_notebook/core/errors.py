@@ -9,6 +9,7 @@
     ├── FitConfigError (ValueError)           an argument of fit() is not usable
     ├── LaunchOptionError (ValueError)        a launch option is not usable
     ├── NotPicklableError (TypeError)         the call cannot be sent to the workers
+    ├── ArgumentsError (TypeError)            the function cannot take the arguments given
     ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
     ├── EngineUnavailableError (RuntimeError) an engine left the cluster before the start
     ├── PreflightError                        fit's one-step preflight failed
@@ -34,6 +35,7 @@ __all__ = [
     "FitConfigError",
     "LaunchOptionError",
     "NotPicklableError",
+    "ArgumentsError",
     "WorkerFailedError",
     "SupervisionError",
     "RunStoppedError",
@@ -81,6 +83,11 @@ class NotPicklableError(DDPNotebookError, TypeError):
             f"{what} is a {obj_type} and cannot be sent to the worker processes: {reason}. "
             "Pass something picklable instead, or create the object inside the function."
         )
+
+
+class ArgumentsError(DDPNotebookError, TypeError):
+    """The function cannot be called with the arguments given: found from its signature before
+    anything starts, instead of in every worker."""
 
 
 class WorkerFailedError(DDPNotebookError, RuntimeError):

@@ -17,8 +17,8 @@ from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.stream import EventStream
 from ..core.validation import InvalidDevicesError, ValidationReport
-from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
-from .packing import pack_call
+from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from .packing import check_arguments, pack_call
 from .run import Run
 
 __all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "default_devices",
@@ -77,6 +77,7 @@ def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tup
                 report: Optional[ValidationReport] = None) -> Run:
     """``launch`` with its options already gathered (``fit`` and ``spawn`` use it). The devices
     are validated before the call is packed, unless ``report`` says they already were."""
+    check_arguments(fn, "rank" if settings.mode == CallMode.SPAWN else "ctx", args, kwargs)
     report = report or _validated(devices, options, probe)
     return start_run(pack_call(fn, args, kwargs), report.devices, options, settings, probe=probe, report=report)
 

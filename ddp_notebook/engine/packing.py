@@ -3,14 +3,15 @@ closures and lambdas travel; and when something cannot travel, saying which piec
 """
 from __future__ import annotations
 
+import inspect
 import linecache
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ..core.errors import NotPicklableError
+from ..core.errors import ArgumentsError, NotPicklableError
 from ..core.pickling import dumps
 
-__all__ = ["pack_call", "first_unpicklable"]
+__all__ = ["pack_call", "first_unpicklable", "check_arguments"]
 
 
 def _describe(obj: Any) -> str:
@@ -53,6 +54,27 @@ def first_unpicklable(parts: Sequence[tuple[str, Any]]) -> Optional[NotPicklable
                     return NotPicklableError(inner_what, _describe(inner), str(inner_e) or type(inner_e).__name__)
             return NotPicklableError(what, _describe(obj), str(e) or type(e).__name__)
     return None
+
+
+def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise ``ArgumentsError`` now when ``fn(<first>, *args, **kwargs)`` cannot bind to ``fn``'s
+    signature (every worker would fail the same way); silent when the signature cannot be read.
+
+    >>> def train(ctx, steps): ...
+    >>> check_arguments(train, "ctx", (1, 2), {})
+    Traceback (most recent call last):
+    ...
+    ddp_notebook.core.errors.ArgumentsError: train(ctx, ...) cannot take these arguments: too many positional arguments
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or a C function: the workers will say
+        return
+    try:
+        signature.bind(first, *args, **kwargs)
+    except TypeError as e:
+        name = getattr(fn, "__name__", "the function")
+        raise ArgumentsError(f"{name}({first}, ...) cannot take these arguments: {e}") from None
 
 
 def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:

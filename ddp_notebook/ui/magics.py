@@ -4,7 +4,9 @@ load and unload live here too."""
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
+import re
 import shlex
 from collections.abc import Callable
 from typing import Any, Optional
@@ -16,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..backends.local import pool
 from ..core.devices import parse_devices
 from ..core.errors import (
+    ArgumentsError,
     DDPNotebookError,
     DeviceSpecError,
     EngineSelectionError,
@@ -36,7 +39,7 @@ from .text import format_run
 __all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "start_target"]
 
 _USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitConfigError, NoCheckpointError,
-                  EngineSelectionError, EngineUnavailableError, LaunchOptionError)
+                  EngineSelectionError, EngineUnavailableError, LaunchOptionError, ArgumentsError)
 
 
 def _parse(magic: Any, line: str) -> argparse.Namespace:
@@ -48,6 +51,46 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
     except ValueError as e:  # "No closing quotation"
         raise UsageError(f"%{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
     return magic.parser.parse_args(words)
+
+
+_CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
+
+
+def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], dict[str, Any], str]:
+    """``train(100, lr=0.1) --epochs 3`` -> ("train", (100,), {"lr": 0.1}, "--epochs 3"). The call is
+    read with ``ast``, never evaluated: each argument is a literal or a name defined in ``ns``.
+    A line without a call comes back whole, with no arguments."""
+    if not _CALL.match(line):
+        return "", (), {}, line
+    call = None
+    for end in (i for i, ch in enumerate(line) if ch == ")"):
+        try:
+            tree = ast.parse(line[: end + 1].strip(), mode="eval")
+        except SyntaxError:
+            continue
+        if isinstance(tree.body, ast.Call) and isinstance(tree.body.func, ast.Name):
+            call, rest = tree.body, line[end + 1:]
+            break
+    if call is None:
+        raise UsageError(f"%ddp_fit: cannot read the call in {line.strip()!r}: write it as Python, "
+                         "e.g. train(100, lr=0.1)")
+    assert isinstance(call.func, ast.Name)
+
+    def value(node: ast.expr) -> Any:
+        if isinstance(node, ast.Name):
+            if node.id not in ns:
+                raise UsageError(f"%ddp_fit: there is no {node.id!r} in the notebook for the call")
+            return ns[node.id]
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            raise UsageError(f"%ddp_fit: an argument of the call is a literal (100, 0.1, 'adam', [1, 2]) or a name "
+                             f"defined in the notebook, not {ast.unparse(node)}; assign it to a name first") from None
+
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        raise UsageError("%ddp_fit: *args and **kwargs are not read in the call; name each argument")
+    kwargs = {k.arg: value(k.value) for k in call.keywords if k.arg is not None}
+    return call.func.id, tuple(value(a) for a in call.args), kwargs, rest
 
 
 def _device_list(words: Optional[list[str]]) -> Optional[str]:
@@ -62,11 +105,14 @@ def _last_run() -> Run:
     return run
 
 
-def start_target(target: Any, name: str, devices: Optional[str],
-                 options: dict[str, Any]) -> tuple[Run, Callable[[Any], Run]]:
-    """Start what ``%ddp_fit`` names (a function ``fn(ctx, ...)`` or a dict of ``fit`` arguments)
-    without waiting; return the run and a function that relaunches it on other devices."""
+def start_target(target: Any, name: str, devices: Optional[str], options: dict[str, Any], args: tuple[Any, ...] = (),
+                 kwargs: Optional[dict[str, Any]] = None) -> tuple[Run, Callable[[Any], Run]]:
+    """Start what ``%ddp_fit`` names (a function ``fn(ctx, ...)``, called with ``args`` and
+    ``kwargs``, or a dict of ``fit`` arguments) without waiting; return the run and a function
+    that relaunches it on other devices."""
     given = {k: v for k, v in options.items() if v is not None}
+    if isinstance(target, dict) and (args or kwargs):
+        raise FitConfigError(f"{name} is a dict of fit() arguments, not a function to call")
     if isinstance(target, dict):
         def start(devs: Any) -> Run:
             kwargs = dict(target)
@@ -83,7 +129,7 @@ def start_target(target: Any, name: str, devices: Optional[str],
             return run
     elif callable(target):
         params = inspect.signature(target).parameters
-        run_kwargs: dict[str, Any] = {}
+        run_kwargs: dict[str, Any] = dict(kwargs or {})
         for key in ("epochs", "batch_size"):
             if key in given:
                 if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -93,7 +139,7 @@ def start_target(target: Any, name: str, devices: Optional[str],
         launch_kw = {k: given[k] for k in ("stall_timeout", "engines") if k in given}
 
         def start(devs: Any) -> Run:
-            return launch(target, devices=devs, kwargs=run_kwargs, **launch_kw)
+            return launch(target, devices=devs, args=args, kwargs=run_kwargs, **launch_kw)
     else:
         raise FitConfigError(f"{name} is a {type(target).__name__}; %ddp_fit takes a training function "
                              "fn(ctx, ...) or a dict of fit() arguments")
@@ -121,7 +167,8 @@ class DDPMagics(Magics):
             print(f"The default device list stays {default_devices()!r}: runs without --devices use it.")
 
     @magic_arguments()
-    @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name")
+    @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name; a function may "
+                           "be called: train(100, lr=0.1), each argument a literal or a name in the notebook")
     @argument("-d", "--devices", nargs="+", help="device list (default: the one set with %%ddp_devices)")
     @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
     @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
@@ -131,7 +178,8 @@ class DDPMagics(Magics):
     @line_magic
     def ddp_fit(self, line: str) -> Any:
         """Launch a DDP run in background workers and show its live panel; returns at once."""
-        args = _parse(self.ddp_fit, line)
+        func, call_args, call_kwargs, rest = _split_call(line, self.user_ns)
+        args = _parse(self.ddp_fit, f"{func} {rest}" if func else rest)
         for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
                            (args.engines, "an ipyparallel Client or DirectView")):
             if name is not None and name not in self.user_ns:
@@ -139,7 +187,8 @@ class DDPMagics(Magics):
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
                    "engines": self.user_ns[args.engines] if args.engines else None}
         try:
-            run, relaunch = start_target(self.user_ns[args.func], args.func, _device_list(args.devices), options)
+            run, relaunch = start_target(self.user_ns[args.func], args.func, _device_list(args.devices), options,
+                                         call_args, call_kwargs)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_fit: {e}") from None
         self.user_ns["_ddp_run"] = run

@@ -43,7 +43,7 @@ from .core.probes import Probe, StaticProbe
 from .core.state import RunState, RunStatus, WorkerState, WorkerStatus
 from .core.validation import Finding, InvalidDevicesError, ValidationReport, validate_devices
 from .core.version import __version__
-from .engine.launch import default_devices, last_run, launch, set_default_devices
+from .engine.launch import default_devices, last_run, launch, runs, set_default_devices
 from .engine.options import LaunchOptions
 from .engine.run import Run
 from .recipes.fit import FitResult, fit
@@ -55,7 +55,7 @@ from .worker.context import WorkerContext, current_context
 
 __all__ = [
     "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "LaunchOptions",
-    "last_run", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
+    "last_run", "runs", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
     "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",

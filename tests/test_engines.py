@@ -362,3 +362,15 @@ def test_a_rank_left_in_a_collective_by_a_peer_that_returned_is_the_straggler(rc
     assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1 on engine 1) failed: stalled")
     assert "dist.all_reduce(t)" in e.value.failure.traceback
     assert run.workers[0].status == "succeeded"  # rank 0 returned and waited: not to blame
+
+
+def test_engines_busy_with_a_run_are_refused_to_another(rc):
+    run = ddp_notebook.launch(faults.wait_for_stop, engines=rc)
+    try:
+        wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+        with pytest.raises(InvalidDevicesError, match=rf"engine 0 is in use by run {run.id} \(running\): stop it first"):
+            ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,))
+        assert "engine 1 is in use" in run.validate_devices("cpu:0,cpu:1").summary()
+    finally:
+        run.stop(grace=5, wait=True)
+    assert ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,)).wait(timeout=60) == 1  # free again

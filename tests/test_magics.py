@@ -200,3 +200,25 @@ def test_a_call_that_cannot_work_is_refused_before_anything_starts(ip, line, wor
     with pytest.raises(UsageError, match=re.escape(words)):
         ip.run_line_magic("ddp_fit", line)
     assert psutil.Process().children(recursive=True) == before
+
+
+def test_runs_are_listed_and_addressable_by_id(ip):
+    with capture_output():
+        first = ip.run_line_magic("ddp_fit", "train --wait")
+        ip.run_line_magic("ddp_fit", "until_stopped")
+    older = [r for r in ddp_notebook.runs() if r.status == "succeeded"][-1]
+    current = ip.user_ns["_ddp_run"]
+    assert first == 4.0 and current is ddp_notebook.last_run() and current is not older
+    with capture_output() as out:
+        ip.run_line_magic("ddp_runs", "")
+    lines = out.stdout.splitlines()
+    assert lines[-1].startswith(f"* {current.id}") and any(line.startswith(f"  {older.id}  succeeded") for line in lines)
+    with capture_output() as out:
+        ip.run_line_magic("ddp_status", older.id[-6:])  # the end of an id is enough
+    assert out.stdout.startswith(f"Run {older.id} succeeded")
+    with pytest.raises(UsageError, match=r"%ddp_stop: no run 'nope' in this kernel; %ddp_runs lists them"):
+        ip.run_line_magic("ddp_stop", "nope")
+    with capture_output():
+        ip.run_line_magic("ddp_stop", f"{current.id} --grace 20")
+    current.wait(timeout=60)
+    assert current.status == "stopped" and ddp_notebook.Run.load(older.id).result() == 4.0

@@ -155,3 +155,22 @@ def test_metric_text_from_a_run_is_shown_literally():
                {"kind": "progress", "time": 101.0, "rank": 0, "metrics": {"<b>x</b>": "<img src=x onerror=alert(1)>"}})
     row = RunView(feed, live=False).rows[0]
     assert "<img" not in row.text.value and "&lt;img src=x onerror=alert(1)&gt;" in row.text.value
+
+
+@pytest.mark.processes
+def test_launch_is_off_while_the_panels_run_goes_on_and_a_second_click_starts_nothing():
+    started = []
+
+    def launcher(devices):
+        return ddp_notebook.launch(faults.wait_for_stop, devices=devices)
+
+    panel = DDPPanel(launcher=launcher, available=["cpu:0", "cpu:1"], selected=["cpu:0", "cpu:1"],
+                     validator=ddp_notebook.validate_devices, on_start=started.append)
+    assert not panel.launch_button.disabled
+    panel.launch_button.click()
+    panel.launch_button.click()  # a double click
+    assert len(started) == 1 and len(panel.views) == 1 and panel.launch_button.disabled
+    run = started[0]
+    assert f"Run {run.id} is still" in panel.report.value and "stop it before launching another" in panel.report.value
+    run.stop(grace=20, wait=True)
+    assert not panel.launch_button.disabled  # on again once the run has ended

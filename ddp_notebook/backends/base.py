@@ -155,6 +155,11 @@ class Backend(ABC):
         """Where each of ``n`` ranks runs, when that is not a local process (``engine 1 on host``)."""
         return None
 
+    def held(self, devices: Sequence[Device]) -> list[str]:
+        """What the ranks of a run on ``devices`` hold alone while it runs (a GPU, an engine):
+        another run of this process may not use it at the same time. CPU slots share the cores."""
+        return []
+
     def label(self, rank: int, device: Device) -> str:
         """How failures name a rank's device: ``cpu:1``, or ``cpu:1 on engine 3``."""
         return str(device)

@@ -6,6 +6,7 @@ engine with ``engines=``. ``start_run`` is the one way a run starts; a retry is 
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -19,17 +20,30 @@ from ..core.stream import EventStream
 from ..core.validation import InvalidDevicesError, ValidationReport
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .packing import check_arguments, pack_call
-from .run import Run
+from .run import Run, validate_on
 
-__all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "default_devices",
-           "set_default_devices"]
+__all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "runs", "find_run",
+           "default_devices", "set_default_devices"]
 
-_last_run: Optional[Run] = None
+# The runs started in this process, oldest first: the last of them is the current run for every
+# front end (``last_run()``, ``_ddp_run``, the magics).
+_runs: deque[Run] = deque(maxlen=100)
 
 
 def last_run() -> Optional[Run]:
-    """The most recently launched run of this process (or None)."""
-    return _last_run
+    """The most recently started run of this process, from any entry point (or None)."""
+    return _runs[-1] if _runs else None
+
+
+def runs() -> list[Run]:
+    """The runs started in this process (the last 100), oldest first."""
+    return list(_runs)
+
+
+def find_run(run_id: str) -> Optional[Run]:
+    """A run of this process by its id, or by the end of it (``5266c4``) when that is unique."""
+    matches = [r for r in _runs if r.id == run_id] or [r for r in _runs if r.id.endswith(run_id)]
+    return matches[-1] if len({r.id for r in matches}) == 1 else None
 
 
 def backend_for(options: LaunchOptions) -> Backend:
@@ -40,8 +54,8 @@ def backend_for(options: LaunchOptions) -> Backend:
 def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions,
                  probe: Optional[Probe] = None) -> ValidationReport:
     """The validation report for a launch with these options, where its ranks would run."""
-    return backend_for(options).validate(devices, backend=options.backend, min_free_memory=options.min_free_memory,
-                                         probe=probe)
+    return validate_on(backend_for(options), devices, backend=options.backend,
+                       min_free_memory=options.min_free_memory, probe=probe)
 
 
 def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe]) -> ValidationReport:
@@ -56,7 +70,6 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, setti
               report: Optional[ValidationReport] = None) -> Run:
     """Start a run of an already packed call; ``devices`` are validated here unless ``report``
     says they already were. Nothing is created when validation or placement refuses the run."""
-    global _last_run
     report = report or _validated(devices, options, probe)
     backend = backend_for(options)
     backend.check_placement(report.devices)
@@ -64,7 +77,7 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, setti
     run = Run(directory, EventStream(directory.open_log()), report.devices, runs_on=backend, options=options,
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
     run.start(payload)
-    _last_run = run
+    _runs.append(run)
     return run
 
 

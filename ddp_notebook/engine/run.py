@@ -35,20 +35,34 @@ from ..core.errors import (
 )
 from ..core.events import EventKind, RankConfig
 from ..core.failures import WorkerFailure
-from ..core.rundir import RunDir
+from ..core.probes import Probe
+from ..core.rundir import RunDir, default_run_root
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
-from ..core.validation import ValidationReport
+from ..core.validation import Finding, ValidationReport
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 
-__all__ = ["Run", "WorkerTraceback", "Restart"]
+__all__ = ["Run", "WorkerTraceback", "Restart", "validate_on"]
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 # How a run starts another with the same call: start_run with the packed call bound (a retry is a
 # new start, not a special path).
 Restart = Callable[[DeviceSpec, LaunchOptions, RunSettings, "Run"], "Run"]
+
+
+def validate_on(runs_on: Backend, devices: Optional[DeviceSpec], *, backend: Optional[str] = None,
+                min_free_memory: Optional[int] = None, probe: Optional[Probe] = None) -> ValidationReport:
+    """The backend's validation of ``devices``, and a ``busy`` error for what another run of this
+    process still holds (a GPU, an engine): two runs must not share it by accident."""
+    report = runs_on.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
+    wanted = set(runs_on.held(report.devices))
+    busy = [Finding("error", "busy", f"{item} is in use by run {run.id} ({run.status}): stop it first (run.stop(), "
+                    "%ddp_stop) or choose another device.", item)
+            for run in list(_live_runs) if not run.done and run.runs_on is not None
+            for item in sorted(wanted & set(run.runs_on.held(run.devices)))]
+    return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 
 class WorkerTraceback(Exception):
@@ -92,12 +106,14 @@ class Run:
 
     @classmethod
     def load(cls, run_dir: str) -> Run:
-        """A finished run read back from its directory (for instance after a kernel restart):
-        its state, events, failures and (when it succeeded) its result. It cannot be retried:
-        the function and its arguments are not kept on disk.
+        """A finished run read back from its directory, or its id under the default runs folder
+        (for instance after a kernel restart): its state, events, failures and (when it succeeded)
+        its result. It cannot be retried: the function and its arguments are not kept on disk.
 
-        Example: ``ddp_notebook.Run.load("~/.cache/ddp_notebook/runs/20261129-174217-5266c4").result()``
+        Example: ``ddp_notebook.Run.load("20261129-174217-5266c4").result()``
         """
+        if os.sep not in run_dir and not os.path.isdir(run_dir):
+            run_dir = os.path.join(default_run_root(), run_dir)
         directory = RunDir(run_dir)
         stream = EventStream.replay(directory.read_events())
         if not stream.state.finished:
@@ -307,7 +323,7 @@ class Run:
         """Validate ``devices`` for a relaunch where this run ran (this machine, or its engines)."""
         if self.runs_on is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no backend to validate on")
-        return self.runs_on.validate(devices, backend=None, min_free_memory=None)
+        return validate_on(self.runs_on, devices)
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"

@@ -35,9 +35,11 @@ def in_notebook() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None) -> Any:
+def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
+             on_start: Optional[Callable[[Any], None]] = None) -> Any:
     """Display the live panel of ``run`` in a notebook (with ``launcher``: controls to relaunch
-    it on other devices, offered and validated where it ran); print its state as text elsewhere."""
+    it on other devices, offered and validated where it ran; ``on_start`` hears of every run the
+    panel starts); print its state as text elsewhere."""
     if not in_notebook():
         print(format_run(run.state))
         return None
@@ -46,10 +48,10 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None) ->
     from .panel import DDPPanel  # ipywidgets: only in a notebook
 
     if launcher is None:
-        panel = DDPPanel(run)
+        panel = DDPPanel(run, on_start=on_start)
     else:
         panel = DDPPanel(run, launcher=launcher, available=run.device_choices(),
-                         selected=[str(d) for d in run.devices], validator=run.validate_devices)
+                         selected=[str(d) for d in run.devices], validator=run.validate_devices, on_start=on_start)
     display(panel)
     return panel
 

@@ -29,7 +29,7 @@ from ..core.errors import (
     NotPicklableError,
 )
 from ..core.validation import InvalidDevicesError, validate_devices
-from ..engine.launch import default_devices, last_run, launch, set_default_devices
+from ..engine.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
 from ..engine.run import Run
 from ..recipes.fit import fit
 from . import display
@@ -98,11 +98,18 @@ def _device_list(words: Optional[list[str]]) -> Optional[str]:
     return " ".join(words) if words else None
 
 
-def _last_run() -> Run:
-    run = last_run()
-    if run is None:
-        raise UsageError("no run yet: start one with %ddp_fit FUNC")
-    return run
+def _run(magic: str, run_id: Optional[str]) -> Run:
+    """The run a magic acts on: ``run_id`` (or the end of it), else this kernel's last run."""
+    if run_id is None:
+        run = last_run()
+        if run is None:
+            raise UsageError(f"%{magic}: no run yet: start one with %ddp_fit FUNC")
+        return run
+    found = find_run(run_id)
+    if found is None:
+        raise UsageError(f"%{magic}: no run {run_id!r} in this kernel; %ddp_runs lists them "
+                         "(a past one reads back with ddp_notebook.Run.load(RUN_ID))")
+    return found
 
 
 def start_target(target: Any, name: str, devices: Optional[str], options: dict[str, Any], args: tuple[Any, ...] = (),
@@ -191,25 +198,44 @@ class DDPMagics(Magics):
                                          call_args, call_kwargs)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_fit: {e}") from None
-        self.user_ns["_ddp_run"] = run
-        show_run(run, launcher=relaunch)
+        self._started(run)
+        show_run(run, launcher=relaunch, on_start=self._started)
         if args.wait:
             return run.wait()
 
-    @magic_arguments()
-    @line_magic
-    def ddp_status(self, line: str) -> None:
-        """Print the state of the last run."""
-        _parse(self.ddp_status, line)
-        print(format_run(_last_run().state))
+    def _started(self, run: Run) -> None:
+        # `_ddp_run` is this kernel's last run, wherever it was started (a magic, the panel).
+        self.user_ns["_ddp_run"] = run
 
     @magic_arguments()
+    @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
+    @line_magic
+    def ddp_status(self, line: str) -> None:
+        """Print the state of the last run (or of RUN)."""
+        print(format_run(_run("ddp_status", _parse(self.ddp_status, line).run).state))
+
+    @magic_arguments()
+    @line_magic
+    def ddp_runs(self, line: str) -> None:
+        """List the runs of this kernel, the current one (the last, ``_ddp_run``) marked with *."""
+        _parse(self.ddp_runs, line)
+        started = runs()
+        if not started:
+            print("No run yet in this kernel: start one with %ddp_fit FUNC.")
+            return
+        for run in started:
+            mark = "*" if run is started[-1] else " "
+            parent = f" (retry of {run.parent.id})" if run.parent is not None else ""
+            print(f"{mark} {run.id}  {run.status:<9}  {','.join(run.state.devices)}{parent}")
+
+    @magic_arguments()
+    @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
     @argument("--grace", type=float, help="seconds before workers that ignore the request are terminated")
     @line_magic
     def ddp_stop(self, line: str) -> None:
-        """Ask the last run to stop (ctx.should_stop), forced after the grace period."""
+        """Ask the last run (or RUN) to stop (ctx.should_stop), forced after the grace period."""
         args = _parse(self.ddp_stop, line)
-        run = _last_run()
+        run = _run("ddp_stop", args.run)
         if run.done:
             print(f"Run {run.id} has already ended ({run.status}): nothing to stop.")
             return
@@ -219,14 +245,15 @@ class DDPMagics(Magics):
               f"finish its step; those still running after {grace:g} s are ended.")
 
     @magic_arguments()
+    @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
     @argument("--device", help="the device to retry on (default: the main one, or the first healthy one)")
     @argument("--resume", action="store_true", help="continue from the last checkpoint")
     @argument("--without-failed", action="store_true", help="retry on every device except the failed ones")
     @line_magic
     def ddp_retry(self, line: str) -> None:
-        """Re-run the last run on a single device (or without its failed devices)."""
+        """Re-run the last run (or RUN) on a single device (or without its failed devices)."""
         args = _parse(self.ddp_retry, line)
-        run = _last_run()
+        run = _run("ddp_retry", args.run)
         if not run.done and not run.stop_requested:
             raise UsageError(f"%ddp_retry: run {run.id} is still {run.status}; stop it first (%ddp_stop)")
         if not run.done:  # stopping: retry once it has ended (within its grace period)
@@ -238,8 +265,8 @@ class DDPMagics(Magics):
                 run.retry(device=args.device, resume=args.resume)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_retry: {e}") from None
-        self.user_ns["_ddp_run"] = new
-        show_run(new)
+        self._started(new)
+        show_run(new, on_start=self._started)
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -259,7 +286,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext ddp_notebook``: the magics and the panel display removed, the pool's idle
     workers ended. Runs in progress go on."""
     magics = ipython.magics_manager.magics["line"]
-    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_stop", "ddp_retry"):
+    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry"):
         magics.pop(name, None)
     display.unregister(ipython)
     pool.disable()

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
+from ..core.events import EventKind
 from ..core.validation import ValidationReport
 from .html import RED, report_html
 from .run_view import FullText, RunView
@@ -24,17 +25,23 @@ class DDPPanel(FullText, widgets.VBox):
     ``launcher(devices) -> Run`` starts a run on the chosen devices (``%ddp_fit`` gives one);
     ``available`` are the devices the picker offers and ``validator(devices) -> report`` checks
     a choice (a run's ``device_choices()`` and ``validate_devices``). Without a launcher the panel
-    only shows ``run`` and its retries.
+    only shows ``run`` and its retries. ``on_start(run)`` hears of every run the panel starts
+    (launches and retries), so the notebook's idea of the current run follows it.
+
+    One run at a time: Launch is disabled while the panel's latest run goes on (a double click
+    cannot start two), and enabled again when it ends.
     """
 
     def __init__(self, run: Any = None, launcher: Optional[Callable[[list[str]], Any]] = None,
                  available: Sequence[str] = (), selected: Optional[Sequence[str]] = None,
-                 validator: Optional[Callable[[list[str]], ValidationReport]] = None) -> None:
+                 validator: Optional[Callable[[list[str]], ValidationReport]] = None,
+                 on_start: Optional[Callable[[Any], None]] = None) -> None:
         super().__init__()
         if launcher is not None and validator is None:
             raise TypeError("a panel that launches needs a validator (for instance run.validate_devices)")
         self.launcher = launcher
         self.validator = validator
+        self.on_start = on_start
         self.views: list[RunView] = []
         self.views_box = widgets.VBox()
         self.report = widgets.HTML()
@@ -66,7 +73,14 @@ class DDPPanel(FullText, widgets.VBox):
         return report.ok
 
     def launch(self) -> Optional[Any]:
-        if self.launcher is None or not self.validate():
+        if self.launcher is None:
+            return None
+        current = self.views[-1].run if self.views else None
+        if current is not None and not current.state.finished:
+            self.report.value = (f'<span style="color:{RED}">Run {escape(current.id)} is still {current.status}: stop '
+                                 "it before launching another.</span>")
+            return None
+        if not self.validate():
             return None
         try:
             run = self.launcher(self.chosen_devices())
@@ -74,18 +88,35 @@ class DDPPanel(FullText, widgets.VBox):
             self.report.value = f'<span style="color:{RED}">{escape(str(e))}</span>'
             return None
         self.show(run)
+        if self.on_start is not None:
+            self.on_start(run)
         return run
+
+    def _follow_launch_button(self, run: Any) -> None:
+        """Launch off while ``run`` (the panel's latest) goes on, on again once it ends."""
+        if self.launcher is None:
+            return
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("kind") == EventKind.RUN_FINISHED and self.views and self.views[-1].run is run:
+                self.launch_button.disabled = False
+
+        run.subscribe(on_event)  # first: an end that comes meanwhile is seen by one of the two
+        self.launch_button.disabled = not run.state.finished
 
     def show(self, run: Any, title: Optional[str] = None) -> RunView:
         """Add a view of ``run`` (a retry's view goes below the run it retries)."""
         def on_retry(devices: list[str], parent: Any = run) -> Any:
             new = parent.retry(device=devices[0]) if len(devices) == 1 else parent.retry(devices=devices)
             self.show(new, title=f"retry of {parent.id} on {','.join(devices)}")
+            if self.on_start is not None:
+                self.on_start(new)
             return new
 
         view = RunView(run, title=title, on_retry=on_retry if hasattr(run, "retry") else None)
         self.views.append(view)
         self.views_box.children = list(self.views)
+        self._follow_launch_button(run)
         return view
 
     def __repr__(self) -> str:

@@ -48,6 +48,12 @@ class IpyparallelBackend(Backend):
     def places(self, n: int) -> list[str]:
         return [f"engine {eid} on {host}" for eid, host in zip(self.engines.ids, self.engines.hosts())][:n]
 
+    def held(self, devices: Sequence[Device]) -> list[str]:
+        # An engine runs one task at a time; a GPU is its host's.
+        hosts = self.engines.hosts()
+        out = [f"engine {eid}" for eid in self.engines.ids[: len(devices)]]
+        return out + [f"{d} on host {host}" for d, host in zip(devices, hosts) if d.kind == "cuda"]
+
     def label(self, rank: int, device: Device) -> str:
         return f"{device} on engine {self.engines.ids[rank]}"
 

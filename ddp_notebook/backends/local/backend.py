@@ -6,9 +6,10 @@ at all, and each CPU worker computes with ``cores // workers`` threads.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional
 
-from ...core.devices import DeviceSpec
+from ...core.devices import Device, DeviceSpec
 from ...core.probes import Probe, cpu_count, default_probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
@@ -67,6 +68,9 @@ class LocalBackend(Backend):
                     process.discard()
             raise
         return LocalTransport(workers)
+
+    def held(self, devices: Sequence[Device]) -> list[str]:
+        return [str(d) for d in devices if d.kind == "cuda"]
 
     def finished(self, directory: RunDir, world_size: int) -> None:
         # Warm the next run's workers now that this run no longer needs the cores.

@@ -8,7 +8,7 @@ from typing import Optional
 
 import ddp_notebook
 from ddp_notebook.recipes.demo import train_demo
-from ddp_notebook.ui.text import format_run
+from ddp_notebook.ui.terminal import watch
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -24,24 +24,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     run = ddp_notebook.launch(train_demo, devices=args.devices,
                               kwargs={"epochs": args.epochs, "fail_rank": args.fail_rank})
     print(f"event log: {run.run_dir}/events.jsonl")
-    last = ""
-    while not run.done:
-        try:
-            run.wait(timeout=0.5)
-        except ddp_notebook.WaitTimeoutError:
-            pass
-        except ddp_notebook.DDPNotebookError:
-            break
-        text = format_run(run.state)
-        if text != last and not run.done:
-            print(text, flush=True)
-            last = text
+    finish = watch(run, sys.stdout)  # in place on a terminal, a line per change in a log
     try:
         weights = run.wait()
     except ddp_notebook.WorkerFailedError as e:
+        finish()
         print("".join(line + "\n" for line in e._render_traceback_()), file=sys.stderr)
         return 1
-    print(format_run(run.state))
+    finish()
     print(f"trained weights back in this process: {sorted(weights)}")
     return 0
 

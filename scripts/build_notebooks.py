@@ -294,9 +294,15 @@ print("status:", run.status, "| ranks in sync:", on_engines.ranks_in_sync)
 print("ranks:", [w.place.split(" on ")[0] for w in run.workers])
 print("loss dropped more than 5x:", on_engines.history[-1]["train_loss"] < on_engines.history[0]["train_loss"] / 5)
 """),
-    md("It is the same computation as with local worker processes: the weights agree."),
+    md("""
+It is the same computation as with local worker processes: the weights agree. A blocking `fit()`
+shows its panel while it trains.
+"""),
     code("""
+# NBVAL_IGNORE_OUTPUT
 local = ddp_notebook.fit(make_model, devices="cpu*2", **settings)
+"""),
+    code("""
 print("same weights as two local workers:",
       all(torch.allclose(a, b, atol=1e-6) for a, b in zip(on_engines.model.parameters(), local.model.parameters())))
 """),
@@ -349,11 +355,29 @@ cluster.stop_cluster_sync()
 ]
 
 
+# Run last, then removed: every run ended and every widget's final state sent from this cell.
+# A panel redraws from its own thread, and nbclient records only the widget updates of the cell
+# it is executing, so without this the stored panels would show the first moments of each run.
+FINAL_STATE = """
+import time as _time, ipywidgets as _widgets, ddp_notebook as _ddp
+for _run in _ddp.runs():
+    try:
+        _run.wait(timeout=300)
+    except Exception:
+        pass
+_time.sleep(2.5)  # the panels' last redraw (they tick every second)
+for _widget in list(_widgets.widgets.widget._instances.values()):
+    _widget.send_state()
+"""
+
+
 def build(name: str, cells: list) -> str:
-    nb = nbformat.v4.new_notebook(cells=cells)
+    nb = nbformat.v4.new_notebook(cells=cells + [code(FINAL_STATE)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path = os.path.join(NOTEBOOKS, name)
-    NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=True, resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=True,
+                   resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    nb.cells.pop()
     nbformat.write(nb, path)
     return path
 

@@ -110,3 +110,39 @@ def one_more_allreduce_on_rank_1(ctx, steps: int = 3):
         dist.all_reduce(t)
         ctx.log(step=step)
     return step
+
+
+def hang_on_rank(ctx, bad_rank: int = 1, report_first: bool = False):
+    """``bad_rank`` hangs (sleeping, so frozen) while its peers wait for it in an all_reduce;
+    nobody calls ``ctx.log`` unless ``report_first``."""
+    t = torch.ones(1)
+    if report_first:
+        ctx.log(step=1)
+    if ctx.rank == bad_rank:
+        time.sleep(3600)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def busy_outside_collective(ctx, seconds: float):
+    """Rank 0 computes for ``seconds`` without reporting while rank 1 waits in an all_reduce:
+    slow, not hung."""
+    t = torch.ones(1)
+    if ctx.rank == 0:
+        end, x = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            x += 1
+    dist.all_reduce(t)
+    return t.item()
+
+
+def quiet_without_collective(ctx, seconds: float):
+    """Every rank sleeps without reporting and without waiting for a peer: quiet, not hung."""
+    time.sleep(seconds)
+    return ctx.rank
+
+
+def same_error_everywhere(ctx, config: dict):
+    """Every rank makes the same mistake: a key the configuration does not have."""
+    ctx.log(step=1)
+    return config["learning_rate"]

@@ -64,20 +64,24 @@ def lab(tmp_path):
         except OSError:
             assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()
             time.sleep(0.2)
-    yield base, token
+    yield base, token, root
     server.terminate()
     server.wait(timeout=30)
 
 
+def chromium(p, tmp_path):
+    return p.chromium.launch_persistent_context(
+        str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        viewport={"width": 1400, "height": 1000})
+
+
 def test_failure_card_and_one_click_retry_in_jupyterlab(lab, tmp_path):
-    base, token = lab
+    base, token, _ = lab
     os.makedirs(ARTIFACTS, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-            viewport={"width": 1400, "height": 1000})
+        browser = chromium(p, tmp_path)
         try:
             page = browser.new_page()
             page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}")
@@ -98,5 +102,81 @@ def test_failure_card_and_one_click_retry_in_jupyterlab(lab, tmp_path):
             retried.scroll_into_view_if_needed()
             panel.screenshot(path=os.path.join(ARTIFACTS, "panel-retry.png"))
             page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab.png"))
+        finally:
+            browser.close()
+
+
+README = os.path.join(HERE, "..", "README.md")
+TRAIN = '''import time, ddp_notebook
+
+def train(ctx, epochs):                      # what the README's block launches
+    for epoch in range(epochs):
+        if ctx.should_stop:
+            return "stopped"
+        ctx.log(step=epoch + 1, total=epochs, epoch=epoch, loss=1.0 / (epoch + 1))
+        time.sleep(0.2)
+    return "done"
+
+def long_train(ctx):                         # a long run: until it is stopped
+    step = 0
+    while not ctx.should_stop:
+        step += 1
+        ctx.log(step=step, loss=1.0 / step)
+        time.sleep(0.05)
+    return step'''
+
+
+def readme_notebook(root):
+    """A notebook made from the README's "In a notebook" block, one cell a line, then a long run
+    shown in a panel and waited for."""
+    import nbformat
+
+    block = re.search(r"## In a notebook\n\n```python\n(.*?)```", open(README).read(), re.S).group(1)
+    cells = [TRAIN] + block.strip().splitlines() + ["%ddp_fit long_train", "_ddp_run.wait()"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(root / "readme.ipynb"))
+    return "readme.ipynb"
+
+
+def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, tmp_path):
+    base, token, root = lab
+    name = readme_notebook(root)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = chromium(p, tmp_path)
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/lab/tree/{name}?token={token}")
+            page.wait_for_function(KERNEL_READY, timeout=120_000)
+            # Not awaited: the last cell blocks until it is interrupted.
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            # The README's lines ran: a run, stopped, and its retry on cpu:0, which succeeds.
+            expect(page.get_by_text(re.compile(r"retry of \S+ on cpu:0"))).to_be_visible(timeout=120_000)
+            # The long run trains; the last cell waits for it: interrupt the kernel.
+            long_panel = page.locator(".jp-OutputArea-output", has=page.get_by_role("button", name="Launch")).last
+            expect(long_panel).to_contain_text("running", timeout=120_000)
+            launch = long_panel.get_by_role("button", name="Launch")
+            expect(launch).to_be_disabled()  # one run at a time in a panel
+            page.evaluate("() => { window.jupyterapp.commands.execute('kernelmenu:interrupt'); }")
+            expect(page.get_by_text("KeyboardInterrupt").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text(re.compile(r"the interrupt stops run \S+"))).to_be_visible()
+            expect(long_panel).to_contain_text("stopped", timeout=60_000)
+            expect(long_panel).to_contain_text("interrupted in the notebook")
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            long_panel.scroll_into_view_if_needed()
+            long_panel.screenshot(path=os.path.join(ARTIFACTS, "interrupted.png"))
+            # Relaunch from the panel (a double click starts one run), then stop it with its button.
+            expect(launch).to_be_enabled(timeout=60_000)
+            launch.dblclick()
+            stop = long_panel.get_by_role("button", name="Stop")  # the new run's: a stopped run's is hidden
+            expect(stop).to_have_count(1, timeout=60_000)
+            expect(long_panel.get_by_text(re.compile(r"is still (starting|running): stop it before launching"))).to_be_visible()
+            stop.click()
+            expect(long_panel.get_by_text(re.compile(r"Stopping \(stopped by the user\)"))).to_be_visible(timeout=30_000)
+            expect(long_panel.get_by_text("Stopping")).to_have_count(0, timeout=60_000)  # gone once stopped
+            expect(launch).to_be_enabled(timeout=60_000)
+            expect(long_panel.get_by_text("stop it before launching")).to_have_count(0)  # no longer true
+            long_panel.screenshot(path=os.path.join(ARTIFACTS, "relaunched-and-stopped.png"))
         finally:
             browser.close()

@@ -113,3 +113,20 @@ def test_function_raising_sysexit_is_a_failure():
 
     with pytest.raises(WorkerFailedError, match=r"main worker \(cpu:0\) failed: SystemExit: 2"):
         ddp_notebook.launch(leaves, devices="cpu:0").wait(timeout=60)
+
+
+def test_an_error_every_rank_raises_is_the_runs_said_once():
+    run = ddp_notebook.launch(faults.same_error_everywhere, devices="cpu*2", kwargs=dict(config={"lr": 0.1}))
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    err = e.value
+    assert str(err) == ("Every distributed data parallel worker (cpu:0, cpu:1) failed the same way: "
+                        "KeyError: 'learning_rate'")
+    assert err.failure.same_on == ["cpu:0", "cpu:1"] and not any(f.consequence for f in err.failures)
+    report = "\n".join(err._render_traceback_())
+    assert report.count("KeyError: 'learning_rate'") == 2  # the traceback's last line and the headline
+    assert "Also:" not in report
+    assert run.state.healthy_devices == []
+    for w in run.workers:
+        assert w.status == "failed" and w.exit_code is not None
+        assert not psutil.pid_exists(w.pid) or psutil.Process(w.pid).status() == psutil.STATUS_ZOMBIE

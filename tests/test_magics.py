@@ -105,10 +105,19 @@ def test_ddp_retry_after_a_failure(ip):
     ("fails --epochs 2", "fails() takes no 'epochs' argument"),
     ("x", "x is a Tensor; %ddp_fit takes a training function"),
     ("", "the following arguments are required: func"),
+    ("train --stall-timeout soon", "'soon' is not a number of seconds, 'auto' or 'off'"),
+    ("train --stall-timeout -3", "stall_timeout must be a number of seconds > 0, 'auto' or None, not -3.0"),
 ])
 def test_bad_arguments_raise_usage_errors(ip, line, words):
     with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
         ip.run_line_magic("ddp_fit", line)
+
+
+@pytest.mark.parametrize("value, setting", [(None, "auto"), ("auto", "auto"), ("off", None), ("45", 45.0)])
+def test_the_watchdog_is_on_unless_turned_off(ip, value, setting):
+    with capture_output():
+        ip.run_line_magic("ddp_fit", "train --wait" + (f" --stall-timeout {value}" if value else ""))
+    assert ip.user_ns["_ddp_run"].options.stall_timeout == setting
 
 
 def test_help_comes_from_magic_arguments(ip):

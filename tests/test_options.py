@@ -10,7 +10,7 @@ from ddp_notebook import LaunchOptionError
 @pytest.mark.parametrize("option, value, words", [
     ("timeout", float("inf"), "timeout must be a number of seconds > 0, not inf"),
     ("timeout", 0, "timeout must be a number of seconds > 0, not 0"),
-    ("stall_timeout", -2.0, "stall_timeout must be a number of seconds > 0 or None, not -2.0"),
+    ("stall_timeout", -2.0, "stall_timeout must be a number of seconds > 0, 'auto' or None, not -2.0"),
     ("stop_grace", float("nan"), "stop_grace must be a number of seconds >= 0, not nan"),
     ("kill_grace", "3", "kill_grace must be a number of seconds >= 0, not '3'"),
     ("progress_interval", True, "progress_interval must be a number of seconds >= 0, not True"),

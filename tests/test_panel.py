@@ -20,6 +20,30 @@ def fed(*events):
     return feed
 
 
+def test_rows_show_epoch_k_of_n_pace_eta_and_readable_rates_on_one_line():
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
+               {"kind": "progress", "time": 101.0, "rank": 0, "step": 10, "total": 100, "epoch": 2, "epochs": 8,
+                "metrics": {"samples_per_s": 15832.7}},
+               {"kind": "progress", "time": 103.0, "rank": 0, "step": 50, "total": 100, "epoch": 2, "epochs": 8})
+    view = RunView(feed, live=False)
+    text = view.rows[0].text.value
+    assert "white-space:nowrap" in text
+    assert "epoch 3/8" in text and "samples/s 15.8k" in text and "20 steps/s, ETA 2 s" in text
+    assert "ETA" in view.title.value
+
+
+def test_the_loss_plot_has_a_log_scale_and_smoothing():
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
+               *({"kind": "progress", "time": 100.3 + i, "rank": 0, "step": i, "metrics": {"loss": 1.0 / i}}
+                 for i in range(1, 60)))
+    view = RunView(feed, live=False)
+    plain = view.plot.image.value
+    view.plot.log_scale.value = True
+    logged = view.plot.image.value
+    view.plot.smoothed.value = True
+    assert plain and logged and len({plain, logged, view.plot.image.value}) == 3
+
+
 def test_rows_show_progress_and_the_main_worker():
     feed = fed({"kind": "started", "time": 100.1, "rank": 0, "pid": 11},
                {"kind": "ready", "time": 100.2, "rank": 0},
@@ -34,7 +58,7 @@ def test_rows_show_progress_and_the_main_worker():
     assert "samples/s 1234" in row.text.value and "hello" in row.last.value
     assert "running" in row.badge.value and "starting" in view.rows[1].badge.value
     assert view.card_box.layout.display == "none"
-    assert view.plot.value and view.plot.layout.display == ""  # one loss point plotted
+    assert view.plot.image.value and view.plot.layout.display == ""  # one loss point plotted
     assert "hello" in view.outputs.children[0].value
     assert repr(view).splitlines()[1].strip().startswith("rank 0 cpu:0 (main) running    step 5/20")
 
@@ -125,7 +149,7 @@ def test_the_stopping_note_shows_while_stopping_and_goes_when_the_run_has_stoppe
                   {"kind": "run_finished", "time": 102.0, "status": "stopped"}):
         feed.emit(event)
     view.refresh()
-    assert view.note.value == "" and "stopped" in view.title.value
+    assert view.note.value == "<i>Stopped: stopped by the user.</i>" and "stopped" in view.title.value
     assert [row.badge.value.count(">stopped<") for row in view.rows.values()] == [1, 1]  # not "succeeded"
 
 
@@ -174,3 +198,4 @@ def test_launch_is_off_while_the_panels_run_goes_on_and_a_second_click_starts_no
     assert f"Run {run.id} is still" in panel.report.value and "stop it before launching another" in panel.report.value
     run.stop(grace=20, wait=True)
     assert not panel.launch_button.disabled  # on again once the run has ended
+    assert panel.report.value == ""  # and the refusal, no longer true, is gone

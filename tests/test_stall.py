@@ -2,11 +2,11 @@ import os
 
 import pytest
 
-from ddp_notebook.core.stall import _torch_dir, is_waiting_in_collective, main_thread_stack, pick_stalled
+from ddp_notebook.core.stall import is_waiting_in_collective, main_thread_stack, pick_stalled, torch_dir
 
 pytestmark = pytest.mark.unit
 
-TORCH = _torch_dir()
+TORCH = torch_dir()
 DUMP = f'''Thread 0x00007f0000000001 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap

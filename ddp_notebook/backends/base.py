@@ -129,6 +129,11 @@ class Transport(ABC):
     def request_stacks(self, ranks: Sequence[int]) -> None:
         """Ask ``ranks`` to dump their stacks into their stack files (SIGUSR1)."""
 
+    def cpu_seconds(self, ranks: Sequence[int]) -> dict[int, Optional[float]]:
+        """The CPU time each rank's process has used so far, where the backend can tell (the
+        stall watchdog tells a busy rank from a hung one); None where it cannot."""
+        return {r: None for r in ranks}
+
     @abstractmethod
     def abandon(self) -> None:
         """The notebook process is leaving, or supervision broke: end every rank now."""

@@ -88,6 +88,9 @@ class WorkerFailure:
     stalled_for: Optional[float] = None
     last_step: Optional[int] = None
     stderr_tail: list[str] = field(default_factory=list)
+    # On the root cause when every worker raised this same error: their devices, in rank order.
+    # Such an error is the run's, not one worker's: it comes from the code or the data.
+    same_on: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # from JSON, or written by hand as a string
@@ -127,8 +130,20 @@ class WorkerFailure:
         return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step} while the other workers waited for it"
 
     def headline(self) -> str:
-        """``Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom``"""
+        """``Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom``, or for an error
+        every worker raised, ``Every distributed data parallel worker (cpu:0, cpu:1) failed the same
+        way: ValueError: boom``."""
+        if self.same_on:
+            return (f"Every distributed data parallel worker ({', '.join(self.same_on)}) failed the same way: "
+                    f"{self.summary()}")
         return f"Distributed data parallel {worker_name(self.rank)} ({self.device}) failed: {self.summary()}"
+
+    def same_error_as(self, other: WorkerFailure) -> bool:
+        """Both workers reported the same error from the same place (compared whole, never by parts of
+        the text). Deaths without a report are never "the same": nothing says why they died."""
+        return (self.kind not in SILENT_KINDS and self.kind != FailureKind.STALL
+                and (self.kind, self.phase, self.exc_type, self.message, self.traceback)
+                == (other.kind, other.phase, other.exc_type, other.message, other.traceback))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,14 +163,27 @@ def failure_from_error(event: dict[str, Any], device: str, pid: Optional[int],
                          traceback=event.get("traceback", ""), last_step=last_step)
 
 
-def order_failures(found: Sequence[WorkerFailure]) -> list[WorkerFailure]:
+def order_failures(found: Sequence[WorkerFailure], world_size: int = 0) -> list[WorkerFailure]:
     """The root cause first, then the rest by time marked as consequences. The cause is the
-    earliest silent death if there is one (see ``SILENT_KINDS``), else the earliest failure."""
+    earliest silent death if there is one (see ``SILENT_KINDS``), else the earliest failure.
+    When all ``world_size`` workers (more than one) reported the same error, it is the run's:
+    the root says so (``same_on``) and the others are neither causes nor consequences, just
+    the same.
+
+    >>> a, b = (WorkerFailure(rank=r, device=f"cpu:{r}", kind="exception", time=r, exc_type="KeyError",
+    ...                       message="'x'") for r in (1, 0))
+    >>> [f.rank for f in order_failures([a, b], world_size=2)], b.headline()
+    ([0, 1], "Every distributed data parallel worker (cpu:0, cpu:1) failed the same way: KeyError: 'x'")
+    """
     silent = [f for f in found if f.kind in SILENT_KINDS]
     root = min(silent or found, key=lambda f: f.time)
     rest = sorted((f for f in found if f is not root), key=lambda f: f.time)
+    same = (world_size > 1 and sorted(f.rank for f in found) == list(range(world_size))
+            and all(root.same_error_as(f) for f in rest))
+    if same:
+        root.same_on = [f.device for f in sorted(found, key=lambda f: f.rank)]
     for f in rest:
-        f.consequence = True
+        f.consequence = not same
     return [root, *rest]
 
 
@@ -171,7 +199,7 @@ def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure]
     if tail and root.kind != FailureKind.EXCEPTION:
         parts.append(f"Last lines of the stderr of {name}:")
         parts.extend("  " + line for line in tail)
-    others = [f for f in failures if f is not root]
+    others = [f for f in failures if f is not root and not (root.same_on and root.same_error_as(f))]
     if others:
         parts.append("")
         for f in others:

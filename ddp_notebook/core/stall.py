@@ -7,6 +7,7 @@ are the stalled ones. Pure text processing here; the supervisor sends the signal
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import linecache
 import os
@@ -17,14 +18,15 @@ from typing import Optional
 
 from .failures import FailureKind, WorkerFailure
 
-__all__ = ["dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective", "pick_stalled",
-           "format_stack", "is_runner_file"]
+__all__ = ["torch_dir", "dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective",
+           "pick_stalled", "format_stack", "is_runner_file"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 
 
-def _torch_dir() -> Optional[str]:
+@functools.lru_cache(maxsize=1)
+def torch_dir() -> Optional[str]:
     spec = importlib.util.find_spec("torch")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -82,17 +84,17 @@ def format_stack(frames: Sequence[tuple[str, int, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def is_waiting_in_collective(frames: Sequence[tuple[str, int, str]], torch_dir: Optional[str] = None) -> bool:
+def is_waiting_in_collective(frames: Sequence[tuple[str, int, str]], torch_home: Optional[str] = None) -> bool:
     """True when the innermost frame is in torch.distributed, DDP or autograd."""
     if not frames:
         return False
-    torch_dir = torch_dir or _torch_dir()
-    if torch_dir is None:
+    torch_home = torch_home or torch_dir()
+    if torch_home is None:
         return False
     path = os.path.realpath(frames[0][0])
-    if not path.startswith(torch_dir + os.sep):
+    if not path.startswith(torch_home + os.sep):
         return False
-    parts = tuple(os.path.relpath(path, torch_dir).split(os.sep))
+    parts = tuple(os.path.relpath(path, torch_home).split(os.sep))
     return any(parts[: len(p)] == p for p in _WAITING_PARTS)
 
 
@@ -112,24 +114,26 @@ def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> l
 
 def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int, str]:
     """Ask each worker for its stacks (``request`` sends SIGUSR1 to every one) and read them
-    back from its stack file (rank -> path).
+    back from its stack file (rank -> path): this dump only, a file holds every dump of the run.
 
     The worker's faulthandler writes from its SIGUSR1 handler, asynchronously to us: read each
-    file once it has stopped growing (at most 2 s)."""
+    file once it has grown and stopped growing (at most 2 s)."""
+    before = {r: _size(path) for r, path in files.items()}
     request()
     sizes: dict[int, int] = {}
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         now_sizes = {r: _size(path) for r, path in files.items()}
-        if all(now_sizes[r] > 0 and sizes.get(r) == now_sizes[r] for r in files):
+        if all(now_sizes[r] > before[r] and sizes.get(r) == now_sizes[r] for r in files):
             break
         sizes = now_sizes
         time.sleep(0.02)
     out = {}
     for r, path in files.items():
         try:
-            with open(path, errors="replace") as f:
-                out[r] = f.read()
+            with open(path, "rb") as f:
+                f.seek(before[r])
+                out[r] = f.read().decode(errors="replace")
         except OSError:
             out[r] = ""
     return out
@@ -139,9 +143,9 @@ def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: di
                    idle: float, devices: dict[int, str], pids: dict[int, Optional[int]]) -> list[WorkerFailure]:
     """One STALL failure per rank to blame (the first is the root cause), from the stacks of
     the ranks still running (``stacks`` keys)."""
-    torch_dir = _torch_dir()
+    torch_home = torch_dir()
     frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in stacks}
-    waiting = {r: is_waiting_in_collective(frames[r], torch_dir) for r in stacks}
+    waiting = {r: is_waiting_in_collective(frames[r], torch_home) for r in stacks}
     now = time.time()
     return [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
                           traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r))

@@ -27,6 +27,7 @@ LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned
 # A running rank silent for longer than SILENCE_FACTOR times its usual gap between reports (and at
 # least SILENCE_FLOOR seconds) is shown as making no progress. Shown only: it never fails a run.
 SILENCE_FLOOR = 30.0
+RATE_WINDOW = 1.0  # seconds: a rank's step rate is measured over windows at least this long
 SILENCE_FACTOR = 10.0
 
 
@@ -62,6 +63,7 @@ class WorkerState:
     step: Optional[int] = None
     total: Optional[int] = None
     epoch: Optional[int] = None
+    epochs: Optional[int] = None  # how many epochs, when the rank runs ctx.epochs(n)
     metrics: dict[str, Any] = field(default_factory=dict)
     started_at: Optional[float] = None
     last_progress_at: Optional[float] = None
@@ -70,6 +72,8 @@ class WorkerState:
     returned: bool = False
     ready_at: Optional[float] = None
     typical_gap: Optional[float] = None  # a moving average of the seconds between two progress reports
+    rate: Optional[float] = None  # steps per second, a moving average over windows of at least RATE_WINDOW s
+    _rate_anchor: Optional[tuple[float, int]] = field(default=None, repr=False)  # (time, step) the window began
     output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
     loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
 
@@ -105,6 +109,35 @@ class WorkerState:
             return None
         quiet = now - since
         return quiet if quiet > max(SILENCE_FLOOR, SILENCE_FACTOR * (self.typical_gap or 0.0)) else None
+
+    @property
+    def epoch_text(self) -> str:
+        """``epoch 3/8`` (the third of eight, counted from 1) inside ``ctx.epochs(8)``; else the
+        epoch as reported: ``epoch 2``."""
+        if self.epoch is None:
+            return ""
+        return f"epoch {self.epoch + 1}/{self.epochs}" if self.epochs else f"epoch {self.epoch}"
+
+    def eta(self) -> Optional[float]:
+        """Seconds this running rank still needs to reach ``total`` at its current rate.
+
+        >>> w = WorkerState(0, "cpu:0", status=WorkerStatus.RUNNING, step=40, total=100, rate=20.0)
+        >>> w.eta()
+        3.0
+        """
+        if self.status != WorkerStatus.RUNNING or not self.total or self.step is None or not self.rate:
+            return None
+        return max(0.0, (self.total - self.step) / self.rate)
+
+    def _measure_rate(self, t: float, step: int) -> None:
+        if self._rate_anchor is None or step < self._rate_anchor[1]:  # first report, or steps started over
+            self._rate_anchor = (t, step)
+            return
+        t0, step0 = self._rate_anchor
+        if t - t0 >= RATE_WINDOW:
+            now_rate = (step - step0) / (t - t0)
+            self.rate = now_rate if self.rate is None else 0.6 * self.rate + 0.4 * now_rate
+            self._rate_anchor = (t, step)
 
     def stderr_tail(self, n: int = 30) -> list[str]:
         return [text for stream, text in self.output if stream == "stderr"][-n:]
@@ -195,7 +228,7 @@ class RunState:
             if self.status == RunStatus.STARTING:
                 self.status = RunStatus.RUNNING
         elif kind == EventKind.PROGRESS:
-            for key in ("step", "total", "epoch"):
+            for key in ("step", "total", "epoch", "epochs"):
                 if event.get(key) is not None:
                     setattr(w, key, event[key])
             w.metrics.update(event.get("metrics") or {})
@@ -203,6 +236,8 @@ class RunState:
                 gap = max(0.0, t - w.last_progress_at)
                 w.typical_gap = gap if w.typical_gap is None else 0.8 * w.typical_gap + 0.2 * gap
             w.last_progress_at = t
+            if t is not None and isinstance(event.get("step"), int):
+                w._measure_rate(t, event["step"])
             loss = (event.get("metrics") or {}).get("loss")
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):
                 step = event.get("step")

@@ -6,6 +6,7 @@ engine with ``engines=``. ``start_run`` is the one way a run starts; a retry is 
 from __future__ import annotations
 
 import functools
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Optional
@@ -23,7 +24,31 @@ from .packing import check_arguments, pack_call
 from .run import Run, validate_on
 
 __all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "runs", "find_run",
-           "default_devices", "set_default_devices"]
+           "default_devices", "set_default_devices", "wait_showing", "show_while_waiting", "PROGRESS_ENV"]
+
+# How a run the caller blocks on (``fit()``, ``spawn(join=True)``) is shown while it runs: set by
+# the front end (``ui.display``): the live panel in a notebook, progress lines in a terminal. It
+# returns what to call once the run has ended (or None). ``$DDP_NOTEBOOK_PROGRESS=0`` hides it.
+ShowWhileWaiting = Callable[[Run], Optional[Callable[[], None]]]
+_show_while_waiting: Optional[ShowWhileWaiting] = None
+PROGRESS_ENV = "DDP_NOTEBOOK_PROGRESS"
+
+
+def show_while_waiting(hook: Optional[ShowWhileWaiting]) -> None:
+    """Set how ``wait_showing`` shows a run (the front end calls this once)."""
+    global _show_while_waiting
+    _show_while_waiting = hook
+
+
+def wait_showing(run: Run) -> Any:
+    """``run.wait()``, with the run's progress shown meanwhile (see ``show_while_waiting``)."""
+    shown = os.environ.get(PROGRESS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    finish = _show_while_waiting(run) if shown and _show_while_waiting is not None else None
+    try:
+        return run.wait()
+    finally:
+        if finish is not None:
+            finish()
 
 # The runs started in this process, oldest first: the last of them is the current run for every
 # front end (``last_run()``, ``_ddp_run``, the magics).
@@ -106,8 +131,8 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
     closure or a lambda. ``ctx`` is a :class:`~ddp_notebook.worker.context.WorkerContext`.
 
     The device list is validated first; an invalid one raises ``InvalidDevicesError`` (with
-    the report) before any process starts. ``stall_timeout`` (seconds) fails the run, naming
-    the stalled rank, when no rank reports progress for that long once one has reported.
+    the report) before any process starts. The hang watchdog is on (``stall_timeout="auto"``):
+    a rank frozen while its peers wait for it in a collective fails the run, named.
 
     ``engines`` (an ipyparallel Client or DirectView) runs one rank per engine instead of
     local processes; ``devices`` then pairs with the engines (default ``cpu`` on each).

@@ -14,11 +14,12 @@ import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Optional, TypedDict, TypeVar
+from typing import Any, Optional, TypedDict, TypeVar, Union
 
 from ..backends.ipyparallel.engines import engines_of
 from ..core._text import TextEnum
 from ..core.errors import LaunchOptionError
+from .watchdog import auto_floor
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -37,8 +38,11 @@ class LaunchOptions:
     """torch.distributed backend, ``"gloo"`` or ``"nccl"`` (default: nccl for an all-CUDA list, else gloo)."""
     min_free_memory: Optional[int] = None
     """Bytes each worker needs free on its device (host memory for CPU workers); checked before the start."""
-    stall_timeout: Optional[float] = None
-    """Seconds without progress from any rank (once one reported) that fail the run, naming the straggler."""
+    stall_timeout: Union[float, str, None] = "auto"
+    """The hang watchdog. ``"auto"``: a rank that stays frozen (same stack, no CPU) while a peer waits
+    for it in a collective, after no progress for max(300 s, 20x the usual gap between reports),
+    fails the run naming it; slow work never does. Seconds: no progress from any rank for that long
+    (from the call of the function) fails the run. None: off."""
     timeout: float = 1800.0
     """Seconds a collective waits for its peers (the process group's timeout, torch's default for gloo)."""
     run_root: Optional[str] = None
@@ -63,6 +67,8 @@ class LaunchOptions:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise LaunchOptionError(f"{name} must be a whole number >= {least} or None, not {value!r}")
+        if self.stall_timeout == "auto":
+            auto_floor()  # a bad $DDP_NOTEBOOK_STALL_FLOOR is said now, before anything starts
         if self.engines is not None:
             object.__setattr__(self, "engines", engines_of(self.engines))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env or {}).items()})
@@ -71,13 +77,13 @@ class LaunchOptions:
 def _check_seconds(name: str, value: Any) -> None:
     """A duration option: finite seconds; ``timeout`` and ``stall_timeout`` (which may be None) > 0,
     the others >= 0."""
-    if value is None and name == "stall_timeout":
+    if name == "stall_timeout" and (value is None or value == "auto"):
         return
     positive = name in ("timeout", "stall_timeout")
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not number or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
-        optional = " or None" if name == "stall_timeout" else ""
+        optional = ", 'auto' or None" if name == "stall_timeout" else ""
         raise LaunchOptionError(f"{name} must be a number of seconds {bound}{optional}, not {value!r}")
 
 
@@ -87,7 +93,7 @@ class LaunchKwargs(TypedDict, total=False):
 
     backend: Optional[str]
     min_free_memory: Optional[int]
-    stall_timeout: Optional[float]
+    stall_timeout: Union[float, str, None]
     timeout: float
     run_root: Optional[str]
     threads_per_worker: Optional[int]

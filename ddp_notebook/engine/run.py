@@ -42,6 +42,7 @@ from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack
 from .supervisor import Outcome, Supervisor, SupervisorOptions
+from .watchdog import auto_floor
 
 __all__ = ["Run", "WorkerTraceback", "Restart", "validate_on"]
 
@@ -143,7 +144,7 @@ class Run:
         self._supervisor = Supervisor(
             transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
             SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
-                              stall_timeout=self.options.stall_timeout),
+                              stall_timeout=self.options.stall_timeout, stall_floor=auto_floor()),
             self.stream.emit)
         _live_runs.add(self)
         threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()

@@ -14,8 +14,8 @@ ended. It owns the run's bookkeeping, written once for every backend:
   collective would otherwise wait out a 10-30 minute timeout; ``request_stop`` asks for a
   cooperative stop and interrupts after ``stop_grace``; an interrupted rank still running after
   ``kill_grace`` is killed (or given up on, where the backend cannot kill);
-- the stall watchdog: no progress from any rank for ``stall_timeout`` seconds dumps every live
-  rank's stack and names the straggler (``core.stall``).
+- the stall watchdog (``engine.watchdog``): when no rank makes progress, it decides from the
+  ranks' stacks whether one hangs, and the supervisor fails the run naming the straggler.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from typing import Any, Optional
 
 from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..core.events import EventKind
-from ..core.failures import FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
-from ..core.stall import dump_stacks, stall_failures
+from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
 from ..core.state import RunStatus
+from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
 __all__ = ["Supervisor", "SupervisorOptions", "Outcome"]
 
@@ -39,13 +39,17 @@ log = logging.getLogger(__name__)
 
 _DONE, _ERROR, _STOPPED = "done", "error", "stopped"  # how a rank reported its end
 _STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
+# Seconds the first error raised by the function waits for the other ranks' before the cause is
+# named: ranks in step raise the same error within milliseconds of each other.
+SAME_ERROR_WINDOW = 1.0
 
 
 @dataclass(frozen=True)
 class SupervisorOptions:
     kill_grace: float = 3.0  # interrupt → kill
     stop_grace: float = 10.0  # cooperative stop → interrupt
-    stall_timeout: Optional[float] = None
+    stall_timeout: StallSetting = None  # seconds, "auto" or None: see engine.watchdog
+    stall_floor: float = DEFAULT_FLOOR  # the auto watchdog's least quiet period
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class Supervisor:
         self.reported: dict[int, str] = {}
         self.result: Optional[bytes] = None
         self._stderr: dict[int, deque[str]] = {r: deque(maxlen=_STDERR_KEPT) for r in self.ranks}
-        self._last_progress: Optional[float] = None
+        self.watchdog = Watchdog(options.stall_timeout, options.stall_floor, transport, stack_file)
         # what happened to them
         self.exited: set[int] = set()
         self.failures: list[WorkerFailure] = []
@@ -152,8 +156,9 @@ class Supervisor:
         deadlines = list(self._kill_deadline.values())
         if self._stop_deadline is not None:
             deadlines.append(self._stop_deadline)
-        if self.options.stall_timeout and self._last_progress is not None:
-            deadlines.append(self._last_progress + self.options.stall_timeout)
+        stall = self.watchdog.deadline()
+        if stall is not None and self.root is None and self.stop_reason is None:
+            deadlines.append(stall)
         now = time.monotonic()
         return max(0.0, min(min((d - now for d in deadlines), default=1.0), 1.0))
 
@@ -183,10 +188,11 @@ class Supervisor:
             self.pids[rank] = event.get("pid")
         elif kind == EventKind.READY:
             self.ready.add(rank)
+            self.watchdog.started()
         elif kind == EventKind.RETURNED:
             self.returned.add(rank)  # waits for its peers now: never the straggler
         elif kind == EventKind.PROGRESS:
-            self._last_progress = time.monotonic()
+            self.watchdog.progressed(rank)
             if event.get("step") is not None:
                 self.steps[rank] = event["step"]
         elif kind == EventKind.DONE:
@@ -249,12 +255,29 @@ class Supervisor:
                   and obs.event.get("kind") in (EventKind.DONE, EventKind.ERROR)}
         silent = [r for r in self.ranks if r not in self.reported and r not in self.exited and r not in queued]
         self._observe_all(self.transport.settle(silent))
+        self._await_same_errors()
         found, self._settling = self._settling, None
-        ordered = order_failures(found)
+        ordered = order_failures(found, len(self.ranks))
         self.root = ordered[0]
         for f in ordered:
             self._record(f)
         self._force(self._alive())
+
+    def _await_same_errors(self) -> None:
+        """An error raised by the function may be raised by every rank (a bug in the code, bad
+        data): give the ranks that have not reported ``SAME_ERROR_WINDOW`` seconds to report
+        theirs before anyone is interrupted, so such an error is reported as the run's."""
+        assert self._settling is not None
+        first = self._settling[0]
+        if first.kind in SILENT_KINDS or first.kind == FailureKind.STALL:
+            return
+        deadline = time.monotonic() + SAME_ERROR_WINDOW
+        while True:
+            waiting = [r for r in self.ranks if r not in self.reported and r not in self.exited]
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0 or any(not first.same_error_as(f) for f in self._settling):
+                return
+            self._observe_all(self.transport.poll(min(left, 0.05)))
 
     def _record(self, failure: WorkerFailure) -> None:
         failure.stderr_tail = list(self._stderr[failure.rank])
@@ -303,19 +326,16 @@ class Supervisor:
 
     # ---- the stall watchdog ---------------------------------------------------------------------
     def _check_stall(self) -> None:
-        timeout = self.options.stall_timeout
-        if (not timeout or self._last_progress is None or self.root is not None or self.stop_reason is not None
-                or self.released):
+        if self.root is not None or self.stop_reason is not None or self.released:
             return
-        idle = time.monotonic() - self._last_progress
+        # The ranks inside the function: a rank that returned waits for its peers, never the straggler.
         alive = [r for r in self._alive() if r not in self.reported and r not in self.returned]
-        if idle < timeout or not alive:
+        found, stacks = self.watchdog.check(alive, self.steps, self.main_ident, {r: self.labels[r] for r in alive},
+                                            {r: self.pids.get(r) for r in alive})
+        if not found:
             return
-        stacks = dump_stacks({r: self._stack_file(r) for r in alive}, lambda: self.transport.request_stacks(alive))
-        found = stall_failures(stacks, self.main_ident, self.steps, idle, {r: self.labels[r] for r in alive},
-                               {r: self.pids.get(r) for r in alive})
-        self._emit({"kind": EventKind.STALLED, "time": time.time(), "ranks": [f.rank for f in found], "idle": idle,
-                    "stacks": {str(r): text for r, text in stacks.items()}})
+        self._emit({"kind": EventKind.STALLED, "time": time.time(), "ranks": [f.rank for f in found],
+                    "idle": found[0].stalled_for, "stacks": {str(r): text for r, text in stacks.items()}})
         self.root = found[0]
         for f in found:
             self._record(f)

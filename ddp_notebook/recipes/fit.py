@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 from ..core.devices import Device, DeviceSpec
 from ..core.errors import FitConfigError, PreflightError, WorkerFailedError
 from ..core.validation import InvalidDevicesError, shard_problem
-from ..engine.launch import launch_with, validate_for
+from ..engine.launch import launch_with, validate_for, wait_showing
 from ..engine.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from ..engine.packing import first_unpicklable
 from ..engine.run import Run
@@ -191,4 +191,4 @@ def fit(
         _preflight(spec, report.devices[0], options)
     settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model))
     run = launch_with(fit_worker, list(report.devices), (spec,), {}, options, settings, report=report)
-    return run.wait() if wait else run
+    return wait_showing(run) if wait else run

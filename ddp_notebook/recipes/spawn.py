@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
-from ..engine.launch import launch_with
+from ..engine.launch import launch_with, wait_showing
 from ..engine.options import CallMode, LaunchKwargs, RunSettings, Unpack, options_from, takes_launch_options
 from ..engine.run import Run
 
@@ -54,4 +54,4 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
     options = options_from("spawn", dict(launch_options))
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_loopback_port()), **options.env}
     run = launch_with(fn, devices, tuple(args), {}, replace(options, env=env), RunSettings(mode=CallMode.SPAWN))
-    return run.wait() if join else run
+    return wait_showing(run) if join else run

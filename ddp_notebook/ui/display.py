@@ -10,11 +10,13 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from ..core.validation import ValidationReport
+from ..engine.launch import show_while_waiting
 from ..engine.run import Run
 from .html import report_html
+from .terminal import watch
 from .text import format_run
 
-__all__ = ["in_notebook", "show_run", "show_report", "register", "unregister"]
+__all__ = ["in_notebook", "show_run", "show_report", "show_blocking_run", "register", "unregister"]
 
 
 def _shell() -> Any:
@@ -81,8 +83,23 @@ def _display_run(run: Run) -> None:
     show_run(run)
 
 
+def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:
+    """How a run that the caller blocks on (``fit()``, ``spawn()``) shows: its live panel in a
+    notebook; progress on stderr elsewhere, then its final table."""
+    if in_notebook():
+        from IPython.display import display
+
+        from .panel import DDPPanel
+
+        display(DDPPanel(run))
+        return None
+    return watch(run)
+
+
 def register(shell: Any = None) -> None:
-    """Show every ``Run`` through ``show_run`` in ``shell`` (default: the running IPython, if any)."""
+    """Show every ``Run`` through ``show_run`` in ``shell`` (default: the running IPython, if any),
+    and every run a caller blocks on (``show_blocking_run``)."""
+    show_while_waiting(show_blocking_run)
     shell = shell if shell is not None else _shell()
     if shell is not None:
         shell.display_formatter.ipython_display_formatter.for_type(Run, _display_run)

@@ -42,8 +42,17 @@ def report_html(report: ValidationReport) -> str:
             f'{table}<ul>{findings}</ul></div>')
 
 
-def hint_for(failure: WorkerFailure) -> str:
-    """What to try next, drawn from the kind of failure (never from its message text)."""
+def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
+    """What to try next, drawn from the kind of failure (never from its message text) and from
+    the devices whose workers did not cause it (``healthy``).
+
+    >>> f = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="ValueError")
+    >>> hint_for(f, ["cpu:0"])
+    'Only worker 1 raised it: retry on cpu:1 alone to reproduce it in one process, or on cpu:0 to go on without it.'
+    """
+    if failure.same_on:
+        return ("Every worker raised this same error: it comes from the code or the data, not from a device. "
+                "Fix it and launch again.")
     if failure.kind == FailureKind.SIGNAL and failure.signal == "SIGKILL" or failure.exc_type == "OutOfMemoryError":
         return ("Out of memory is the usual cause: lower the batch size, use a smaller model or fewer workers "
                 "per machine, or check what else uses the memory.")
@@ -64,14 +73,16 @@ def hint_for(failure: WorkerFailure) -> str:
     if failure.kind == FailureKind.STALL:
         return ("This worker stopped making progress while its peers waited for it in a collective: its stack "
                 "below shows where it is stuck (a deadlock, a slow data loader, a rank-dependent branch).")
-    return "Retry on a single device to reproduce it with the whole traceback in one process."
+    elsewhere = f", or on {healthy[0]} to go on without it" if healthy else ""
+    return (f"Only {worker_name(failure.rank)} raised it: retry on {failure.device} alone to reproduce it in one "
+            f"process{elsewhere}.")
 
 
-def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure]) -> str:
+def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], healthy: Sequence[str] = ()) -> str:
     """The red card: headline, hint, traceback and stderr tail (collapsible), knock-on failures."""
     parts = [f'<div class="ddp-failure" style="border-left:4px solid {RED};padding:4px 10px;background:#fff5f5">',
              f'<div style="color:{RED};font-weight:bold">{escape(root.headline())}</div>',
-             f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root))}</div>']
+             f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root, healthy))}</div>']
     if root.traceback:
         parts.append(f"<details open><summary>Traceback from {worker_name(root.rank)} ({root.device}), "
                      f"pid {root.pid}</summary><pre>{escape(root.traceback)}</pre></details>")
@@ -80,7 +91,7 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure]) ->
         parts.append(f"<details><summary>Last lines of its stderr</summary><pre>{escape(chr(10).join(tail))}"
                      "</pre></details>")
     for f in failures:
-        if f is not root:
+        if f is not root and not (root.same_on and root.same_error_as(f)):
             how = "as a consequence" if f.consequence else "as well"
             parts.append(f'<div style="color:#6c757d">{escape(worker_name(f.rank))} ({f.device}) failed {how}: '
                          f"{escape(f.summary())}</div>")

@@ -53,6 +53,16 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
     return magic.parser.parse_args(words)
 
 
+def _stall_setting(text: str) -> Any:
+    """``--stall-timeout``: seconds, ``auto`` or ``off``."""
+    if text.lower() in ("auto", "off"):
+        return text.lower()
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 'auto' or 'off'") from None
+
+
 _CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
 
 
@@ -118,6 +128,8 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
     ``kwargs``, or a dict of ``fit`` arguments) without waiting; return the run and a function
     that relaunches it on other devices."""
     given = {k: v for k, v in options.items() if v is not None}
+    if given.get("stall_timeout") == "off":
+        given["stall_timeout"] = None
     if isinstance(target, dict) and (args or kwargs):
         raise FitConfigError(f"{name} is a dict of fit() arguments, not a function to call")
     if isinstance(target, dict):
@@ -179,7 +191,9 @@ class DDPMagics(Magics):
     @argument("-d", "--devices", nargs="+", help="device list (default: the one set with %%ddp_devices)")
     @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
     @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
-    @argument("--stall-timeout", type=float, help="fail the run when no rank reports progress for this long")
+    @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
+              help="the hang watchdog: fail the run when no rank reports progress for SECONDS; auto (the "
+                   "default) fails only a rank that is frozen while its peers wait for it; off")
     @argument("--engines", help="run one rank per ipyparallel engine: the name of a Client or DirectView")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic

@@ -43,6 +43,7 @@ class DDPPanel(FullText, widgets.VBox):
         self.validator = validator
         self.on_start = on_start
         self.views: list[RunView] = []
+        self._refusal = ""  # the last "stop it before launching another" shown
         self.views_box = widgets.VBox()
         self.report = widgets.HTML()
         children: list[Any] = []
@@ -77,8 +78,9 @@ class DDPPanel(FullText, widgets.VBox):
             return None
         current = self.views[-1].run if self.views else None
         if current is not None and not current.state.finished:
-            self.report.value = (f'<span style="color:{RED}">Run {escape(current.id)} is still {current.status}: stop '
-                                 "it before launching another.</span>")
+            self._refusal = (f'<span style="color:{RED}">Run {escape(current.id)} is still {current.status}: stop '
+                             "it before launching another.</span>")
+            self.report.value = self._refusal
             return None
         if not self.validate():
             return None
@@ -100,6 +102,8 @@ class DDPPanel(FullText, widgets.VBox):
         def on_event(event: dict[str, Any]) -> None:
             if event.get("kind") == EventKind.RUN_FINISHED and self.views and self.views[-1].run is run:
                 self.launch_button.disabled = False
+                if self.report.value == self._refusal:  # no longer true: the run has ended
+                    self.report.value = ""
 
         run.subscribe(on_event)  # first: an end that comes meanwhile is seen by one of the two
         self.launch_button.disabled = not run.state.finished
@@ -108,7 +112,7 @@ class DDPPanel(FullText, widgets.VBox):
         """Add a view of ``run`` (a retry's view goes below the run it retries)."""
         def on_retry(devices: list[str], parent: Any = run) -> Any:
             new = parent.retry(device=devices[0]) if len(devices) == 1 else parent.retry(devices=devices)
-            self.show(new, title=f"retry of {parent.id} on {','.join(devices)}")
+            self.show(new)  # its view says it is a retry, of which run, on which devices
             if self.on_start is not None:
                 self.on_start(new)
             return new

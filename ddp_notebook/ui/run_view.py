@@ -11,7 +11,6 @@ at once.
 """
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections.abc import Callable
@@ -21,9 +20,10 @@ from typing import Any, Optional
 import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
-from ..core.state import RunState
+from ..core.state import RunState, RunStatus
 from .html import ORANGE, RED, badge, failure_card_html
-from .text import format_duration, format_metric, format_run
+from .loss_plot import LossPlot
+from .text import format_duration, format_metric, format_rate, format_run
 
 __all__ = ["RunView", "FullText"]
 
@@ -42,6 +42,9 @@ class FullText:
         return data
 
 
+NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
+
 class _Row:
     """The widgets of one rank."""
 
@@ -52,8 +55,8 @@ class _Row:
                                  layout=widgets.Layout(width="150px"))
         self.badge = widgets.HTML(layout=widgets.Layout(width="90px"))
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="180px"))
-        self.text = widgets.HTML(layout=widgets.Layout(width="380px"))
-        self.last = widgets.HTML(layout=widgets.Layout(flex="1"))
+        self.text = widgets.HTML(layout=widgets.Layout(width="420px"))
+        self.last = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0"))
         self.box = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
                                 layout=widgets.Layout(padding="2px", border="1px solid transparent"))
 
@@ -77,7 +80,7 @@ class RunView(FullText, widgets.VBox):
         self.stop_button.on_click(lambda _: self._stop())
         self.rows: dict[int, _Row] = {}
         self.rows_box = widgets.VBox()
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(width="520px", display="none"))
+        self.plot = LossPlot()
         self.card = widgets.HTML()
         self.retry_device = widgets.Dropdown(description="device", layout=widgets.Layout(width="200px"))
         self.retry_single = widgets.Button(description="Retry on single device", button_style="primary",
@@ -123,7 +126,13 @@ class RunView(FullText, widgets.VBox):
             now = time.time()
             end = state.ended_at or now
             elapsed = f"{end - state.started_at:.1f} s" if state.started_at else ""
-            sub = f" — {escape(self.subtitle)}" if self.subtitle else ""
+            etas = [e for e in (w.eta() for w in state.workers.values()) if e is not None]
+            if etas and not state.finished:
+                elapsed += f" · ETA {format_duration(max(etas))}"
+            # A retry says so, wherever it was started (the card, %ddp_retry, run.retry()).
+            retry = f"retry of {state.parent} on {','.join(state.devices)}" if state.parent else ""
+            subtitle = self.subtitle or retry
+            sub = f" — {escape(subtitle)}" if subtitle else ""
             self.title.value = (f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
                                 f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
             self.stop_button.layout.display = "none" if state.finished else ""
@@ -152,6 +161,8 @@ class RunView(FullText, widgets.VBox):
             reason = f" ({escape(state.stop_reason)})" if state.stop_reason else ""
             return (f"<i>Stopping{reason}: each worker sees <code>ctx.should_stop</code> and may finish its step; "
                     "those still running after the grace period are ended.</i>")
+        if state.status == RunStatus.STOPPED and state.stop_reason:
+            return f"<i>Stopped: {escape(state.stop_reason)}.</i>"
         return ""
 
     def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
@@ -165,19 +176,22 @@ class RunView(FullText, widgets.VBox):
         if w.step is not None:
             bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")
         if w.epoch is not None:
-            bits.append(f"epoch {w.epoch}")
+            bits.append(w.epoch_text)
         for key in ("loss", "samples_per_s"):
             if key in w.metrics:
                 bits.append(f"{'samples/s' if key == 'samples_per_s' else key} {format_metric(w.metrics[key])}")
         bits += [f"{k} {format_metric(v)}" for k, v in w.metrics.items() if k not in ("loss", "samples_per_s")][:3]
+        if w.status == "running" and format_rate(w):
+            bits.append(format_rate(w))
         if w.started_at:
             bits.append(f"{(w.ended_at or now) - w.started_at:.0f} s")
         text = " · ".join(escape(bit) for bit in bits)  # metric names and values come from the run
         silent = w.silent_for(now)
         if silent is not None:
             text += f' · <b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>'
-        row.text.value = text
-        row.last.value = f'<code style="color:#6c757d">{escape(w.last_line[-120:])}</code>'
+        # One line per rank, however many metrics: what does not fit ends in an ellipsis.
+        row.text.value = f'<div style="{NOWRAP}">{text}</div>'
+        row.last.value = f'<div style="{NOWRAP}"><code style="color:#6c757d">{escape(w.last_line[-120:])}</code></div>'
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
         if caused_failure and "ddp-failed-row" not in row.box._dom_classes:
             row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests
@@ -187,7 +201,7 @@ class RunView(FullText, widgets.VBox):
         if root is None:
             self.card_box.layout.display = "none"
             return
-        self.card.value = failure_card_html(root, state.failures)
+        self.card.value = failure_card_html(root, state.failures, state.healthy_devices)
         options = list(state.devices)
         self.retry_device.options = options
         default = self._default_retry_device()
@@ -202,23 +216,7 @@ class RunView(FullText, widgets.VBox):
         points = sum(len(w.loss_history) for w in state.workers.values())
         if points == 0 or points == self._plotted_points or (not force and now - self._plotted_at < PLOT_S):
             return
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(5.2, 2.2), dpi=100)
-        ax = fig.add_subplot()
-        for r, w in sorted(state.workers.items()):
-            if w.loss_history:
-                xs, ys = zip(*w.loss_history)
-                ax.plot(xs, ys, label=f"rank {r} ({w.device})", linewidth=1.2)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        buf = io.BytesIO()
-        FigureCanvasAgg(fig).print_png(buf)
-        self.plot.value = buf.getvalue()
-        self.plot.layout.display = ""
+        self.plot.update({f"rank {r} ({w.device})": list(w.loss_history) for r, w in sorted(state.workers.items())})
         self._plotted_at, self._plotted_points = now, points
 
     # ---- actions --------------------------------------------------------------------------

@@ -14,13 +14,34 @@ from typing import Any, Optional
 
 from ..core.state import RunState, WorkerState
 
-__all__ = ["format_worker", "format_run", "format_metric", "format_duration"]
+__all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration"]
 
 
 def format_metric(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    """A metric as people read it: 4 significant digits, large numbers with k/M/G.
+
+    >>> format_metric(0.123456), format_metric(15832.7), format_metric(2_500_000), format_metric("ok")
+    ('0.1235', '15.8k', '2.5M', 'ok')
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if abs(value) >= size:
+            scaled = value / (1e3 if suffix == "k" else size)
+            return f"{scaled:.3g}{suffix}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def format_rate(w: WorkerState) -> str:
+    """``12.5 steps/s, ETA 40 s``: a running rank's pace ('' until it is known)."""
+    if w.rate is None:
+        return ""
+    if w.rate >= 1:
+        pace = f"{format_metric(w.rate)} steps/s"
+    else:
+        pace = f"{format_duration(1 / w.rate)}/step" if w.rate > 0 else "no steps"
+    eta = w.eta()
+    return pace + (f", ETA {format_duration(eta)}" if eta is not None else "")
 
 
 def format_duration(seconds: float) -> str:
@@ -37,15 +58,17 @@ def format_duration(seconds: float) -> str:
 
 def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
-    parts = [f"{name:<17} {w.status:<10}"]
+    parts = [f"{name:<19} {w.status:<10}"]
     if w.step is not None:
         if w.total:
             parts.append(f"step {w.step}/{w.total} ({100 * w.step / w.total:3.0f}%)")
         else:
             parts.append(f"step {w.step}")
     if w.epoch is not None:
-        parts.append(f"epoch {w.epoch}")
+        parts.append(w.epoch_text)
     parts += [f"{k} {format_metric(v)}" for k, v in w.metrics.items()]
+    if w.status == "running" and format_rate(w):
+        parts.append(f"· {format_rate(w)}")
     silent = w.silent_for(time.time() if now is None else now)
     if silent is not None:
         parts.append(f"· no progress for {format_duration(silent)}")
@@ -56,8 +79,10 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     """Several lines: the run's status, one line per rank, the root failure if any."""
     now = time.time() if now is None else now
     end = state.ended_at or now
-    elapsed = f" after {end - state.started_at:.1f} s" if state.started_at else ""
-    lines = [f"Run {state.run_id} {state.status}{elapsed} on {','.join(state.devices)} ({state.backend or '?'})"]
+    elapsed = f" after {end - state.started_at:.1f} s" if state.started_at is not None else ""
+    etas = [e for e in (w.eta() for w in state.workers.values()) if e is not None]
+    left = f", ETA {format_duration(max(etas))}" if etas and not state.finished else ""
+    lines = [f"Run {state.run_id} {state.status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
     lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
     root = state.root_failure
     if root is not None:

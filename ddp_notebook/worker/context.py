@@ -113,6 +113,8 @@ class WorkerContext(TrainingHelpers):
             event["total"] = int(total)
         if epoch is not None:
             event["epoch"] = int(epoch)
+            if self._epochs is not None:  # inside ctx.epochs(n): the panel shows "epoch k/n"
+                event["epochs"] = int(self._epochs)
         event["metrics"] = {k: to_json_value(v, k) for k, v in metrics.items()}
         now = time.monotonic()
         with self._lock:

@@ -111,6 +111,12 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
                 device_id=device if kind == "cuda" else None,
             )
             teardown.keep(dist.group.WORLD)
+            if cfg["backend"] == "gloo":
+                # gloo connects every pair inside init_process_group, and a rank may return from
+                # it before its peers have: one that then fails at once closes its sockets under a
+                # peer still connecting, which reports a knock-on set-up error instead of its own
+                # (an error every rank raises would not be seen as the same on every rank).
+                dist.barrier()
 
         ctx = WorkerContext(
             rank=rank, world_size=world_size, local_rank=cfg.get("local_rank", rank),

@@ -13,6 +13,9 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import Optional
+
+import psutil
 
 from ...core.events import FrameDecoder
 from ...core.failures import signal_name
@@ -206,6 +209,18 @@ class LocalTransport(Transport):
                 os.kill(self.workers[rank].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
+
+    def cpu_seconds(self, ranks: Sequence[int]) -> dict[int, Optional[float]]:
+        out: dict[int, Optional[float]] = {}
+        for rank in ranks:
+            out[rank] = None
+            if rank not in self._exited:  # not reaped yet: the pid is still this worker's
+                try:
+                    times = psutil.Process(self.workers[rank].pid).cpu_times()
+                    out[rank] = times.user + times.system
+                except psutil.Error:
+                    pass
+        return out
 
     def abandon(self) -> None:
         for w in self.workers.values():

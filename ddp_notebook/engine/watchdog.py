@@ -1,0 +1,157 @@
+"""The stall watchdog: when a run makes no progress, decide whether a rank hangs, and name it.
+
+Two modes, chosen with ``stall_timeout``:
+
+- a number of seconds (strict): no progress from any rank for that long, counted from the moment
+  every rank called the function, fails the run. What users ask for when they know their loop
+  reports often.
+- ``"auto"`` (the default): it must never fail a healthy run, including code that never calls
+  ``ctx.log`` and phases that are slow for good reasons (an evaluation on rank 0 while the others
+  wait at a barrier). After a quiet period of ``max(floor, 20 x the usual gap between reports)``
+  (floor 300 s, ``$DDP_NOTEBOOK_STALL_FLOOR``), every live rank's stack is sampled twice, a couple
+  of seconds apart. The run fails only when a rank waits for its peers in a collective and every
+  rank it could be waiting for is frozen: the same stack in both samples and (where the backend
+  can tell) no CPU time spent. Anything else is work in progress: the panel shows "no progress
+  for ..." and the watchdog looks again one quiet period later.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..backends.base import Transport
+from ..core.errors import LaunchOptionError
+from ..core.failures import WorkerFailure
+from ..core.stall import dump_stacks, is_waiting_in_collective, main_thread_stack, stall_failures, torch_dir
+
+__all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV"]
+
+AUTO = "auto"
+StallSetting = Union[float, str, None]  # seconds, "auto" or None (off)
+FLOOR_ENV = "DDP_NOTEBOOK_STALL_FLOOR"
+DEFAULT_FLOOR = 300.0  # seconds: the auto watchdog never looks before this much quiet
+GAP_FACTOR = 20.0  # ... nor before 20 times a rank's usual gap between two progress reports
+SAMPLE_GAP = 2.0  # seconds between the two stack samples
+FROZEN_CPU = 0.05  # a rank that used less than this share of a core between the samples is idle
+
+
+def auto_floor() -> float:
+    """The auto watchdog's floor in seconds: ``$DDP_NOTEBOOK_STALL_FLOOR``, else 300."""
+    text = os.environ.get(FLOOR_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_FLOOR
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LaunchOptionError(f"${FLOOR_ENV} must be a number of seconds > 0, not {text!r}")
+    return value
+
+
+@dataclass
+class _Sample:
+    at: float
+    frames: dict[int, list[tuple[str, int, str]]]
+    stacks: dict[int, str]
+    cpu: dict[int, Optional[float]]
+
+
+class Watchdog:
+    """Watches one run's progress for the supervisor (same thread): ``started``/``progressed``
+    on events, ``deadline()`` for the supervisor's poll, ``check()`` when it passes."""
+
+    def __init__(self, setting: StallSetting, floor: float, transport: Transport,
+                 stack_file: Callable[[int], str]) -> None:
+        self.strict = setting if isinstance(setting, (int, float)) else None
+        self.auto = setting == AUTO
+        self.floor = floor
+        self.transport = transport
+        self.stack_file = stack_file
+        self.quiet_since: Optional[float] = None  # the last progress, or the last rank's start
+        self.gaps: dict[int, float] = {}  # each rank's usual gap between reports (moving average)
+        self._last: dict[int, float] = {}
+        self._next_look: Optional[float] = None
+        self._first: Optional[_Sample] = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.strict is not None or self.auto
+
+    def started(self) -> None:
+        """A rank called the function: the quiet period starts (again)."""
+        self._reset(time.monotonic())
+
+    def progressed(self, rank: int) -> None:
+        now = time.monotonic()
+        if rank in self._last:
+            gap = now - self._last[rank]
+            self.gaps[rank] = gap if rank not in self.gaps else 0.8 * self.gaps[rank] + 0.2 * gap
+        self._last[rank] = now
+        self._reset(now)
+
+    def _reset(self, now: float) -> None:
+        self.quiet_since = now
+        self._first = None
+        self._next_look = now + self.limit()
+
+    def limit(self) -> float:
+        """Seconds of quiet before the watchdog looks."""
+        if self.strict is not None:
+            return float(self.strict)
+        return max(self.floor, GAP_FACTOR * max(self.gaps.values(), default=0.0))
+
+    def deadline(self) -> Optional[float]:
+        return self._next_look if self.enabled and self.quiet_since is not None else None
+
+    def check(self, alive: Sequence[int], steps: dict[int, Optional[int]], main_ident: dict[int, int],
+              labels: dict[int, str], pids: dict[int, Optional[int]]) -> tuple[list[WorkerFailure], dict[int, str]]:
+        """The ranks to fail as stalled (the first is the cause), with the stacks that show it;
+        nothing while the run may still be working. ``alive``: the ranks inside the function."""
+        now = time.monotonic()
+        if not self.enabled or self._next_look is None or now < self._next_look or not alive:
+            return [], {}
+        assert self.quiet_since is not None
+        idle = now - self.quiet_since
+        sample = self._sample(alive, main_ident)
+        if self.strict is not None:
+            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids), sample.stacks
+        if self._first is None or set(self._first.frames) != set(alive):
+            waiting = [r for r in alive if is_waiting_in_collective(sample.frames[r], torch_dir())]
+            if waiting:  # someone waits for a peer: look again shortly, then decide
+                self._first, self._next_look = sample, now + SAMPLE_GAP
+            else:  # nobody is blocked on a peer: work in progress, however long
+                self._next_look = now + self.limit()
+            return [], {}
+        first, self._first = self._first, None
+        if self._hung(first, sample):
+            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids), sample.stacks
+        self._next_look = now + self.limit()
+        return [], {}
+
+    def _sample(self, ranks: Sequence[int], main_ident: dict[int, int]) -> _Sample:
+        cpu = self.transport.cpu_seconds(ranks)
+        stacks = dump_stacks({r: self.stack_file(r) for r in ranks}, lambda: self.transport.request_stacks(ranks))
+        frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in ranks}
+        return _Sample(time.monotonic(), frames, stacks, cpu)
+
+    def _hung(self, first: _Sample, second: _Sample) -> bool:
+        """A rank waits in a collective, and every rank that does not is frozen (when all wait
+        in collectives, all must be frozen: a deadlock)."""
+        tdir = torch_dir()
+        waiting = {r for r, frames in second.frames.items() if is_waiting_in_collective(frames, tdir)}
+        if not waiting:
+            return False
+        others = [r for r in second.frames if r not in waiting] or list(second.frames)
+        elapsed = max(second.at - first.at, 1e-3)
+
+        def frozen(rank: int) -> bool:
+            if first.frames.get(rank) != second.frames[rank] or not second.frames[rank]:
+                return False
+            before, after = first.cpu.get(rank), second.cpu.get(rank)
+            return before is None or after is None or (after - before) < FROZEN_CPU * elapsed
+
+        return all(frozen(r) for r in others)

@@ -1,0 +1,81 @@
+"""The loss plot of a run view: one line per rank, with a log scale and smoothing to keep a fast
+run's noise and a long run's early drop readable.
+
+>>> smooth([(1, 4.0), (2, 0.0), (3, 4.0), (4, 0.0)], weight=0.5)
+[(1, 4.0), (2, 2.0), (3, 3.0), (4, 1.5)]
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import ipywidgets as widgets
+
+__all__ = ["LossPlot", "smooth", "plot_png"]
+
+Series = dict[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
+
+
+def smooth(points: Sequence[tuple[float, float]], weight: float) -> list[tuple[float, float]]:
+    """An exponential moving average of the losses (TensorBoard's smoothing)."""
+    out: list[tuple[float, float]] = []
+    last = None
+    for x, y in points:
+        last = y if last is None else weight * last + (1 - weight) * y
+        out.append((x, last))
+    return out
+
+
+def smoothing_weight(n: int) -> float:
+    """More smoothing for more points: none below 20, about a 1% window past a few thousand."""
+    return 0.0 if n < 20 else min(0.98, 1.0 - 10.0 / n) if n > 500 else 0.9
+
+
+def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2, 2.2), dpi=100)
+    ax = fig.add_subplot()
+    for label, points in series.items():
+        if not points:
+            continue
+        shown = smooth(points, smoothing_weight(len(points))) if smoothed else list(points)
+        xs, ys = zip(*shown)
+        ax.plot(xs, ys, label=label, linewidth=1.2)
+    positive = all(y > 0 for points in series.values() for _x, y in points)
+    if log_scale and positive:  # a log scale of a loss that reaches 0 or below would hide it
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss" + (" (smoothed)" if smoothed else ""))
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()
+
+
+class LossPlot(widgets.VBox):
+    """The plot and its two switches; ``update(series)`` redraws it."""
+
+    def __init__(self) -> None:
+        self.image = widgets.Image(format="png", layout=widgets.Layout(width="520px"))
+        self.log_scale = widgets.Checkbox(value=False, description="log scale", indent=False,
+                                          layout=widgets.Layout(width="110px"))
+        self.smoothed = widgets.Checkbox(value=False, description="smooth", indent=False,
+                                         layout=widgets.Layout(width="90px"))
+        super().__init__([self.image, widgets.HBox([self.log_scale, self.smoothed])],
+                         layout=widgets.Layout(display="none"))
+        self._series: Series = {}
+        for box in (self.log_scale, self.smoothed):
+            box.observe(lambda _change: self._draw(), names="value")
+
+    def update(self, series: Series) -> None:
+        self._series = series
+        self._draw()
+
+    def _draw(self) -> None:
+        if not any(self._series.values()):
+            return
+        self.image.value = plot_png(self._series, self.log_scale.value, self.smoothed.value)
+        self.layout.display = ""

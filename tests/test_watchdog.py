@@ -1,0 +1,79 @@
+"""The hang watchdog with real processes and gloo: on by default, it names a frozen rank that
+its peers wait for, before or after its first report, and never fails slow or quiet work.
+
+The auto watchdog's floor is 300 s for users; these tests lower it with
+``$DDP_NOTEBOOK_STALL_FLOOR`` (read at each launch in the notebook process)."""
+import pytest
+
+import ddp_notebook
+from ddp_notebook import LaunchOptionError, RunStoppedError, WorkerFailedError
+from ddp_notebook.engine.options import LaunchOptions
+
+import faults
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture
+def floor(monkeypatch):
+    monkeypatch.setenv("DDP_NOTEBOOK_STALL_FLOOR", "3")
+
+
+def test_the_watchdog_is_on_by_default():
+    assert LaunchOptions().stall_timeout == "auto"
+
+
+@pytest.mark.parametrize("report_first", [False, True])
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_auto_names_a_frozen_rank_its_peer_waits_for(floor, bad_rank, report_first):
+    run = ddp_notebook.launch(faults.hang_on_rank, devices="cpu*2", kwargs=dict(bad_rank=bad_rank,
+                                                                                report_first=report_first))
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    err = e.value
+    assert (err.rank, err.failure.kind) == (bad_rank, "stall"), str(err)
+    assert str(err).startswith(f"Distributed data parallel {'main worker' if bad_rank == 0 else 'worker 1'} "
+                               f"(cpu:{bad_rank}) failed: stalled: no progress for ")
+    assert "time.sleep(3600)" in err.failure.traceback  # the hung rank's own stack
+    assert [f.rank for f in run.failures if not f.consequence] == [bad_rank]
+    assert {w.rank: w.status for w in run.workers}[1 - bad_rank] == "stopped"
+
+
+def test_auto_never_fails_a_rank_that_works_while_its_peer_waits(floor):
+    # 12 s of computing on rank 0, four times the floor, with rank 1 waiting in all_reduce.
+    run = ddp_notebook.launch(faults.busy_outside_collective, devices="cpu*2", kwargs=dict(seconds=12.0))
+    assert run.wait(timeout=120) == 2.0 and run.status == "succeeded"
+
+
+def test_auto_never_fails_quiet_ranks_that_wait_for_no_peer(floor):
+    run = ddp_notebook.launch(faults.quiet_without_collective, devices="cpu*2", kwargs=dict(seconds=8.0))
+    assert run.wait(timeout=120) == 0 and run.status == "succeeded"
+
+
+def test_seconds_fail_a_hang_before_the_first_report():
+    run = ddp_notebook.launch(faults.hang_on_rank, devices="cpu*2", stall_timeout=3.0)
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    assert (e.value.rank, e.value.failure.kind) == (1, "stall")
+
+
+def test_off_leaves_a_hang_to_the_user():
+    run = ddp_notebook.launch(faults.hang_on_rank, devices="cpu*2", stall_timeout=None)
+    with pytest.raises(TimeoutError):
+        run.wait(timeout=8)
+    assert run.status == "running"
+    run.stop(grace=0)
+    with pytest.raises(RunStoppedError):
+        run.wait(timeout=60)
+    assert run.status == "stopped"
+
+
+@pytest.mark.parametrize("value", ["", "soon", "-1", "nan", "inf"])
+def test_a_bad_floor_is_said_before_anything_starts(monkeypatch, value, tmp_path):
+    monkeypatch.setenv("DDP_NOTEBOOK_STALL_FLOOR", value)
+    if value == "":  # unset in effect: the default floor
+        assert LaunchOptions().stall_timeout == "auto"
+        return
+    with pytest.raises(LaunchOptionError, match=r"^\$DDP_NOTEBOOK_STALL_FLOOR must be a number of seconds > 0, "):
+        ddp_notebook.launch(lambda ctx: None, devices="cpu:0", run_root=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

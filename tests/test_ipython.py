@@ -124,3 +124,48 @@ def test_an_interrupt_during_a_blocking_wait_stops_the_run(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+NOTEBOOK_PATH = '''
+import time, ddp_notebook, torch, torch.distributed as dist
+def hangs_on_rank_1(ctx):          # never calls ctx.log
+    if ctx.rank == 1:
+        time.sleep(3600)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+def wrong_key(ctx, config):        # every rank makes the same mistake
+    return config["learning_rate"]
+
+def quick(rank, steps):            # a torch.multiprocessing.spawn-style function
+    return rank
+'''
+
+
+def test_in_a_kernel_a_hang_is_named_by_default_a_shared_error_is_said_once_and_blocking_calls_show(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    # The auto watchdog's floor, 300 s for users, lowered for the test.
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "DDP_NOTEBOOK_STALL_FLOOR": "3"})
+    try:
+        assert kc.execute_interactive(NOTEBOOK_PATH, timeout=120)["content"]["status"] == "ok"
+        reply = kc.execute_interactive("ddp_notebook.launch(hangs_on_rank_1, devices='cpu*2').wait(120)", timeout=180)
+        err = reply["content"]
+        assert err["status"] == "error" and err["ename"] == "WorkerFailedError", err
+        assert err["evalue"].startswith("Distributed data parallel worker 1 (cpu:1) failed: stalled: no progress for ")
+        assert "time.sleep(3600)" in "\n".join(err["traceback"])
+        reply = kc.execute_interactive("ddp_notebook.launch(wrong_key, devices='cpu*2', args=({},)).wait(120)",
+                                       timeout=180)
+        assert reply["content"]["evalue"] == ("Every distributed data parallel worker (cpu:0, cpu:1) failed the same "
+                                              "way: KeyError: 'learning_rate'")
+        shown = []
+        reply = kc.execute_interactive("print(ddp_notebook.spawn(quick, args=(3,), nprocs=2))", timeout=180,
+                                       output_hook=lambda m: shown.append(m))
+        assert reply["content"]["status"] == "ok"
+        panels = [m["content"]["data"] for m in shown if m["msg_type"] == "display_data"]
+        assert panels and "application/vnd.jupyter.widget-view+json" in panels[0]  # the live panel while it ran
+        assert any(m["msg_type"] == "stream" and m["content"]["text"] == "0\n" for m in shown)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

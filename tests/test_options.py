@@ -47,3 +47,14 @@ def test_arguments_the_function_cannot_take_are_refused_before_anything_starts(t
     with pytest.raises(ddp_notebook.ArgumentsError, match=r"^train\(rank, \.\.\.\) cannot take these arguments"):
         ddp_notebook.spawn(train, args=(1, 2, 3), nprocs=2, run_root=str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("grace", [float("nan"), -1.0, float("inf"), "5"])
+def test_a_stop_grace_that_would_never_end_the_stop_is_refused(grace):
+    run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu:0")
+    try:
+        with pytest.raises(LaunchOptionError, match=r"^grace must be a number of seconds >= 0, not "):
+            run.stop(grace=grace)
+        assert not run.stop_requested
+    finally:
+        run.wait(timeout=60)

@@ -27,7 +27,7 @@ else:  # pragma: no cover
     from typing_extensions import Unpack
 
 __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
-           "Unpack"]
+           "Unpack", "check_seconds"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class LaunchOptions:
 
     def __post_init__(self) -> None:
         for name in ("timeout", "stall_timeout", "stop_grace", "kill_grace", "progress_interval"):
-            _check_seconds(name, getattr(self, name))
+            check_seconds(name, getattr(self, name))
         for name, least in (("threads_per_worker", 1), ("min_free_memory", 0)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
@@ -74,7 +74,7 @@ class LaunchOptions:
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env or {}).items()})
 
 
-def _check_seconds(name: str, value: Any) -> None:
+def check_seconds(name: str, value: Any) -> None:
     """A duration option: finite seconds; ``timeout`` and ``stall_timeout`` (which may be None) > 0,
     the others >= 0."""
     if name == "stall_timeout" and (value is None or value == "auto"):

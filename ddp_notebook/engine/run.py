@@ -40,7 +40,7 @@ from ..core.rundir import RunDir, default_run_root
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
-from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack
+from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_seconds
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import auto_floor
 
@@ -264,6 +264,8 @@ class Run:
     def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
         """Ask every worker to stop (``ctx.should_stop`` becomes True); workers still running
         after ``grace`` seconds (default ``stop_grace``) are terminated."""
+        if grace is not None:
+            check_seconds("grace", grace)  # a nan or negative grace would never end the stop
         self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
         if wait:
             self._finished.wait()

@@ -146,3 +146,13 @@ def same_error_everywhere(ctx, config: dict):
     """Every rank makes the same mistake: a key the configuration does not have."""
     ctx.log(step=1)
     return config["learning_rate"]
+
+
+def deadlock(ctx):
+    """Collectives that do not match: rank 0 waits at a barrier, rank 1 for a message from rank 0."""
+    ctx.log(step=1)
+    if ctx.rank == 0:
+        dist.barrier()
+    else:
+        dist.recv(torch.zeros(1), src=0)
+    return ctx.rank

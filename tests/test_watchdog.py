@@ -77,3 +77,19 @@ def test_a_bad_floor_is_said_before_anything_starts(monkeypatch, value, tmp_path
     with pytest.raises(LaunchOptionError, match=r"^\$DDP_NOTEBOOK_STALL_FLOOR must be a number of seconds > 0, "):
         ddp_notebook.launch(lambda ctx: None, devices="cpu:0", run_root=str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("stall_timeout", [3.0, "auto"])
+def test_a_deadlock_of_collectives_is_said_to_be_undecidable_not_blamed_on_rank_0(floor, stall_timeout):
+    run = ddp_notebook.launch(faults.deadlock, devices="cpu*2", stall_timeout=stall_timeout)
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    text = str(e.value)
+    assert text.startswith("Distributed data parallel workers (cpu:0, cpu:1) are deadlocked: each waits in a "
+                           "collective for another, no progress for "), text
+    assert "rank 0 at faults.py:" in text and "`dist.barrier()`" in text and "`dist.recv(torch.zeros(1), src=0)`" in text
+    assert text.endswith("which one took the wrong turn cannot be told from their stacks")
+    assert run.state.healthy_devices == [] and all(w.status in ("failed", "stopped") for w in run.workers)
+    report = "\n".join(e.value._render_traceback_())
+    assert "Where each worker waits:\nrank 0 (cpu:0): Stack" in report and "rank 1 (cpu:1): Stack" in report
+    assert "failed as well" not in report  # said once, for both

@@ -127,16 +127,33 @@ class WorkerFailure:
             return (f"{self.message}{when}: the engine process ended (os._exit, a signal such as the out-of-memory "
                     "killer's SIGKILL, or a crash in native code)")
         step = f" (last step {self.last_step})" if self.last_step is not None else ""
+        if self.same_on:  # every rank waits in a collective for another: see core.stall
+            return (f"deadlocked: each waits in a collective for another, no progress for "
+                    f"{self.stalled_for or 0.0:.1f} s{step} ({self.message}); which one took the wrong turn "
+                    "cannot be told from their stacks")
         return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step} while the other workers waited for it"
 
     def headline(self) -> str:
         """``Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom``, or for an error
         every worker raised, ``Every distributed data parallel worker (cpu:0, cpu:1) failed the same
         way: ValueError: boom``."""
+        if self.same_on and self.kind == FailureKind.STALL:
+            return f"Distributed data parallel workers ({', '.join(self.same_on)}) are {self.summary()}"
         if self.same_on:
             return (f"Every distributed data parallel worker ({', '.join(self.same_on)}) failed the same way: "
                     f"{self.summary()}")
         return f"Distributed data parallel {worker_name(self.rank)} ({self.device}) failed: {self.summary()}"
+
+    def traceback_title(self) -> str:
+        """What ``traceback`` holds: one worker's traceback or stack, or every worker's stack."""
+        if self.same_on and self.kind == FailureKind.STALL:
+            return "Where each worker waits:"
+        return f"Traceback from {worker_name(self.rank)} ({self.device}), pid {self.pid}:"
+
+    def covers(self, other: WorkerFailure) -> bool:
+        """This root failure is the run's (``same_on``) and ``other`` is one of the workers it
+        speaks for: shown once, through this one."""
+        return bool(self.same_on) and other is not self and not other.consequence and other.device in self.same_on
 
     def same_error_as(self, other: WorkerFailure) -> bool:
         """Both workers reported the same error from the same place (compared whole, never by parts of
@@ -193,13 +210,13 @@ def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure]
     name = f"{worker_name(root.rank)} ({root.device})"
     parts: list[str] = []
     if root.traceback:
-        parts.append(f"Traceback from {name}, pid {root.pid}:")
+        parts.append(root.traceback_title())
         parts.append(root.traceback.rstrip("\n"))
     tail = [line for line in root.stderr_tail if line.strip()][-stderr_lines:]
     if tail and root.kind != FailureKind.EXCEPTION:
         parts.append(f"Last lines of the stderr of {name}:")
         parts.extend("  " + line for line in tail)
-    others = [f for f in failures if f is not root and not (root.same_on and root.same_error_as(f))]
+    others = [f for f in failures if f is not root and not root.covers(f)]
     if others:
         parts.append("")
         for f in others:

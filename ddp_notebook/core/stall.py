@@ -147,9 +147,28 @@ def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: di
     frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in stacks}
     waiting = {r: is_waiting_in_collective(frames[r], torch_home) for r in stacks}
     now = time.time()
-    return [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
-                          traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r))
-            for r in pick_stalled(waiting, {r: steps.get(r) for r in stacks})]
+    blamed = pick_stalled(waiting, {r: steps.get(r) for r in stacks})
+    found = [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
+                           traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r))
+             for r in blamed]
+    if len(stacks) > 1 and all(waiting.values()) and blamed == sorted(stacks):
+        # Every rank waits in a collective for another, none behind the others: a deadlock of
+        # collectives that do not match. Nothing tells which rank is wrong: say so, once, with
+        # where each one waits.
+        root = found[0]
+        root.same_on = [devices[r] for r in blamed]
+        root.message = ", ".join(f"rank {r} at {call_site(frames[r], torch_home)}" for r in blamed)
+        root.traceback = "".join(f"rank {r} ({devices[r]}): {format_stack(frames[r])}" for r in blamed)
+    return found
+
+
+def call_site(frames: Sequence[tuple[str, int, str]], torch_home: Optional[str]) -> str:
+    """Where the user's code called into torch: ``train.py:12 dist.all_reduce(t)``."""
+    for file, line, _name in frames:  # innermost first: the first frame outside torch
+        if torch_home is None or not os.path.realpath(file).startswith(torch_home + os.sep):
+            source = linecache.getline(file, line).strip()
+            return f"{os.path.basename(file)}:{line}" + (f" `{source}`" if source else "")
+    return "torch"
 
 
 def _size(path: str) -> int:

@@ -50,6 +50,9 @@ def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
     >>> hint_for(f, ["cpu:0"])
     'Only worker 1 raised it: retry on cpu:1 alone to reproduce it in one process, or on cpu:0 to go on without it.'
     """
+    if failure.same_on and failure.kind == FailureKind.STALL:
+        return ("Each worker waits in a collective for another: the ranks called different collectives, or a "
+                "different number of them (a rank-dependent branch, uneven batches). Compare their stacks below.")
     if failure.same_on:
         return ("Every worker raised this same error: it comes from the code or the data, not from a device. "
                 "Fix it and launch again.")
@@ -84,14 +87,14 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
              f'<div style="color:{RED};font-weight:bold">{escape(root.headline())}</div>',
              f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root, healthy))}</div>']
     if root.traceback:
-        parts.append(f"<details open><summary>Traceback from {worker_name(root.rank)} ({root.device}), "
-                     f"pid {root.pid}</summary><pre>{escape(root.traceback)}</pre></details>")
+        parts.append(f"<details open><summary>{escape(root.traceback_title().rstrip(':'))}</summary>"
+                     f"<pre>{escape(root.traceback)}</pre></details>")
     tail = [line for line in root.stderr_tail if line.strip()][-20:]
     if tail:
         parts.append(f"<details><summary>Last lines of its stderr</summary><pre>{escape(chr(10).join(tail))}"
                      "</pre></details>")
     for f in failures:
-        if f is not root and not (root.same_on and root.same_error_as(f)):
+        if f is not root and not root.covers(f):
             how = "as a consequence" if f.consequence else "as well"
             parts.append(f'<div style="color:#6c757d">{escape(worker_name(f.rank))} ({f.device}) failed {how}: '
                          f"{escape(f.summary())}</div>")

@@ -156,3 +156,13 @@ def deadlock(ctx):
     else:
         dist.recv(torch.zeros(1), src=0)
     return ctx.rank
+
+
+def hang_after_quick_steps(ctx, steps: int = 5):
+    """Rank 1 reports ``steps`` steps faster than the throttle sends them, then hangs."""
+    for step in range(1, steps + 1):
+        ctx.log(step=step)
+    if ctx.rank == 1:
+        time.sleep(3600)
+    dist.barrier()
+    return step

@@ -93,3 +93,13 @@ def test_a_deadlock_of_collectives_is_said_to_be_undecidable_not_blamed_on_rank_
     report = "\n".join(e.value._render_traceback_())
     assert "Where each worker waits:\nrank 0 (cpu:0): Stack" in report and "rank 1 (cpu:1): Stack" in report
     assert "failed as well" not in report  # said once, for both
+
+
+@pytest.mark.parametrize("stall_timeout", [3.0, "auto"])
+def test_the_report_names_the_last_step_even_when_the_throttle_held_it_back(floor, stall_timeout):
+    run = ddp_notebook.launch(faults.hang_after_quick_steps, devices="cpu*2", stall_timeout=stall_timeout,
+                              progress_interval=60.0)  # only the first report goes out on its own
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    assert e.value.rank == 1 and e.value.failure.last_step == 5, str(e.value)
+    assert "(last step 5)" in str(e.value) and run.workers[1].step == 5

@@ -129,6 +129,10 @@ class Transport(ABC):
     def request_stacks(self, ranks: Sequence[int]) -> None:
         """Ask ``ranks`` to dump their stacks into their stack files (SIGUSR1)."""
 
+    def request_flush(self, ranks: Sequence[int]) -> None:
+        """Ask ``ranks`` to send the progress report their throttle holds back, if any (marked
+        ``held``): the stall watchdog's report then names a hung rank's true last step."""
+
     def cpu_seconds(self, ranks: Sequence[int]) -> dict[int, Optional[float]]:
         """The CPU time each rank's process has used so far, where the backend can tell (the
         stall watchdog tells a busy rank from a hung one); None where it cannot."""

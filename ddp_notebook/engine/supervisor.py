@@ -192,7 +192,8 @@ class Supervisor:
         elif kind == EventKind.RETURNED:
             self.returned.add(rank)  # waits for its peers now: never the straggler
         elif kind == EventKind.PROGRESS:
-            self.watchdog.progressed(rank)
+            if not event.get("held"):  # a report sent late on the watchdog's request is no progress now
+                self.watchdog.progressed(rank)
             if event.get("step") is not None:
                 self.steps[rank] = event["step"]
         elif kind == EventKind.DONE:

@@ -35,6 +35,7 @@ FLOOR_ENV = "DDP_NOTEBOOK_STALL_FLOOR"
 DEFAULT_FLOOR = 300.0  # seconds: the auto watchdog never looks before this much quiet
 GAP_FACTOR = 20.0  # ... nor before 20 times a rank's usual gap between two progress reports
 SAMPLE_GAP = 2.0  # seconds between the two stack samples
+FLUSH_WAIT = 0.5  # seconds the strict watchdog gives the ranks to send their held-back progress
 FROZEN_CPU = 0.05  # a rank that used less than this share of a core between the samples is idle
 
 
@@ -116,12 +117,18 @@ class Watchdog:
             return [], {}
         assert self.quiet_since is not None
         idle = now - self.quiet_since
+        if self.strict is not None and self._first is None:
+            # Held-back progress first (it names the true last step), then look.
+            self.transport.request_flush(alive)
+            self._first, self._next_look = _Sample(now, {}, {}, {}), now + FLUSH_WAIT
+            return [], {}
         sample = self._sample(alive, main_ident)
         if self.strict is not None:
             return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids), sample.stacks
         if self._first is None or set(self._first.frames) != set(alive):
             waiting = [r for r in alive if is_waiting_in_collective(sample.frames[r], torch_dir())]
             if waiting:  # someone waits for a peer: look again shortly, then decide
+                self.transport.request_flush(alive)  # meanwhile: the held-back progress, for the report
                 self._first, self._next_look = sample, now + SAMPLE_GAP
             else:  # nobody is blocked on a peer: work in progress, however long
                 self._next_look = now + self.limit()

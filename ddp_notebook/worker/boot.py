@@ -6,7 +6,7 @@ process is pooled. The assignment (a ``RankConfig``) arrives as one frame on the
 """
 from __future__ import annotations
 
-__all__ = ["MODULE", "BOOT_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE"]
+__all__ = ["MODULE", "BOOT_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE", "FLUSH"]
 
 MODULE = "ddp_notebook.worker.process"
 BOOT_ENV = "DDP_NOTEBOOK_WORKER"
@@ -14,3 +14,4 @@ EXIT_FAILED = 1  # the rank reported an error
 EXIT_ORPHANED = 75  # the notebook process went away
 STOP = b"s"  # on the control pipe: the run asks the rank to stop (ctx.should_stop)
 RELEASE = b"x"  # on the control pipe: every rank is done, leave
+FLUSH = b"f"  # on the control pipe: send the progress report held back by throttling, if any

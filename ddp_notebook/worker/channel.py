@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from ..core.events import encode, write_all
-from .boot import EXIT_ORPHANED, RELEASE, STOP
+from .boot import EXIT_ORPHANED, FLUSH, RELEASE, STOP
 
 __all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline"]
 
@@ -68,9 +68,11 @@ class DataChannel(Channel):
         self._publish({f"{next(self._seq):012d}": event})
 
 
-def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) -> None:
+def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event,
+                   flush: Optional[Callable[[], None]] = None) -> None:
     """Read the control pipe of a worker process: ``STOP`` = stop asked, ``RELEASE`` = every rank
-    is done; EOF = the notebook is gone, so leave at once."""
+    is done, ``FLUSH`` = send held-back progress (the stall watchdog asks, so a hung rank's
+    report names its true last step); EOF = the notebook is gone, so leave at once."""
     while True:
         try:
             data = os.read(fd, 64)
@@ -80,6 +82,9 @@ def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event) -> 
             os._exit(EXIT_ORPHANED)
         if STOP in data:
             stop.set()
+        if FLUSH in data and flush is not None:
+            # Its own thread: this one must never wait on a lock the main thread may hold.
+            threading.Thread(target=flush, name="ddp-flush", daemon=True).start()
         if RELEASE in data:
             release.set()
             return

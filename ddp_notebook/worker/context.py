@@ -131,18 +131,20 @@ class WorkerContext(TrainingHelpers):
                 # Held back; the next report after the interval, the end of the function or a
                 # failure sends it. (A flush timer thread cost about 8% of a fast DDP loop's
                 # throughput here: benchmarks/overhead_bench.py.)
-                self._pending = event
+                self._pending = dict(event, time=time.time())  # when it happened, if flushed later
                 return
         self._send(dict(event, time=time.time()))
 
-    def flush(self) -> None:
-        """Send a report held back by throttling (called when the function returns)."""
+    def flush(self, held: bool = False) -> None:
+        """Send a report held back by throttling (when the function returns or fails). ``held``:
+        sent on the supervisor's request, stamped with when it was logged and marked so, which
+        is no sign of progress now."""
         with self._lock:
             event, self._pending = self._pending, None
             if event is not None:
                 self._last_sent = time.monotonic()
         if event is not None:
-            self._send(dict(event, time=time.time()))
+            self._send(dict(event, held=True) if held else dict(event, time=time.time()))
 
     def __repr__(self) -> str:
         return (f"WorkerContext(rank={self.rank}, world_size={self.world_size}, "

@@ -20,7 +20,14 @@ from ..core.events import EventKind, encode, read_frame, write_all
 from ..core.rundir import RunDir
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED
 from .channel import PipeChannel, watch_lifeline
+from .context import current_context
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, warm_up
+
+
+def _flush_progress() -> None:
+    ctx = current_context()
+    if ctx is not None:
+        ctx.flush(held=True)
 
 
 def main() -> None:
@@ -39,7 +46,7 @@ def main() -> None:
         os._exit(EXIT_ORPHANED)
     channel = PipeChannel(boot["event_fd"], cfg["rank"])
     stop, release = threading.Event(), threading.Event()
-    threading.Thread(target=watch_lifeline, args=(boot["control_fd"], stop, release),
+    threading.Thread(target=watch_lifeline, args=(boot["control_fd"], stop, release, _flush_progress),
                      name="ddp-lifeline", daemon=True).start()
     directory = RunDir(cfg["run_dir"])
     stacks = install_stack_dump(directory.stack_file(cfg["rank"]))  # open until os._exit

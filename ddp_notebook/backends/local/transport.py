@@ -19,7 +19,7 @@ import psutil
 
 from ...core.events import FrameDecoder
 from ...core.failures import signal_name
-from ...worker.boot import RELEASE, STOP
+from ...worker.boot import FLUSH, RELEASE, STOP
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .processes import WorkerProcess
 
@@ -190,6 +190,10 @@ class LocalTransport(Transport):
     def request_stop(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
             self.workers[rank].send_control(STOP)
+
+    def request_flush(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self.workers[rank].send_control(FLUSH)
 
     def release(self, ranks: Sequence[int]) -> None:
         for rank in ranks:

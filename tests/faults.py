@@ -166,3 +166,31 @@ def hang_after_quick_steps(ctx, steps: int = 5):
         time.sleep(3600)
     dist.barrier()
     return step
+
+
+def busy_in_a_child_process(ctx, seconds: float):
+    """Rank 0's work runs in a subprocess (a preprocessing script) while rank 1 waits at a
+    barrier: busy, not hung."""
+    import subprocess
+    import sys
+
+    if ctx.rank == 0:
+        subprocess.run([sys.executable, "-c", f"import time\nend = time.monotonic() + {seconds}\n"
+                        "while time.monotonic() < end: pass"], check=True)
+    dist.barrier()
+    return ctx.rank
+
+
+def own_sigusr1_handler_while_busy(ctx, seconds: float):
+    """User code that handles SIGUSR1 (a cluster's requeue handler) and works while rank 1 waits:
+    the watchdog's stack requests must never trigger it."""
+    def requeue(*_):
+        raise SystemExit("requeue asked")
+
+    signal.signal(signal.SIGUSR1, requeue)
+    if ctx.rank == 0:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+    dist.barrier()
+    return ctx.rank

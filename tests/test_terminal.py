@@ -116,3 +116,32 @@ def test_the_demo_ends_on_a_table_that_shows_a_failure(tmp_path):
     table = done.stdout[done.stdout.rindex("\nRun "):]
     assert " failed after " in table.splitlines()[1] and "worker 1 (cpu:1) failed: ValueError: boom" in table
     assert "WorkerFailedError: Distributed data parallel worker 1 (cpu:1) failed" in done.stderr
+
+
+IGNORES_STOP = """
+import time, ddp_notebook
+def forever(rank):
+    print("training", flush=True) if rank == 1 else None
+    while True:
+        time.sleep(0.05)
+ddp_notebook.spawn(forever, nprocs=2, stop_grace=1.0)
+"""
+
+
+@pytest.mark.processes
+def test_after_ctrl_c_the_table_shows_the_run_stopped_not_running(tmp_path):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", IGNORES_STOP], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    seen = []
+    for line in proc.stderr:  # progress lines: wait until both ranks run
+        seen.append(line)
+        if line.startswith("rank 1 cpu:1") and "running" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) != 0
+    table = rest[rest.rindex("\nRun "):] if "\nRun " in rest else rest[rest.index("Run "):]
+    assert " stopped after " in table.splitlines()[1 if table.startswith("\n") else 0], rest
+    assert "running" not in table, rest

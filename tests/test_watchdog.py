@@ -45,6 +45,23 @@ def test_auto_never_fails_a_rank_that_works_while_its_peer_waits(floor):
     assert run.wait(timeout=120) == 2.0 and run.status == "succeeded"
 
 
+def test_auto_counts_the_work_of_a_ranks_child_processes(floor):
+    run = ddp_notebook.launch(faults.busy_in_a_child_process, devices="cpu*2", kwargs=dict(seconds=12.0))
+    assert run.wait(timeout=120) == 0 and run.status == "succeeded"
+
+
+def test_the_watchdog_never_triggers_a_users_sigusr1_handler(floor):
+    run = ddp_notebook.launch(faults.own_sigusr1_handler_while_busy, devices="cpu*2", kwargs=dict(seconds=10.0))
+    assert run.wait(timeout=120) == 0 and run.status == "succeeded"
+
+
+def test_the_floor_is_read_only_when_the_auto_watchdog_is_used(monkeypatch):
+    monkeypatch.setenv("DDP_NOTEBOOK_STALL_FLOOR", "abc")
+    for setting in (None, 30.0):
+        assert ddp_notebook.launch(faults.quiet_without_collective, devices="cpu*2", kwargs=dict(seconds=0.1),
+                                   stall_timeout=setting).wait(timeout=120) == 0
+
+
 def test_auto_never_fails_quiet_ranks_that_wait_for_no_peer(floor):
     run = ddp_notebook.launch(faults.quiet_without_collective, devices="cpu*2", kwargs=dict(seconds=8.0))
     assert run.wait(timeout=120) == 0 and run.status == "succeeded"

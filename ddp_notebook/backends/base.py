@@ -127,7 +127,7 @@ class Transport(ABC):
 
     @abstractmethod
     def request_stacks(self, ranks: Sequence[int]) -> None:
-        """Ask ``ranks`` to dump their stacks into their stack files (SIGUSR1)."""
+        """Ask ``ranks`` to dump their stacks into their stack files (``worker.boot.STACK_SIGNAL``)."""
 
     def request_flush(self, ranks: Sequence[int]) -> None:
         """Ask ``ranks`` to send the progress report their throttle holds back, if any (marked

@@ -1,7 +1,7 @@
 """Naming the straggler when a run stops making progress.
 
 When no rank reports progress for a while, every live worker dumps its Python stacks
-(faulthandler on SIGUSR1, which works even while the thread is blocked in C code). A rank
+(faulthandler on a real-time signal, which works even while the thread is blocked in C code). A rank
 whose main thread is inside torch's collective machinery is waiting for a peer; the others
 are the stalled ones. Pure text processing here; the supervisor sends the signals.
 """
@@ -113,10 +113,10 @@ def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> l
 
 
 def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int, str]:
-    """Ask each worker for its stacks (``request`` sends SIGUSR1 to every one) and read them
+    """Ask each worker for its stacks (``request`` signals every one) and read them
     back from its stack file (rank -> path): this dump only, a file holds every dump of the run.
 
-    The worker's faulthandler writes from its SIGUSR1 handler, asynchronously to us: read each
+    The worker's faulthandler writes from its signal handler, asynchronously to us: read each
     file once it has grown and stopped growing (at most 2 s)."""
     before = {r: _size(path) for r, path in files.items()}
     request()

@@ -42,7 +42,7 @@ from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_seconds
 from .supervisor import Outcome, Supervisor, SupervisorOptions
-from .watchdog import auto_floor
+from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
 __all__ = ["Run", "WorkerTraceback", "Restart", "validate_on"]
 
@@ -127,6 +127,8 @@ class Run:
     def start(self, payload: bytes) -> Run:
         """Start the ranks of this run (once) on its backend, and the thread that supervises them."""
         assert self.runs_on is not None and self._supervisor is None
+        # Read before anything starts (a bad value is refused with nothing running), and only when used.
+        floor = auto_floor() if self.options.stall_timeout == AUTO else DEFAULT_FLOOR
         n = len(self.devices)
         config: RankConfig = {
             "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
@@ -144,7 +146,7 @@ class Run:
         self._supervisor = Supervisor(
             transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
             SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
-                              stall_timeout=self.options.stall_timeout, stall_floor=auto_floor()),
+                              stall_timeout=self.options.stall_timeout, stall_floor=floor),
             self.stream.emit)
         _live_runs.add(self)
         threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()

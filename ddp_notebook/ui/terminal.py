@@ -20,6 +20,7 @@ rank 0 cpu:0 (main) running    step 5/10 ( 50%)
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -35,8 +36,13 @@ REDRAW_S = 0.5  # seconds between two redraws on a TTY
 
 
 def _milestone(w: WorkerState) -> tuple[Any, ...]:
+    """What a log line is printed for: a new status, another tenth of the steps, and a new epoch
+    (another tenth of them, when there are more than 20)."""
     tenth = int(10 * (w.step or 0) / w.total) if w.total else None
-    return (w.status, w.epoch, tenth)
+    epoch = w.epoch
+    if epoch is not None and w.epochs and w.epochs > 20:
+        epoch = int(10 * epoch / w.epochs)
+    return (w.status, epoch, tenth)
 
 
 class LineProgress:
@@ -68,7 +74,8 @@ class TerminalProgress:
         self.drawn = 0
 
     def _draw(self, text: str) -> None:
-        width = 200
+        # A line longer than the terminal wraps, and going back up would miss part of the block.
+        width = max(20, shutil.get_terminal_size((200, 24)).columns - 1)
         lines = [line[:width] for line in text.split("\n")]
         up = f"\x1b[{self.drawn}F" if self.drawn else ""
         self.out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
@@ -104,6 +111,14 @@ def watch(run: Any, out: Optional[IO[str]] = None) -> Callable[[], None]:
     thread.start()
 
     def finish() -> None:
+        # After an interrupt the run is still stopping: the table shows how it ended (its stop
+        # and kill grace periods bound the wait).
+        options = getattr(run, "options", None)
+        limit = (options.stop_grace + options.kill_grace if options is not None else 0.0) + 30.0
+        deadline = time.monotonic() + limit
+        while not run.done and time.monotonic() < deadline:
+            changed.wait(0.5)
+            changed.clear()
         changed.set()
         thread.join(timeout=10)
         view.finish(run.state)

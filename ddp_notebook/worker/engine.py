@@ -1,12 +1,12 @@
 """What an ipyparallel engine runs for a run: ``describe_engine`` (for validation) and
 ``run_rank`` (one rank; the engine's ``main``).
 
-A rank leaves the engine as it found it (``engine_state``); SIGUSR1/SIGUSR2 are ignored from
+A rank leaves the engine as it found it (``engine_state``); STACK_SIGNAL/SIGUSR2 are ignored from
 then on, so a late request cannot end an idle engine; an engine that already holds a process
 group of its own is refused, never touched. Events travel as ipyparallel data messages
 (``channel.DataChannel``); the result, or the error event, is the return value of the call.
 Signals from the notebook (through ipyparallel's nanny): SIGUSR2 sets ``ctx.should_stop``,
-SIGINT interrupts the function, SIGUSR1 dumps the stacks for the stall watchdog.
+SIGINT interrupts the function, STACK_SIGNAL dumps the stacks for the stall watchdog.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import IO, Any, Optional
 from ..core.events import EventKind, RankConfig
 from ..core.rundir import RunDir
 from ..core.version import __version__
+from .boot import STACK_SIGNAL
 from .channel import DataChannel
 from .engine_state import EngineSnapshot
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, remove_stack_dump
@@ -71,8 +72,8 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
     signal.signal(signal.SIGUSR2, lambda signum, frame: stop.set())
     stacks: Optional[IO[str]] = None
     if os.path.isdir(directory.path):
-        # A late SIGUSR1 must not end an idle engine: ignored once the handler is gone.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        # A late stack signal must not end an idle engine: ignored once the handler is gone.
+        signal.signal(STACK_SIGNAL, signal.SIG_IGN)
         stacks = install_stack_dump(directory.stack_file(cfg["rank"]))
     out.send({"kind": EventKind.STARTED, "pid": os.getpid(), "host": socket.gethostname(),
               "main_thread": threading.get_ident()})

@@ -12,7 +12,6 @@ import datetime
 import faulthandler
 import linecache
 import os
-import signal
 import sys
 import threading
 import traceback
@@ -25,6 +24,7 @@ from ..core.failures import Phase
 from ..core.rundir import RunDir
 from ..core.stall import is_runner_file
 from . import context, teardown
+from .boot import STACK_SIGNAL
 from .context import WorkerContext
 from .peers import await_peers
 
@@ -50,15 +50,15 @@ def warm_up(preload_dynamo: bool) -> None:
 
 
 def install_stack_dump(path: str) -> IO[str]:
-    """SIGUSR1 dumps every thread's Python stack into ``path`` (the stall watchdog reads it);
-    faulthandler writes even while the main thread is blocked in C code."""
+    """``STACK_SIGNAL`` dumps every thread's Python stack into ``path`` (the stall watchdog reads
+    it); faulthandler writes even while the main thread is blocked in C code."""
     stack_file = open(path, "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     return stack_file
 
 
 def remove_stack_dump(stack_file: IO[str]) -> None:
-    faulthandler.unregister(signal.SIGUSR1)
+    faulthandler.unregister(STACK_SIGNAL)
     stack_file.close()
 
 

@@ -3,7 +3,7 @@
 Each rank is one ``apply_async`` of ``worker.engine.run_rank`` on its engine. Its events arrive
 as ipyparallel data messages, its output as the call's streams, its outcome as the call's value.
 Requests are signals sent through ipyparallel (SIGUSR2 = please stop, SIGINT = interrupt,
-SIGUSR1 = dump stacks). An engine is the user's process, never ours to kill: one that does not
+STACK_SIGNAL = dump stacks). An engine is the user's process, never ours to kill: one that does not
 stop after an interrupt is reported and left running.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from ...core.events import EventKind, RankConfig
 from ...core.failures import Phase
 from ...core.rundir import RunDir
+from ...worker.boot import STACK_SIGNAL
 from ...worker.engine import run_rank
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .engines import Engines
@@ -166,7 +167,7 @@ class EngineTransport(Transport):
         self._wake.set()
 
     def request_stacks(self, ranks: Sequence[int]) -> None:
-        self._signal(signal.SIGUSR1, ranks)
+        self._signal(STACK_SIGNAL, ranks)
 
     def abandon(self) -> None:
         # Ranks waiting for their peers see the mark even if a signal is lost.

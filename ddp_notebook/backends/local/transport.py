@@ -2,7 +2,7 @@
 
 One selector multiplexes every worker's event pipe, stdout, stderr and exit (pidfd), so a death
 is seen the moment it happens. Requests are a byte on a worker's control pipe (stop, release)
-or a signal to its process group (TERM, KILL; SIGUSR1 to the worker for its stacks).
+or a signal to its process group (TERM, KILL; STACK_SIGNAL to the worker for its stacks).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import psutil
 
 from ...core.events import FrameDecoder
 from ...core.failures import signal_name
-from ...worker.boot import FLUSH, RELEASE, STOP
+from ...worker.boot import FLUSH, RELEASE, STACK_SIGNAL, STOP
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .processes import WorkerProcess
 
@@ -27,6 +27,24 @@ __all__ = ["LocalTransport"]
 
 _CHUNK = 1 << 16
 _STREAMS = ("event", "stdout", "stderr")
+
+
+def _cpu_with_children(pid: int) -> Optional[float]:
+    """CPU seconds of a process and of its children, live and ended: a rank whose work runs in a
+    multiprocessing Pool, DataLoader workers or a subprocess is busy, not frozen."""
+    try:
+        proc = psutil.Process(pid)
+        times = proc.cpu_times()
+        total = times.user + times.system + times.children_user + times.children_system
+        for child in proc.children(recursive=True):
+            try:
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+            except psutil.Error:
+                pass  # it ended meanwhile: counted in children_* once reaped
+        return total
+    except psutil.Error:
+        return None
 
 
 class LocalTransport(Transport):
@@ -210,7 +228,7 @@ class LocalTransport(Transport):
     def request_stacks(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
             try:
-                os.kill(self.workers[rank].pid, signal.SIGUSR1)
+                os.kill(self.workers[rank].pid, STACK_SIGNAL)
             except ProcessLookupError:
                 pass
 
@@ -219,11 +237,7 @@ class LocalTransport(Transport):
         for rank in ranks:
             out[rank] = None
             if rank not in self._exited:  # not reaped yet: the pid is still this worker's
-                try:
-                    times = psutil.Process(self.workers[rank].pid).cpu_times()
-                    out[rank] = times.user + times.system
-                except psutil.Error:
-                    pass
+                out[rank] = _cpu_with_children(self.workers[rank].pid)
         return out
 
     def abandon(self) -> None:

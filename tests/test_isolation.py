@@ -103,3 +103,23 @@ def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason()
     from ddp_notebook.ui.text import format_run
 
     assert format_run(run.state).startswith(f"Run {run.id} stopped after ")
+
+
+def test_workers_import_the_notebooks_copy_of_the_package_not_one_in_the_working_directory(tmp_path):
+    # A clone of the package next to the notebook: `python -m` would have put it first in the workers.
+    (tmp_path / "elsewhere" / "ddp_notebook").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "ddp_notebook" / "__init__.py").write_text("raise ImportError('the wrong copy')\n")
+    (tmp_path / "script").mkdir()
+    (tmp_path / "script" / "main.py").write_text(textwrap.dedent("""
+        import ddp_notebook
+        def where(ctx):
+            import ddp_notebook
+            return ddp_notebook.__file__
+        print(ddp_notebook.launch(where, devices="cpu*2").wait(timeout=120))
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "main.py")], cwd=tmp_path / "elsewhere",
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root, "DDP_NOTEBOOK_PROGRESS": "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == os.path.join(root, "ddp_notebook", "__init__.py")

@@ -120,3 +120,11 @@ def test_the_report_names_the_last_step_even_when_the_throttle_held_it_back(floo
         run.wait(timeout=120)
     assert e.value.rank == 1 and e.value.failure.last_step == 5, str(e.value)
     assert "(last step 5)" in str(e.value) and run.workers[1].step == 5
+
+
+def test_seconds_fail_quiet_ranks_and_say_nobody_waited():
+    run = ddp_notebook.launch(faults.quiet_without_collective, devices="cpu*2", kwargs=dict(seconds=3600.0),
+                              stall_timeout=3.0)
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    assert str(e.value).endswith("(no other worker was waiting for it)"), str(e.value)

@@ -86,6 +86,7 @@ class WorkerFailure:
     signal: Optional[str] = None
     consequence: bool = False
     stalled_for: Optional[float] = None
+    peers_waited: Optional[bool] = None  # for a stall: whether another worker waited in a collective
     last_step: Optional[int] = None
     stderr_tail: list[str] = field(default_factory=list)
     # On the root cause when every worker raised this same error: their devices, in rank order.
@@ -131,7 +132,9 @@ class WorkerFailure:
             return (f"deadlocked: each waits in a collective for another, no progress for "
                     f"{self.stalled_for or 0.0:.1f} s{step} ({self.message}); which one took the wrong turn "
                     "cannot be told from their stacks")
-        return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step} while the other workers waited for it"
+        why = ("while the other workers waited for it" if self.peers_waited is not False
+               else "(no other worker was waiting for it)")
+        return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step} {why}"
 
     def headline(self) -> str:
         """``Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom``, or for an error

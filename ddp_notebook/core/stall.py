@@ -149,7 +149,8 @@ def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: di
     now = time.time()
     blamed = pick_stalled(waiting, {r: steps.get(r) for r in stacks})
     found = [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
-                           traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r))
+                           traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r),
+                           peers_waited=any(waiting[o] for o in stacks if o != r))
              for r in blamed]
     if len(stacks) > 1 and all(waiting.values()) and blamed == sorted(stacks):
         # Every rank waits in a collective for another, none behind the others: a deadlock of

@@ -144,6 +144,12 @@ class Prestarted:
                 stream.close()
 
 
+# ``python -m`` would put the working directory first on sys.path, where another copy of the
+# package (a clone next to the notebook) would win: the worker's first path entry is this copy's.
+_BOOT = (f"import sys; sys.path[0] = {_PACKAGE_PARENT!r}; import runpy; "
+         f"runpy.run_module({MODULE!r}, run_name='__main__', alter_sys=True)")
+
+
 def spawn_process(pooled: bool = False) -> Prestarted:
     """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run.
     A ``pooled`` one also imports what DDP loads lazily, since it has time while idle."""
@@ -156,7 +162,7 @@ def spawn_process(pooled: bool = False) -> Prestarted:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-m", MODULE],
+            [sys.executable, "-c", _BOOT],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(event_w, control_r), env=env, start_new_session=True,
         )

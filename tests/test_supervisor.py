@@ -9,6 +9,7 @@ import pytest
 from ddp_notebook.backends.base import Exited, Output, Transport, WorkerEvent
 from ddp_notebook.core.state import RunStatus
 from ddp_notebook.core.stream import EventStream
+from ddp_notebook.engine import supervisor
 from ddp_notebook.engine.supervisor import Supervisor, SupervisorOptions
 
 
@@ -193,3 +194,28 @@ def test_a_rank_whose_report_waits_later_in_the_batch_is_not_awaited_as_silent()
     sup, stream = supervise(transport, n=3)
     sup.supervise()
     assert ("settle", (2,)) in transport.calls  # rank 0 has reported; only rank 2 is silent
+
+
+@pytest.mark.parametrize("death", [dict(code=-11, signal="SIGSEGV"), dict(code=3), dict(code=-6, signal="SIGABRT")])
+def test_a_crash_seen_only_after_the_peers_report_keeps_its_own_death_and_is_the_cause(death, monkeypatch):
+    # rank 1 crashed, but its exit status comes only after rank 0's knock-on error was taken as
+    # the cause and rank 1 was interrupted: its own death is no interrupt of ours.
+    monkeypatch.setattr(supervisor, "SAME_ERROR_WINDOW", 0.0)  # rank 1's exit comes after the choice
+    transport = Scripted(script=[started(0) + started(1), [error(0, "Connection reset by peer"), Exited(0, code=1)],
+                                 [Exited(1, pid=101, **death)]], ignore_interrupt={1})
+    sup, stream = supervise(transport, kill_grace=30.0)
+    sup.supervise()
+    root = stream.state.root_failure
+    assert root.rank == 1 and root.kind in ("signal", "exit") and not root.consequence
+    assert (root.signal, root.exit_code) == (death.get("signal"), death["code"])
+    peer = [f for f in stream.state.failures if f.rank == 0]
+    assert len(peer) == 1 and peer[0].consequence and len(stream.state.failures) == 2
+    assert ("interrupt", (1,)) in transport.calls  # it was interrupted before its death was seen
+
+
+def test_an_interrupted_rank_that_dies_of_our_signal_is_stopped_not_failed():
+    transport = Scripted(script=[started(0) + started(1), [error(0, "boom"), Exited(0, code=1)]])
+    sup, stream = supervise(transport)
+    sup.supervise()
+    assert stream.state.root_failure.rank == 0 and [f.rank for f in stream.state.failures] == [0]
+    assert stream.state.workers[1].status == "stopped"

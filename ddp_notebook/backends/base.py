@@ -95,6 +95,10 @@ def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], en
 class Transport(ABC):
     """One run's ranks, started; driven from the supervisor's thread (``wake`` from any thread)."""
 
+    # The signals ``interrupt`` and ``kill`` end a rank with: an exit by any other signal (or
+    # with a code) is the rank's own, even after it was interrupted.
+    forced_signals: frozenset[str] = frozenset({"SIGTERM", "SIGKILL"})
+
     @abstractmethod
     def poll(self, timeout: float) -> list[Observation]:
         """Wait up to ``timeout`` seconds for something to happen; return what did, in order

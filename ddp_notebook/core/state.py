@@ -208,7 +208,13 @@ class RunState:
         elif kind == EventKind.SUPERVISOR_ERROR:
             self.supervisor_error = event.get("message")
         elif kind == EventKind.FAILURE:
-            self.failures.append(WorkerFailure.from_dict(event["failure"]))
+            failure = WorkerFailure.from_dict(event["failure"])
+            same = [i for i, f in enumerate(self.failures)
+                    if (f.rank, f.kind, f.time) == (failure.rank, failure.kind, failure.time)]
+            if same:  # recorded again (a cause found to be a consequence): the new record wins
+                self.failures[same[0]] = failure
+            else:
+                self.failures.append(failure)
             w = self.workers.get(event["failure"]["rank"])
             if w is not None:
                 w.status = WorkerStatus.FAILED

@@ -223,7 +223,11 @@ class Supervisor:
         self._kill_deadline.pop(rank, None)
         if self.pids.get(rank) is None:
             self.pids[rank] = obs.pid
-        by_us = obs.lost is None and rank in self.forced and self.reported.get(rank) in (None, _STOPPED)
+        # Ours only when it ended the way we end ranks: a worker already dying of its own crash
+        # when it was interrupted keeps its own death (SIGSEGV, os._exit(3), ...).
+        ours = obs.signal in self.transport.forced_signals or (obs.signal is None and not obs.code)
+        by_us = obs.lost is None and rank in self.forced and (
+            self.reported.get(rank) == _STOPPED or (rank not in self.reported and ours))
         self._emit({"kind": EventKind.EXITED, "time": time.time(), "rank": rank, "pid": self.pids[rank],
                     "exit_code": obs.code, "signal": obs.signal, "by_supervisor": by_us})
         if rank in self.reported or by_us:
@@ -247,7 +251,15 @@ class Supervisor:
             self._settling.append(failure)
             return
         if self.root is not None:
-            failure.consequence = True
+            if failure.kind in SILENT_KINDS and self.root.kind not in SILENT_KINDS:
+                # A death that was not ours, seen only after a peer's report was taken as the
+                # cause: a dying worker closes its sockets before anyone can notice, so it is
+                # the cause after all (its exit status can lag its death).
+                self.root.consequence = True
+                self._record(self.root)  # recorded again: now a consequence
+                self.root = failure
+            else:
+                failure.consequence = True
             self._record(failure)
             return
         self._settling = [failure]
@@ -282,7 +294,8 @@ class Supervisor:
 
     def _record(self, failure: WorkerFailure) -> None:
         failure.stderr_tail = list(self._stderr[failure.rank])
-        self.failures.append(failure)
+        if not any(f is failure for f in self.failures):
+            self.failures.append(failure)
         self._emit({"kind": EventKind.FAILURE, "time": time.time(), "rank": failure.rank,
                     "failure": failure.to_dict()})
 

@@ -117,11 +117,14 @@ def train(ctx, epochs):                      # what the README's block launches
         time.sleep(0.2)
     return "done"
 
+HOSTILE = '<img src=x onerror="window.__xss = 1">'   # what a run may send: shown as text, never run
+
 def long_train(ctx):                         # a long run: until it is stopped
     step = 0
+    print(HOSTILE, flush=True)
     while not ctx.should_stop:
         step += 1
-        ctx.log(step=step, loss=1.0 / step)
+        ctx.log(step=step, loss=1.0 / step, sample=HOSTILE)
         time.sleep(0.05)
     return step'''
 
@@ -156,6 +159,10 @@ def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, t
             # The long run trains; the last cell waits for it: interrupt the kernel.
             long_panel = page.locator(".jp-OutputArea-output", has=page.get_by_role("button", name="Launch")).last
             expect(long_panel).to_contain_text("running", timeout=120_000)
+            # A metric and a printed line hold markup: it shows as text and no script ran.
+            expect(long_panel).to_contain_text('sample <img src=x onerror="window.__xss = 1">', timeout=60_000)
+            assert page.evaluate("() => window.__xss") is None
+            assert long_panel.locator("img[src=x]").count() == 0
             launch = long_panel.get_by_role("button", name="Launch")
             expect(launch).to_be_disabled()  # one run at a time in a panel
             page.evaluate("() => { window.jupyterapp.commands.execute('kernelmenu:interrupt'); }")
@@ -178,5 +185,8 @@ def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, t
             expect(launch).to_be_enabled(timeout=60_000)
             expect(long_panel.get_by_text("stop it before launching")).to_have_count(0)  # no longer true
             long_panel.screenshot(path=os.path.join(ARTIFACTS, "relaunched-and-stopped.png"))
+            long_panel.get_by_text("Output per device").first.click()  # the printed markup, as text
+            expect(long_panel).to_contain_text('<img src=x onerror="window.__xss = 1">')
+            assert page.evaluate("() => window.__xss") is None and long_panel.locator("img[src=x]").count() == 0
         finally:
             browser.close()

@@ -35,6 +35,7 @@ from .core.errors import (
     PreflightError,
     RunStoppedError,
     SupervisionError,
+    UnsafeRunDirError,
     WaitTimeoutError,
     WorkerFailedError,
 )
@@ -61,7 +62,7 @@ __all__ = [
     "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
-    "EngineUnavailableError", "__version__",
+    "EngineUnavailableError", "UnsafeRunDirError", "__version__",
 ]
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "PreflightError",
     "EngineSelectionError",
     "EngineUnavailableError",
+    "UnsafeRunDirError",
 ]
 
 
@@ -123,6 +124,11 @@ class RunStoppedError(DDPNotebookError):
 
 class WaitTimeoutError(DDPNotebookError, TimeoutError):
     """``Run.wait(timeout=...)`` returned before the run finished; the run goes on."""
+
+
+class UnsafeRunDirError(DDPNotebookError, PermissionError):
+    """A runs folder (or a run directory) that another user could write to: a run's files are
+    unpickled by its workers and by ``Run.load``, so they are never read from such a place."""
 
 
 class NoResultError(DDPNotebookError):

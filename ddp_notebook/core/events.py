@@ -117,7 +117,8 @@ class FrameDecoder:
 
 
 def read_frame(fd: int) -> Optional[dict[str, Any]]:
-    """Block until one whole frame has arrived on ``fd``; its JSON (None at EOF)."""
+    """Block until one whole frame has arrived on ``fd``; its JSON (None at EOF). An attachment
+    (see ``encode``) is read too, and put under ``"blob"`` as bytes."""
     def exact(n: int) -> Optional[bytes]:
         buf = b""
         while len(buf) < n:
@@ -132,7 +133,16 @@ def read_frame(fd: int) -> Optional[dict[str, Any]]:
 
     head = exact(_LEN.size)
     body = exact(_LEN.unpack(head)[0]) if head else None
-    return json.loads(body) if body else None
+    if not body:
+        return None
+    event: dict[str, Any] = json.loads(body)
+    if "blob" in event:
+        size = exact(_LEN.size)
+        blob = exact(_LEN.unpack(size)[0]) if size else None
+        if blob is None and event["blob"]:
+            return None  # cut off: the sender is gone
+        event["blob"] = blob or b""
+    return event
 
 
 def write_all(fd: int, data: bytes) -> None:

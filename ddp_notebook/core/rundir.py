@@ -5,7 +5,6 @@
     <run_root>/<run id>/
         events.jsonl          every event of the run, one JSON object a line
         result.pkl            the main worker's pickled return value (a run that returned one)
-        payload.pkl           the packed call, while local workers start (removed at the end)
         rendezvous            the process group's file rendezvous (removed at the end)
         stacks-rank<r>.txt    rank r's stack dumps, for the stall watchdog
         checkpoints/          ctx.save_checkpoint's files; ``latest`` names the newest
@@ -22,10 +21,59 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from typing import IO, Any, Optional
 
-__all__ = ["RunDir", "default_run_root", "latest_checkpoint"]
+from .errors import UnsafeRunDirError
+
+__all__ = ["RunDir", "default_run_root", "latest_checkpoint", "check_private_folder"]
+
+# Files a run's workers or the notebook unpickle (the call, the result, checkpoints) are opened
+# without following a link, and created only if absent.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+
+
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def check_private_folder(path: str, what: str = "the runs folder") -> None:
+    """Refuse ``path`` when another user could replace what is inside it: it and every folder
+    above it must belong to this user (or to root) and be writable by no one else, unless a
+    sticky bit stops others from renaming what is not theirs (``/tmp``).
+
+    A run's files are unpickled by its workers and by ``Run.load``: from a folder that another
+    user can write to, they could swap a run directory for theirs and run code as this user."""
+    me = os.getuid() if hasattr(os, "getuid") else None
+    if me is None:  # no POSIX owners (Windows): nothing to check this way
+        return
+    current = os.path.abspath(path)
+    while True:
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            st = None  # created by the package, owner-only
+        if st is not None:
+            if stat.S_ISLNK(st.st_mode):
+                st = os.stat(current)  # a link: what it points to must be safe
+            open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+            if st.st_uid not in (me, 0) or open_to_others:
+                why = (f"belongs to {_who(st.st_uid)}" if st.st_uid not in (me, 0)
+                       else f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
+                raise UnsafeRunDirError(
+                    f"{what} {path!r} cannot be used: {current!r} {why}, so another user could replace a "
+                    "run's files and have your workers load their code. Use a folder only you can write to "
+                    f"(for instance the default, {default_run_root()!r}), or make it so: chmod go-w {current!r}")
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
 
 
 def default_run_root() -> str:
@@ -51,7 +99,7 @@ class RunDir:
 
     EVENTS = "events.jsonl"
     RESULT = "result.pkl"
-    PAYLOAD = "payload.pkl"
+    PAYLOAD = "payload.pkl"  # never written: the call travels over each worker's control pipe
     RENDEZVOUS = "rendezvous"
     ENDED = "ended"
     CHECKPOINTS = "checkpoints"
@@ -67,8 +115,11 @@ class RunDir:
     def create(cls, root: Optional[str] = None) -> RunDir:
         """A new, empty run directory under ``root`` (default ``default_run_root()``), owner-only."""
         run_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
-        directory = cls(os.path.join(os.path.abspath(root or default_run_root()), run_id))
-        os.makedirs(directory.path, mode=0o700, exist_ok=False)
+        root = os.path.abspath(root or default_run_root())
+        check_private_folder(root)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        directory = cls(os.path.join(root, run_id))
+        os.mkdir(directory.path, mode=0o700)  # a new name: fails if anything is there already
         return directory
 
     def __repr__(self) -> str:
@@ -81,10 +132,6 @@ class RunDir:
     @property
     def events_path(self) -> str:
         return self.join(self.EVENTS)
-
-    @property
-    def payload_path(self) -> str:
-        return self.join(self.PAYLOAD)
 
     @property
     def rendezvous_path(self) -> str:
@@ -123,10 +170,16 @@ class RunDir:
 
     def write_private(self, name: str, data: bytes) -> None:
         """Write a file only its owner can read (payloads and results may hold private data)."""
-        with open(os.open(self.join(name), os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        with open(os.open(self.join(name), _CREATE, 0o600), "wb") as f:
             f.write(data)
 
+    def open_private(self, path: str, mode: str = "w") -> IO[Any]:
+        """A new file only its owner can read (stack dumps, checkpoints), never through a link."""
+        return open(os.open(path, _CREATE, 0o600), mode)
+
     def read_result(self) -> Optional[bytes]:
+        """The pickled result, from a run directory only this user could have written."""
+        check_private_folder(self.path, "the run directory")
         try:
             with open(self.join(self.RESULT), "rb") as f:
                 return f.read()

@@ -160,7 +160,7 @@ class Run:
             if outcome.result is not None:  # kept so the run can be reloaded after a restart
                 self.dir.write_private(RunDir.RESULT, outcome.result)
             self.stream.emit({"kind": EventKind.RUN_FINISHED, "time": time.time(), "status": outcome.status})
-            self.dir.remove(RunDir.PAYLOAD, RunDir.RENDEZVOUS)
+            self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
             self.runs_on.finished(self.dir, len(self.devices))
         finally:  # whatever failed above, wait() must not block forever

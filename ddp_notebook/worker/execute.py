@@ -52,7 +52,8 @@ def warm_up(preload_dynamo: bool) -> None:
 def install_stack_dump(path: str) -> IO[str]:
     """``STACK_SIGNAL`` dumps every thread's Python stack into ``path`` (the stall watchdog reads
     it); faulthandler writes even while the main thread is blocked in C code."""
-    stack_file = open(path, "w")
+    # Owner-only and never through a link, like every file of the run.
+    stack_file = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600), "w")
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     return stack_file
 

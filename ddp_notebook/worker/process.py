@@ -55,8 +55,9 @@ def main() -> None:
     try:
         if warm_error is not None:
             raise warm_error
-        with open(directory.payload_path, "rb") as f:
-            payload = f.read()
+        # The packed call came with the assignment, over the control pipe: no file another user
+        # could have written is ever unpickled.
+        payload = cfg.pop("blob")
         blob = execute(cfg, payload, channel.send, stop, where)
         channel.send({"kind": EventKind.DONE}, blob)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported

@@ -158,9 +158,14 @@ class TrainingHelpers:
         import torch
 
         directory = RunDir(self.run_dir)
-        os.makedirs(directory.checkpoint_dir, exist_ok=True)
+        os.makedirs(directory.checkpoint_dir, mode=0o700, exist_ok=True)
         path = directory.checkpoint_path(epoch)
-        torch.save(state, path + ".tmp")
+        try:
+            os.unlink(path + ".tmp")  # left by a crash mid-save
+        except FileNotFoundError:
+            pass
+        with directory.open_private(path + ".tmp", "wb") as f:  # owner-only: it is unpickled on resume
+            torch.save(state, f)
         os.replace(path + ".tmp", path)  # a crash mid-save never leaves a torn checkpoint
         latest = os.path.join(directory.checkpoint_dir, RunDir.LATEST)
         with open(latest + ".tmp", "w") as f:

@@ -54,12 +54,11 @@ class LocalBackend(Backend):
         if all(d.kind == "cpu" for d in spec.devices):
             env["CUDA_VISIBLE_DEVICES"] = ""
         configs = rank_configs(spec, ["localhost"] * n, [cpu_count()] * n, env)
-        spec.directory.write_private(RunDir.PAYLOAD, spec.payload)
         workers: list[WorkerProcess] = []
         warm = get_pool().take(n)
         try:
             for rank, device in enumerate(spec.devices):
-                workers.append(start_worker(rank, device, configs[rank], warm[rank]))
+                workers.append(start_worker(rank, device, configs[rank], spec.payload, warm[rank]))
         except BaseException:
             for w in workers:
                 w.discard()

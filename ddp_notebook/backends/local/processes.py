@@ -14,7 +14,8 @@ import select
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from ...core.devices import Device
@@ -39,6 +40,10 @@ class WorkerProcess:
     pidfd: Optional[int]
     signalled: Optional[int] = None  # the first signal the supervisor sent, if any
     returncode: Optional[int] = None
+    # Control bytes wait until the assignment frame, written from its own thread, has gone out.
+    _assigned: threading.Event = field(default_factory=threading.Event)
+    _held: bytearray = field(default_factory=bytearray)
+    _control_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def pid(self) -> int:
@@ -55,10 +60,24 @@ class WorkerProcess:
         return self.popen.stderr
 
     def send_control(self, byte: bytes) -> None:
+        with self._control_lock:
+            if not self._assigned.is_set():
+                self._held += byte  # a stop asked while the assignment is still being written
+                return
+            self._write_control(byte)
+
+    def assignment_sent(self) -> None:
+        with self._control_lock:
+            self._assigned.set()
+            if self._held:
+                self._write_control(bytes(self._held))
+                self._held.clear()
+
+    def _write_control(self, data: bytes) -> None:
         if self.control_fd is None:
             return
         try:
-            os.write(self.control_fd, byte)
+            os.write(self.control_fd, data)
         except OSError:  # already gone: its exit will be seen by the supervisor
             pass
 
@@ -85,8 +104,9 @@ class WorkerProcess:
         return self.returncode
 
     def close(self) -> None:
-        _close_fds(self.control_fd, self.pidfd)
-        self.control_fd = self.pidfd = None
+        with self._control_lock:
+            _close_fds(self.control_fd, self.pidfd)
+            self.control_fd = self.pidfd = None
 
     def discard(self) -> None:
         """End a worker whose run could not start: kill, reap, close every pipe."""
@@ -177,14 +197,27 @@ def spawn_process(pooled: bool = False) -> Prestarted:
     return Prestarted(popen=popen, event_fd=event_r, control_fd=control_w, pidfd=_pidfd(popen.pid))
 
 
-def start_worker(rank: int, device: Device, config: RankConfig, process: Optional[Prestarted] = None) -> WorkerProcess:
+def start_worker(rank: int, device: Device, config: RankConfig, payload: bytes,
+                 process: Optional[Prestarted] = None) -> WorkerProcess:
     """Assign rank ``rank`` of a run to a worker process (a warm one from the pool, or a new one):
-    ``config`` is the assignment, sent as one frame on the control pipe."""
-    frame = encode(dict(config))  # before a process exists: a config that cannot be sent leaves nothing
+    ``config`` is the assignment, sent as one frame on the control pipe with the packed call
+    (``payload``) attached: no file holds it. A pipe takes 64 KB at a time and a cold worker reads
+    only once warm, so the frame is written from a thread, through its own copy of the pipe's end
+    (closing the worker's end meanwhile cannot redirect the write to a reused descriptor)."""
+    frame = encode(dict(config), payload)  # before a process exists: a config that cannot be sent leaves nothing
     process = process or spawn_process()
-    try:
-        write_all(process.control_fd, frame)
-    except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
-        pass
-    return WorkerProcess(rank=rank, device=device, popen=process.popen, event_fd=process.event_fd,
-                         control_fd=process.control_fd, pidfd=process.pidfd)
+    worker = WorkerProcess(rank=rank, device=device, popen=process.popen, event_fd=process.event_fd,
+                           control_fd=process.control_fd, pidfd=process.pidfd)
+    fd = os.dup(process.control_fd)
+
+    def send() -> None:
+        try:
+            write_all(fd, frame)
+        except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
+            pass
+        finally:
+            os.close(fd)
+            worker.assignment_sent()
+
+    threading.Thread(target=send, name=f"ddp-assign-{rank}", daemon=True).start()
+    return worker

@@ -1,0 +1,140 @@
+"""A run's files are unpickled (by its workers, by ``Run.load``): never from a folder another user
+could write to. Tested with a real second local user (created here; needs root)."""
+import os
+import pwd
+import stat
+import subprocess
+import textwrap
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook import UnsafeRunDirError
+from ddp_notebook.core.rundir import RunDir, check_private_folder
+
+import faults
+
+pytestmark = pytest.mark.processes
+
+OTHER = "ddpnbother"
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    if os.geteuid() != 0:
+        pytest.skip("creating a second local user needs root")
+    try:
+        pwd.getpwnam(OTHER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER], check=True)
+    return pwd.getpwnam(OTHER)
+
+
+def shared(tmp_path, mode, owner=None):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, mode)
+    if owner is not None:
+        os.chown(folder, owner.pw_uid, owner.pw_gid)
+    return folder
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_runs_folder_others_can_write_to_is_refused_before_anything_starts(tmp_path, mode):
+    folder = shared(tmp_path, mode)
+    with pytest.raises(UnsafeRunDirError, match=r"is writable by other users \(mode 7\d\d\), so another user could "
+                                                r"replace a run's files and have your workers load their code"):
+        ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder / "runs"))
+    assert list(folder.iterdir()) == []
+
+
+def test_a_runs_folder_of_another_user_is_refused(tmp_path, other_user):
+    folder = shared(tmp_path, 0o755, owner=other_user)
+    with pytest.raises(UnsafeRunDirError, match=f"belongs to {OTHER}"):
+        ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder))
+
+
+def test_a_sticky_shared_folder_like_tmp_is_fine_and_runs_are_owner_only(tmp_path):
+    folder = shared(tmp_path, 0o1777)
+    run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder / "runs"))
+    assert run.wait(timeout=120) == 0
+    assert stat.S_IMODE(os.stat(run.run_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(run.run_dir, RunDir.RESULT)).st_mode) == 0o600
+    for rank in (0, 1):
+        assert stat.S_IMODE(os.stat(RunDir(run.run_dir).stack_file(rank)).st_mode) == 0o600
+
+
+ATTACK = textwrap.dedent("""
+    import os, sys, time
+    # The other user watches the shared folder and swaps each new run directory for its own.
+    root, marker = sys.argv[1], sys.argv[2]
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        for name in os.listdir(root):
+            if name.startswith("2") and not name.endswith(".mine"):
+                try:
+                    os.rename(os.path.join(root, name), os.path.join(root, name + ".mine"))
+                    os.mkdir(os.path.join(root, name))
+                    with open(os.path.join(root, name, "payload.pkl"), "wb") as f:
+                        f.write(b"cos\\nsystem\\n(S'touch " + marker.encode() + b"'\\ntR.")
+                except OSError:
+                    pass
+        time.sleep(0.001)
+""")
+
+
+def test_the_swap_attack_of_a_second_user_is_refused_with_a_clear_error(tmp_path, other_user):
+    folder = shared(tmp_path, 0o777)  # what the attack needs: a runs folder the other user can write to
+    marker = tmp_path / "owned"
+    os.chmod(tmp_path, 0o755)
+    attacker = subprocess.Popen(["setpriv", f"--reuid={other_user.pw_uid}", f"--regid={other_user.pw_gid}",
+                                 "--clear-groups", "python3", "-c", ATTACK, str(folder), str(marker)])
+    try:
+        for _ in range(5):
+            with pytest.raises(UnsafeRunDirError):
+                ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder))
+    finally:
+        attacker.kill()
+        attacker.wait()
+    assert not marker.exists() and list(folder.iterdir()) == []
+
+
+def test_run_load_refuses_a_run_directory_others_can_write_to(tmp_path):
+    run = ddp_notebook.launch(lambda ctx: "secret", devices="cpu:0", run_root=str(tmp_path / "runs"))
+    assert run.wait(timeout=120) == "secret"
+    os.chmod(run.run_dir, 0o777)
+    with pytest.raises(UnsafeRunDirError, match="the run directory"):
+        ddp_notebook.Run.load(run.run_dir)
+
+
+def test_check_private_folder_accepts_this_users_own_folders(tmp_path):
+    os.chmod(tmp_path, 0o700)
+    check_private_folder(str(tmp_path / "not" / "yet" / "there"))
+
+
+def test_the_call_travels_over_the_control_pipe_and_never_lies_in_a_file(tmp_path):
+    data = os.urandom(4 << 20)  # far more than a pipe holds at once
+    run = ddp_notebook.launch(lambda ctx, blob: len(blob), devices="cpu*2", args=(data,),
+                              run_root=str(tmp_path / "runs"))
+    assert not os.path.exists(os.path.join(run.run_dir, RunDir.PAYLOAD))
+    assert run.wait(timeout=120) == len(data)
+    assert not any(name.endswith(".pkl") and name != RunDir.RESULT for name in os.listdir(run.run_dir))
+
+
+def test_a_stop_asked_while_a_large_call_is_still_being_sent_is_honoured(tmp_path):
+    from ddp_notebook import pool
+
+    was = pool.get_pool().enabled
+    pool.disable()  # cold workers: they read their assignment only once warm
+    try:
+        run = ddp_notebook.launch(faults.wait_for_stop_carrying, devices="cpu*2", run_root=str(tmp_path / "runs"),
+                                  kwargs=dict(ballast=os.urandom(4 << 20)))
+        run.stop(grace=30)
+        try:
+            run.wait(timeout=120)
+        except ddp_notebook.RunStoppedError:
+            pass
+        assert run.status == "stopped" and all(w.status == "stopped" for w in run.workers)
+    finally:
+        if was:
+            pool.enable()

@@ -199,3 +199,14 @@ def own_sigusr1_handler_while_busy(ctx, seconds: float):
 def wait_for_stop_carrying(ctx, ballast: bytes):
     """``wait_for_stop`` with a large argument."""
     return wait_for_stop(ctx) if ballast else None
+
+
+def returns_a_class_only_the_workers_have(ctx, folder: str):
+    """Rank 0 returns an object whose class lives in a module the notebook cannot import."""
+    import importlib
+    import sys
+
+    with open(os.path.join(folder, f"only_in_workers_{ctx.rank}.py"), "w") as f:
+        f.write("class Thing:\n    pass\n")
+    sys.path.insert(0, folder)
+    return importlib.import_module(f"only_in_workers_{ctx.rank}").Thing()

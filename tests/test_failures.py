@@ -1,5 +1,6 @@
 import pytest
 
+import ddp_notebook
 from ddp_notebook.core.failures import WorkerFailure, render_failure_report
 
 pytestmark = pytest.mark.unit
@@ -42,3 +43,16 @@ def test_report_puts_traceback_first_and_headline_last():
 def test_round_trip():
     f = failure(stderr_tail=["a"])
     assert WorkerFailure.from_dict(f.to_dict()) == f
+
+
+@pytest.mark.processes
+def test_a_result_the_notebook_cannot_load_is_the_runs_failure(tmp_path):
+    import faults
+
+    run = ddp_notebook.launch(faults.returns_a_class_only_the_workers_have, devices="cpu*2",
+                              args=(str(tmp_path),))
+    with pytest.raises(ddp_notebook.WorkerFailedError) as e:
+        run.wait(timeout=120)
+    assert str(e.value) == ("Distributed data parallel main worker (cpu:0) failed: the return value could not be "
+                            "sent back to the notebook: ModuleNotFoundError: No module named 'only_in_workers_0'")
+    assert run.status == "failed" and run.workers[0].status == "failed"

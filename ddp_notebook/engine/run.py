@@ -34,7 +34,7 @@ from ..core.errors import (
     WorkerFailedError,
 )
 from ..core.events import EventKind, RankConfig
-from ..core.failures import WorkerFailure
+from ..core.failures import FailureKind, Phase, WorkerFailure
 from ..core.probes import Probe
 from ..core.rundir import RunDir, default_run_root
 from ..core.state import RunState, RunStatus, WorkerState
@@ -104,6 +104,7 @@ class Run:
         self._stop_requested = False
         self._supervisor: Optional[Supervisor] = None
         self._result: Optional[bytes] = None
+        self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
 
     @classmethod
     def load(cls, run_dir: str) -> Run:
@@ -159,12 +160,28 @@ class Run:
             outcome = self._supervisor.supervise()
             if outcome.result is not None:  # kept so the run can be reloaded after a restart
                 self.dir.write_private(RunDir.RESULT, outcome.result)
+                if not self._load_result(outcome.result):
+                    outcome = replace(outcome, status=RunStatus.FAILED)
             self.stream.emit({"kind": EventKind.RUN_FINISHED, "time": time.time(), "status": outcome.status})
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
             self.runs_on.finished(self.dir, len(self.devices))
         finally:  # whatever failed above, wait() must not block forever
             self._end(outcome.result)
+
+    def _load_result(self, result: bytes) -> bool:
+        """Unpickle the main worker's return value here, once: a value the notebook cannot load
+        (a class only the workers can import) is the run's failure, reported as one."""
+        try:
+            self._loaded = (pickling.loads(result),)
+            return True
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling raises is the report
+            failure = WorkerFailure(rank=0, device=str(self.devices[0]), kind=FailureKind.RESULT, time=time.time(),
+                                    phase=Phase.RESULT, exc_type=type(exc).__qualname__,
+                                    message=str(exc))
+            self.stream.emit({"kind": EventKind.FAILURE, "time": failure.time, "rank": 0,
+                              "failure": failure.to_dict()})
+            return False
 
     def _end(self, result: Optional[bytes]) -> None:
         self._result = result
@@ -259,7 +276,7 @@ class Run:
                                       "worker returned a result")
             raise SupervisionError(f"run {self.id} ended without a result from the main worker; this is a bug in "
                                    f"ddp_notebook: the event log is {self.dir.events_path}")
-        value = pickling.loads(self._result)
+        value = self._loaded[0] if self._loaded is not None else pickling.loads(self._result)
         return self.settings.postprocess(value, self) if self.settings.postprocess else value
 
     # ---- control --------------------------------------------------------------------------------

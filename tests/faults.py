@@ -210,3 +210,8 @@ def returns_a_class_only_the_workers_have(ctx, folder: str):
         f.write("class Thing:\n    pass\n")
     sys.path.insert(0, folder)
     return importlib.import_module(f"only_in_workers_{ctx.rank}").Thing()
+
+
+def environment(ctx, names: tuple):
+    """What a worker sees of the notebook: these environment variables and its working directory."""
+    return {name: os.environ.get(name) for name in names}, os.getcwd()

@@ -54,3 +54,35 @@ def test_load_ext_warms_the_pool_for_the_default_devices(ipython_shell):
     finally:
         ddp_notebook.set_default_devices(None)
         pool.disable()
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_workers_see_the_notebooks_environment_and_directory_at_launch(pooled, monkeypatch, tmp_path):
+    if pooled:
+        pool.enable(2)
+        ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=60)  # the pool is warm now
+    else:
+        pool.disable()
+    try:
+        monkeypatch.setenv("DDP_NB_SET_LATER", "in a later cell")
+        monkeypatch.delenv("DDP_NB_REMOVED_LATER", raising=False)
+        monkeypatch.chdir(tmp_path)
+        idle = pool.get_pool().idle_pids()
+        run = ddp_notebook.launch(faults.environment, devices="cpu*2",
+                                  args=(("DDP_NB_SET_LATER", "DDP_NB_REMOVED_LATER"),))
+        seen, cwd = run.wait(timeout=60)
+        assert seen == {"DDP_NB_SET_LATER": "in a later cell", "DDP_NB_REMOVED_LATER": None}
+        assert cwd == str(tmp_path)
+        if pooled:  # started before the notebook changed: the same processes ran it
+            assert sorted(w.pid for w in run.workers) == sorted(idle)
+    finally:
+        pool.disable()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _a_variable_the_pool_starts_with():
+    import os
+
+    os.environ["DDP_NB_REMOVED_LATER"] = "set when the pool started"
+    yield
+    os.environ.pop("DDP_NB_REMOVED_LATER", None)

@@ -66,6 +66,9 @@ class RankConfig(TypedDict, total=False):
     sys_path: list[str]
     cwd: str
     env: dict[str, str]
+    # Local workers: the notebook's whole environment at launch, which replaces the worker's own
+    # (a pooled worker started before a cell changed it). ``env`` applies on top.
+    environ: dict[str, str]
     progress_interval: float
     resume_from: Optional[str]  # a checkpoint directory to resume from
     mode: str  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group

@@ -72,6 +72,9 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
     directory = RunDir(cfg["run_dir"])
     ctx = None
     try:
+        if "environ" in cfg:
+            os.environ.clear()
+            os.environ.update(cfg["environ"])
         os.environ.update(cfg.get("env", {}))
         for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": cfg.get("local_rank", rank),
                            "LOCAL_WORLD_SIZE": cfg.get("local_world_size", world_size)}.items():

@@ -6,6 +6,7 @@ at all, and each CPU worker computes with ``cores // workers`` threads.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Optional
 
@@ -54,6 +55,8 @@ class LocalBackend(Backend):
         if all(d.kind == "cpu" for d in spec.devices):
             env["CUDA_VISIBLE_DEVICES"] = ""
         configs = rank_configs(spec, ["localhost"] * n, [cpu_count()] * n, env)
+        for config in configs:  # as the notebook's is now, whenever the worker was started
+            config["environ"] = dict(os.environ)
         workers: list[WorkerProcess] = []
         warm = get_pool().take(n)
         try:

@@ -42,7 +42,9 @@ class FullText:
         return data
 
 
-NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+# One line, cut with an ellipsis at the column's width: the widget's own box does not clip.
+NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;max-width:{width}"
+TEXT_WIDTH = 420  # px, the row's text column
 
 
 class _Row:
@@ -55,8 +57,8 @@ class _Row:
                                  layout=widgets.Layout(width="150px"))
         self.badge = widgets.HTML(layout=widgets.Layout(width="90px"))
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="180px"))
-        self.text = widgets.HTML(layout=widgets.Layout(width="420px"))
-        self.last = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0"))
+        self.text = widgets.HTML(layout=widgets.Layout(width=f"{TEXT_WIDTH}px", overflow="hidden"))
+        self.last = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0", overflow="hidden"))
         self.box = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
                                 layout=widgets.Layout(padding="2px", border="1px solid transparent"))
 
@@ -190,8 +192,9 @@ class RunView(FullText, widgets.VBox):
         if silent is not None:
             text += f' · <b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>'
         # One line per rank, however many metrics: what does not fit ends in an ellipsis.
-        row.text.value = f'<div style="{NOWRAP}">{text}</div>'
-        row.last.value = f'<div style="{NOWRAP}"><code style="color:#6c757d">{escape(w.last_line[-120:])}</code></div>'
+        row.text.value = f'<div style="{NOWRAP.format(width=f"{TEXT_WIDTH - 8}px")}">{text}</div>'
+        row.last.value = (f'<div style="{NOWRAP.format(width="100%")}"><code style="color:#6c757d">'
+                          f"{escape(w.last_line[-120:])}</code></div>")
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
         if caused_failure and "ddp-failed-row" not in row.box._dom_classes:
             row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests

@@ -74,7 +74,6 @@ class Supervisor:
         self.labels = list(labels)
         self.ranks = range(len(self.labels))
         self.options = options
-        self._stack_file = stack_file
         self._emit = emit
         self._commands: list[tuple[float, str]] = []
         self._cmd_lock = threading.Lock()

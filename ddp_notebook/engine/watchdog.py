@@ -76,7 +76,8 @@ class Watchdog:
         self.gaps: dict[int, float] = {}  # each rank's usual gap between reports (moving average)
         self._last: dict[int, float] = {}
         self._next_look: Optional[float] = None
-        self._first: Optional[_Sample] = None
+        self._first: Optional[_Sample] = None  # auto: the first of the two samples
+        self._flushed = False  # strict: held-back progress asked for, the look comes next
 
     @property
     def enabled(self) -> bool:
@@ -97,6 +98,7 @@ class Watchdog:
     def _reset(self, now: float) -> None:
         self.quiet_since = now
         self._first = None
+        self._flushed = False
         self._next_look = now + self.limit()
 
     def limit(self) -> float:
@@ -117,10 +119,10 @@ class Watchdog:
             return [], {}
         assert self.quiet_since is not None
         idle = now - self.quiet_since
-        if self.strict is not None and self._first is None:
+        if self.strict is not None and not self._flushed:
             # Held-back progress first (it names the true last step), then look.
             self.transport.request_flush(alive)
-            self._first, self._next_look = _Sample(now, {}, {}, {}), now + FLUSH_WAIT
+            self._flushed, self._next_look = True, now + FLUSH_WAIT
             return [], {}
         sample = self._sample(alive, main_ident)
         if self.strict is not None:

@@ -63,6 +63,56 @@ def test_validation_metrics_and_early_stopping():
     assert 0.0 <= result.history[0]["close"] <= 1.0
 
 
+def test_a_resumed_fit_stops_early_where_the_original_would_have():
+    x, y = models.regression_data()
+    kw = dict(train_data=(x[:384], y[:384]), valid_data=(x[384:], y[384:]), loss=torch.nn.MSELoss(),
+              optimizer=models.sgd(0.0), metrics={"same": models.constant(1.0)}, monitor="same", epochs=10,
+              batch_size=32, early_stopping=2)
+    # 6 batches an epoch per rank; rank 1 fails in epoch 2, after checkpoints of epochs 0 and 1.
+    # Uninterrupted, the fit stops after epoch 2 (no gain in epochs 1 and 2).
+    run = ddp_notebook.fit(model=models.FailsOnRank1(fail_after=14), devices="cpu*2", wait=False, **kw)
+    with pytest.raises(WorkerFailedError):
+        run.wait(timeout=120)
+    resumed = run.retry(resume=True).wait(timeout=120)
+    assert resumed.resumed_from_epoch == 1 and resumed.stopped_early
+    assert [h["epoch"] for h in resumed.history] == [0, 1, 2]
+    # Resuming a fit that had stopped early trains nothing more.
+    again = ddp_notebook.fit(model=models.FailsOnRank1(), devices="cpu:0", resume_from=resumed, **kw)
+    assert again.resumed_from_epoch == 2 and again.stopped_early and again.history == resumed.history
+    assert not any(e["kind"] == "progress" and "loss" in e for e in again.run.events)
+
+
+def test_a_nan_loss_fails_the_fit_at_its_step_naming_the_rank():
+    x, y = models.regression_data()
+    x[2 * (32 * 3 + 5) + 1, 0] = float("nan")  # unshuffled, rank 1 takes the odd samples: its 4th batch
+    with pytest.raises(WorkerFailedError) as e:
+        ddp_notebook.fit(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), epochs=2, batch_size=32,
+                         shuffle=False, devices="cpu*2")
+    assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1) failed: NonFiniteLossError: the loss "
+                                   "is nan at step 4 (epoch 0, batch 4 of 8)"), str(e.value)
+    assert _checkpoints(e.value.run_dir) == []  # it failed in epoch 0: nothing of the nan was saved
+
+
+def test_a_nan_every_rank_computes_is_one_error_of_the_run_and_caught_by_the_preflight():
+    x, y = models.regression_data()
+    nan_model = models.linear()
+    torch.nn.init.constant_(nan_model.weight, float("nan"))
+    kw = dict(model=nan_model, train_data=(x, y), loss=torch.nn.MSELoss(), batch_size=32, devices="cpu*2")
+    with pytest.raises(WorkerFailedError) as e:
+        ddp_notebook.fit(preflight=False, **kw)
+    assert str(e.value).startswith("Every distributed data parallel worker (cpu:0, cpu:1) failed the same way: "
+                                   "NonFiniteLossError: the loss is nan at step 1 (epoch 0, batch 1 of 8)"), str(e.value)
+    with pytest.raises(PreflightError, match="NonFiniteLossError: the loss of the first batch is nan, before any step"):
+        ddp_notebook.fit(**kw)
+
+
+def _checkpoints(run_dir):
+    import os
+
+    folder = os.path.join(run_dir, "checkpoints")
+    return os.listdir(folder) if os.path.isdir(folder) else []
+
+
 def test_empty_shard_is_refused_before_any_worker_starts(tmp_path):
     x, y = models.regression_data(n=100)
     before = psutil.Process().children(recursive=True)

@@ -6,6 +6,7 @@ import pytest
 
 import ddp_notebook
 from ddp_notebook import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+from ddp_notebook.engine import resume
 
 import faults
 from helpers import wait_for
@@ -112,20 +113,24 @@ def test_process_group_is_ready_and_threads_are_split():
     assert ddp_notebook.launch(probe, devices="cpu*2").wait(timeout=60) == (True, "gloo", 2, max(1, (os.cpu_count() or 1) // 2), "")
 
 
-def test_finished_run_reloads_from_disk():
+def test_finished_run_reloads_from_disk(monkeypatch):
+    monkeypatch.setattr(resume, "KEEP_LIMIT", 10)  # this run's call is too large to be kept
     run = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"steps": 3})
+    monkeypatch.undo()
     run.wait(timeout=60)
     again = ddp_notebook.Run.load(run.run_dir)
     assert again.status == "succeeded" and again.result() == [8.0, 8.0]
     assert [w.step for w in again.workers] == [3, 3] and again.devices == run.devices
+    with pytest.raises(ddp_notebook.DDPNotebookError, match="cannot be retried: its call .* was not kept there"):
+        again.retry()
     failed = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"fault": "raise"})
     with pytest.raises(WorkerFailedError):
         failed.wait(timeout=60)
     loaded = ddp_notebook.Run.load(failed.run_dir)
     with pytest.raises(WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: ValueError: boom at step 3"):
         loaded.wait()
-    with pytest.raises(ddp_notebook.DDPNotebookError, match="cannot be retried"):
-        loaded.retry()
+    retried = loaded.retry()  # from the call kept in its directory, on the device that did not fail
+    assert [str(d) for d in retried.devices] == ["cpu:0"] and retried.wait(timeout=60) == [1.0, 1.0]
 
 
 def test_local_rank_counts_the_ranks_on_this_host():

@@ -13,6 +13,7 @@
     ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
     ├── EngineUnavailableError (RuntimeError) an engine left the cluster before the start
     ├── PreflightError                        fit's one-step preflight failed
+    ├── NonFiniteLossError (FloatingPointError) fit's loss became nan or inf (raised in a worker)
     ├── WorkerFailedError (RuntimeError)      a worker failed; names the root cause
     ├── SupervisionError (RuntimeError)       ddp_notebook's own supervision of a run failed
     ├── RunStoppedError                       the run was stopped before a result
@@ -43,6 +44,7 @@ __all__ = [
     "NoResultError",
     "NoCheckpointError",
     "PreflightError",
+    "NonFiniteLossError",
     "EngineSelectionError",
     "EngineUnavailableError",
     "UnsafeRunDirError",
@@ -143,3 +145,8 @@ class PreflightError(DDPNotebookError):
     """The single-device preflight step failed; nothing was launched.
 
     The original exception is the ``__cause__``, so its traceback is shown as usual."""
+
+
+class NonFiniteLossError(DDPNotebookError, FloatingPointError):
+    """The built-in fit's loss became nan or inf: raised by the worker at the step it happened,
+    so the report names the rank and the step (training on would only spread the nan)."""

@@ -70,7 +70,7 @@ class RankConfig(TypedDict, total=False):
     # (a pooled worker started before a cell changed it). ``env`` applies on top.
     environ: dict[str, str]
     progress_interval: float
-    resume_from: Optional[str]  # a checkpoint directory to resume from
+    resume_from: Optional[str]  # a checkpoint file to resume from (or a folder: its latest)
     mode: str  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group
     meet_in_python: bool  # wait for every peer in Python before and after the function (engines)
 

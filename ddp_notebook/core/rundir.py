@@ -5,6 +5,7 @@
     <run_root>/<run id>/
         events.jsonl          every event of the run, one JSON object a line
         result.pkl            the main worker's pickled return value (a run that returned one)
+        call.pkl              the packed call, options and settings, for a retry after a restart
         rendezvous            the process group's file rendezvous (removed at the end)
         stacks-rank<r>.txt    rank r's stack dumps, for the stall watchdog
         checkpoints/          ctx.save_checkpoint's files; ``latest`` names the newest
@@ -100,6 +101,7 @@ class RunDir:
     EVENTS = "events.jsonl"
     RESULT = "result.pkl"
     PAYLOAD = "payload.pkl"  # never written: the call travels over each worker's control pipe
+    CALL = "call.pkl"  # the call kept for a retry once the notebook is gone (engine.resume); never read by workers
     RENDEZVOUS = "rendezvous"
     ENDED = "ended"
     CHECKPOINTS = "checkpoints"
@@ -180,11 +182,17 @@ class RunDir:
     def read_result(self) -> Optional[bytes]:
         """The pickled result, from a run directory only this user could have written."""
         check_private_folder(self.path, "the run directory")
+        return self.read_private(self.RESULT)
+
+    def read_private(self, name: str) -> Optional[bytes]:
+        """A file of the run written by ``write_private`` (None when absent), never through a link;
+        check the folder with ``check_private_folder`` before unpickling it."""
         try:
-            with open(self.join(self.RESULT), "rb") as f:
-                return f.read()
+            fd = os.open(self.join(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return None
+        with open(fd, "rb") as f:
+            return f.read()
 
     def remove(self, *names: str) -> None:
         """Remove files of the run (those already gone are fine)."""

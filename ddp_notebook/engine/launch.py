@@ -21,7 +21,8 @@ from ..core.stream import EventStream
 from ..core.validation import InvalidDevicesError, ValidationReport
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .packing import check_arguments, pack_call
-from .run import Run, validate_on
+from .resume import keep_call
+from .run import Run, restart_loaded_runs_with, validate_on
 
 __all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "runs", "find_run",
            "default_devices", "set_default_devices", "wait_showing", "show_while_waiting", "PROGRESS_ENV"]
@@ -99,6 +100,7 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, setti
     backend = backend_for(options)
     backend.check_placement(report.devices)
     directory = RunDir.create(options.run_root)
+    keep_call(directory, payload, options, settings)  # so it can be retried after a kernel restart
     run = Run(directory, EventStream(directory.open_log()), report.devices, runs_on=backend, options=options,
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
     run.start(payload)
@@ -108,6 +110,9 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, setti
 
 def _restart(payload: bytes, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
     return start_run(payload, devices, options, settings, parent=parent)
+
+
+restart_loaded_runs_with(lambda payload: functools.partial(_restart, payload))
 
 
 def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tuple[Any, ...], kwargs: dict[str, Any],

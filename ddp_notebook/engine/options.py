@@ -114,7 +114,7 @@ class RunSettings:
     """What a recipe asks of a run beyond the user's options (never set by users)."""
 
     mode: CallMode = CallMode.CONTEXT
-    resume_from: Optional[str] = None  # a checkpoint directory ctx.load_checkpoint() reads
+    resume_from: Optional[str] = None  # the checkpoint file ctx.load_checkpoint() reads
     # Turns the main worker's return value into what wait() gives back (fit's FitResult);
     # stays in the notebook, never sent to the workers.
     postprocess: Optional[Callable[[Any, Any], Any]] = field(default=None, compare=False)

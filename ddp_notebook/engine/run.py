@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ..backends.base import Backend, StartSpec
+from ..backends.local.backend import LocalBackend
 from ..core import pickling
 from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
 from ..core.errors import (
@@ -41,16 +42,26 @@ from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_seconds
+from .resume import KEEP_LIMIT, checkpoint_to_resume, read_call
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
-__all__ = ["Run", "WorkerTraceback", "Restart", "validate_on"]
+__all__ = ["Run", "WorkerTraceback", "Restart", "validate_on", "restart_loaded_runs_with"]
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 # How a run starts another with the same call: start_run with the packed call bound (a retry is a
 # new start, not a special path).
 Restart = Callable[[DeviceSpec, LaunchOptions, RunSettings, "Run"], "Run"]
+# How a run read back from disk starts again from its kept call: given by ``engine.launch``,
+# which starts runs (and imports this module, so it cannot be imported here).
+_restart_of_payload: Optional[Callable[[bytes], Restart]] = None
+
+
+def restart_loaded_runs_with(restart_of_payload: Callable[[bytes], Restart]) -> None:
+    """Set how ``Run.load``'s runs are retried (``engine.launch`` calls this once)."""
+    global _restart_of_payload
+    _restart_of_payload = restart_of_payload
 
 
 def validate_on(runs_on: Backend, devices: Optional[DeviceSpec], *, backend: Optional[str] = None,
@@ -108,11 +119,13 @@ class Run:
 
     @classmethod
     def load(cls, run_dir: str) -> Run:
-        """A finished run read back from its directory, or its id under the default runs folder
-        (for instance after a kernel restart): its state, events, failures and (when it succeeded)
-        its result. It cannot be retried: the function and its arguments are not kept on disk.
+        """A run read back from its directory, or its id under the default runs folder (for
+        instance after a kernel restart): its state, events, failures and (when it succeeded) its
+        result. It can be retried like the run it was (``retry(resume=True)`` goes on from its
+        last checkpoint), from the call kept in its directory: runs started on engines need
+        ``engines=`` again, and a call over 64 MB is not kept.
 
-        Example: ``ddp_notebook.Run.load("20261129-174217-5266c4").result()``
+        Example: ``ddp_notebook.Run.load("20261129-174217-5266c4").retry(resume=True)``
         """
         if os.sep not in run_dir and not os.path.isdir(run_dir):
             run_dir = os.path.join(default_run_root(), run_dir)
@@ -120,7 +133,11 @@ class Run:
         stream = EventStream.replay(directory.read_events())
         if not stream.state.finished:
             _end_cut_off(stream)
-        run = cls(directory, stream, parse_devices(stream.state.devices, cuda_count=lambda: 0))
+        kept = read_call(directory)
+        restart = _restart_of_payload(kept.payload) if kept is not None and _restart_of_payload else None
+        run = cls(directory, stream, parse_devices(stream.state.devices, cuda_count=lambda: 0),
+                  runs_on=LocalBackend() if kept is not None and not kept.on_engines else None,
+                  options=kept.options if kept else None, settings=kept.settings if kept else None, restart=restart)
         run._end(directory.read_result())
         return run
 
@@ -303,9 +320,13 @@ class Run:
 
         With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
         checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
-        if self._restart is None or self.runs_on is None:
-            raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its function and "
-                                   "arguments are not kept there; launch it again")
+        if self._restart is None:
+            raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
+                                   f"and its arguments) was not kept there, as calls over {KEEP_LIMIT // 2**20} MB "
+                                   "are not; launch it again (fit(..., resume_from=run) goes on from its checkpoint)")
+        if self.runs_on is None and "engines" not in changes:
+            raise DDPNotebookError(f"run {self.id} ran on ipyparallel engines and was loaded from disk: give the "
+                                   "engines to retry it on, retry(engines=client)")
         if devices is None:
             devices = [device if device is not None else self.retry_device()]
         settings = self.settings
@@ -313,8 +334,8 @@ class Run:
             if self.dir.latest_checkpoint() is None:
                 raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
                                         f"(looked in {self.checkpoint_dir})")
-            settings = replace(settings, resume_from=self.checkpoint_dir)
-        where = self.runs_on.retry_changes(self.devices, self.state.causing_ranks, devices)
+            settings = replace(settings, resume_from=checkpoint_to_resume(self.checkpoint_dir))
+        where = self.runs_on.retry_changes(self.devices, self.state.causing_ranks, devices) if self.runs_on else {}
         options = replace(self.options, **{**where, **changes})  # what the caller chose wins
         return self._restart(devices, options, settings, self)
 

@@ -20,6 +20,7 @@ from ..core.validation import InvalidDevicesError, shard_problem
 from ..engine.launch import launch_with, validate_for, wait_showing
 from ..engine.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from ..engine.packing import first_unpicklable
+from ..engine.resume import checkpoint_to_resume
 from ..engine.run import Run
 from .fit_loop import FitSpec, build_model, fit_worker, preflight_step
 
@@ -137,6 +138,7 @@ def fit(
     checkpoint: bool = True,
     preflight: bool = True,
     seed: int = 0,
+    resume_from: Any = None,
     wait: bool = True,
     **launch_options: Unpack[LaunchKwargs],
 ) -> Union[FitResult, Run]:
@@ -155,6 +157,11 @@ def fit(
     ``preflight``) one forward/backward step runs on the main device so plain bugs surface at
     once with a normal traceback. ``wait=False`` returns the ``Run``; its ``wait()`` then
     returns the ``FitResult``. Other keyword arguments are ``launch`` options.
+
+    ``resume_from`` goes on from a checkpoint: a run or ``FitResult``, a run's id or directory
+    (its latest checkpoint; ``Run.load`` finds runs cut off by a kernel restart), or a checkpoint
+    file. Weights, optimizer, history and early-stopping state are restored and training goes
+    on from the next epoch up to ``epochs`` in all.
     """
     import torch
 
@@ -166,6 +173,7 @@ def fit(
         raise FitConfigError("model must be a torch.nn.Module or a function returning one, "
                              f"not {type(model).__name__}.")
     options = options_from("fit", dict(launch_options))
+    resume = checkpoint_to_resume(resume_from) if resume_from is not None else None
     report = validate_for(devices, options)
     if not report.ok:
         raise InvalidDevicesError(report)
@@ -189,6 +197,6 @@ def fit(
         raise unpicklable
     if preflight:
         _preflight(spec, report.devices[0], options)
-    settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model))
+    settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model), resume_from=resume)
     run = launch_with(fit_worker, list(report.devices), (spec,), {}, options, settings, report=report)
     return wait_showing(run) if wait else run

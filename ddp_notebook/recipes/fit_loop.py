@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..core.errors import FitConfigError
+from ..core.errors import FitConfigError, NonFiniteLossError
 
 __all__ = ["FitSpec", "fit_worker", "preflight_step", "build_model"]
 
@@ -77,7 +78,10 @@ def preflight_step(ctx: Any, spec: FitSpec) -> None:
     _build_optimizer(spec.optimizer, model.parameters())
     xs, y = _split(next(iter(DataLoader(spec.train_data, batch_size=spec.batch_size))), device)
     out = model(*xs)
-    spec.loss(out, y).backward()
+    value = spec.loss(out, y)
+    if not math.isfinite(value.item()):
+        raise NonFiniteLossError(f"the loss of the first batch is {value.item()}, before any step")
+    value.backward()
     if spec.valid_data is not None:
         model.eval()
         with torch.no_grad():
@@ -109,19 +113,68 @@ def _evaluate(model: Any, spec: FitSpec, device: Any) -> dict:
 
 
 def _ranks_in_sync(module: Any, ctx: Any) -> bool:
-    """True when every rank holds bit-identical parameters (DDP's promise, checked)."""
+    """True when every rank holds bit-identical parameters (DDP's promise, checked).
+
+    The bits are compared, as integers: the same nan on every rank is in sync (a float
+    comparison says nan != nan), and a max/min over floats is undefined for nan anyway."""
     if ctx.world_size == 1:
         return True
     import torch
     import torch.distributed as dist
 
-    flat = torch.cat([p.detach().reshape(-1).float() for p in module.parameters()])
+    flat = torch.cat([p.detach().reshape(-1).double() for p in module.parameters()]).view(torch.int64)
     if ctx.backend != "nccl":
         flat = flat.cpu()
     hi, lo = flat.clone(), flat.clone()
     dist.all_reduce(hi, op=dist.ReduceOp.MAX)
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
     return bool(torch.equal(hi, lo))
+
+
+def _check_finite(loss: float, ctx: Any, epoch: int, batch: int, n_batches: int) -> None:
+    """Fail at the step the loss stops being a number: training on would only spread the nan
+    to every rank's weights (one all-reduce later) and end in a "successful" fit of nans."""
+    if not math.isfinite(loss):
+        # No rank in the text: the report names the worker, and the same nan on every rank then
+        # reads as one error of the run.
+        raise NonFiniteLossError(f"the loss is {loss} at step {ctx.step} (epoch {epoch}, batch {batch} of "
+                                 f"{n_batches}); the weights are still those of the step before")
+
+
+@dataclass
+class _EarlyStopping:
+    """Where early stopping stands; saved in each checkpoint so a resumed fit stops where the
+    original would have."""
+
+    patience: Optional[int]
+    sign: float
+    min_delta: float
+    best: Optional[float] = None
+    patience_left: int = 0
+    stopped: bool = False
+
+    def update(self, value: float) -> bool:
+        """Record an epoch's monitored value; True when the fit should stop now."""
+        if self.patience is None:
+            return False
+        score = self.sign * value
+        if self.best is None or score < self.best - self.min_delta:
+            self.best, self.patience_left = score, self.patience
+        else:
+            self.patience_left -= 1
+            self.stopped = self.patience_left <= 0
+        return self.stopped
+
+    def state(self, monitor: str) -> dict[str, Any]:
+        return {"monitor": monitor, "sign": self.sign, "best": self.best, "patience_left": self.patience_left,
+                "stopped": self.stopped}
+
+    def restore(self, saved: Optional[dict[str, Any]], monitor: str) -> None:
+        """Take up the saved state when it watched the same value the same way."""
+        if saved and saved.get("monitor") == monitor and saved.get("sign") == self.sign:
+            self.best, self.stopped = saved["best"], bool(saved["stopped"])
+            left = int(saved["patience_left"])
+            self.patience_left = min(left, self.patience) if self.patience is not None else left
 
 
 def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
@@ -132,19 +185,20 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
     module = build_model(spec.model).to(ctx.device)
     history: list[dict[str, Any]] = []
     start = 0
+    stopping = _EarlyStopping(spec.early_stopping, 1.0 if spec.mode == "min" else -1.0, spec.min_delta)
     state = ctx.load_checkpoint()
     if state is not None:
         module.load_state_dict(state["model"])
         history, start = list(state["history"]), state["epoch"] + 1
+        stopping.restore(state.get("early_stopping"), spec.monitor)
+        if stopping.stopped:  # the original fit had stopped early there: nothing is left to train
+            start = max(start, spec.epochs)
     model = ctx.prepare(module)
     opt = _build_optimizer(spec.optimizer, model.parameters())
     if state is not None and state.get("optimizer") is not None:
         opt.load_state_dict(state["optimizer"])
     loader = ctx.loader(spec.train_data, batch_size=spec.batch_size, shuffle=spec.shuffle,
                         drop_last=spec.drop_last, seed=spec.seed)
-    best: Optional[float] = None
-    patience_left, stopped_early = spec.early_stopping or 0, False
-    sign = 1.0 if spec.mode == "min" else -1.0
     for epoch in ctx.epochs(spec.epochs, start=start):
         started = time.perf_counter()
         totals = torch.zeros(2, dtype=torch.float64)
@@ -156,12 +210,14 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
             sync = contextlib.nullcontext() if boundary or ctx.world_size == 1 else model.no_sync()
             with sync:
                 value = spec.loss(model(*xs), y)
+                loss = value.item()
+                _check_finite(loss, ctx, epoch, i + 1, n_batches)
                 (value / spec.grad_accum).backward()
             if boundary:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            totals += torch.tensor([value.item() * len(y), len(y)], dtype=torch.float64)
-            ctx.log(loss=value.item())
+            totals += torch.tensor([loss * len(y), len(y)], dtype=torch.float64)
+            ctx.log(loss=loss)
         if ctx.world_size > 1:
             dist.all_reduce(totals)  # the cross-rank mean loss of the epoch
         record: dict[str, Any] = {"epoch": epoch, "train_loss": float(totals[0]) / max(float(totals[1]), 1.0),
@@ -174,22 +230,15 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
             record.update(box[0] or {})
         history.append(record)
         ctx.log(epoch=epoch, **{k: v for k, v in record.items() if k not in ("epoch", "seconds")})
+        stop = stopping.update(record[spec.monitor])  # every rank sees the same record: they stop together
         if spec.checkpoint:
             ctx.save_checkpoint({"model": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
-                                 "history": history}, epoch)
-        if spec.early_stopping is not None:
-            score = sign * record[spec.monitor]
-            if best is None or score < best - spec.min_delta:
-                best, patience_left = score, spec.early_stopping
-            else:
-                patience_left -= 1
-                if patience_left <= 0:
-                    stopped_early = True
-                    break
+                                 "history": history, "early_stopping": stopping.state(spec.monitor)}, epoch)
+        if stop:
+            break
     in_sync = _ranks_in_sync(module, ctx)
     if not ctx.is_main:
         return None
     return {"state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()}, "history": history,
-            "ranks_in_sync": in_sync, "stopped_early": stopped_early,
-            "resumed_from_epoch": start - 1 if state else None}
-
+            "ranks_in_sync": in_sync, "stopped_early": stopping.stopped,
+            "resumed_from_epoch": state["epoch"] if state is not None else None}

@@ -53,6 +53,9 @@ def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
     if failure.same_on and failure.kind == FailureKind.STALL:
         return ("Each worker waits in a collective for another: the ranks called different collectives, or a "
                 "different number of them (a rank-dependent branch, uneven batches). Compare their stacks below.")
+    if failure.exc_type == "NonFiniteLossError":
+        return ("The loss stopped being a number: lower the learning rate, clip the gradients, or look for nan or "
+                "inf in this batch of the data; run.retry(resume=True) goes on from the last checkpoint.")
     if failure.same_on:
         return ("Every worker raised this same error: it comes from the code or the data, not from a device. "
                 "Fix it and launch again.")

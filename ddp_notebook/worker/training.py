@@ -176,10 +176,11 @@ class TrainingHelpers:
         return path
 
     def load_checkpoint(self) -> Any:
-        """The checkpoint this run resumes from (``run.retry(resume=True)``), or None."""
+        """The checkpoint this run resumes from (``run.retry(resume=True)``, ``fit(resume_from=...)``),
+        or None."""
         if not self.resume_from:
             return None
-        path = latest_checkpoint(self.resume_from)
+        path = self.resume_from if os.path.isfile(self.resume_from) else latest_checkpoint(self.resume_from)
         if path is None:
             return None
         import torch

@@ -215,3 +215,16 @@ def returns_a_class_only_the_workers_have(ctx, folder: str):
 def environment(ctx, names: tuple):
     """What a worker sees of the notebook: these environment variables and its working directory."""
     return {name: os.environ.get(name) for name in names}, os.getcwd()
+
+
+def prints_and_logs(ctx, mb: int, metric_chars: int):
+    """Prints ``mb`` MB of numbered 64-byte lines, logs a huge string metric, then raises an
+    error whose message is huge too."""
+    import sys
+
+    for i in range(mb * 2**20 // 64):
+        sys.stdout.write(f"line {i} ".ljust(63, ".") + "\n")
+        if i % 10_000 == 0:
+            ctx.log(step=i, blob="b" * metric_chars)
+    sys.stdout.flush()
+    raise ValueError("big " + "q" * 10**6 + " end")

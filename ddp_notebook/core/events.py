@@ -20,6 +20,7 @@ import struct
 from typing import Any, Optional, TypedDict
 
 from ._text import TextEnum
+from .bounds import METRIC_CHARS, cut
 
 __all__ = ["EventKind", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame", "write_all", "to_json_value"]
 
@@ -48,6 +49,7 @@ class EventKind(TextEnum):
     STALLED = "stalled"  # no progress for stall_timeout: every live rank's stack
     SUPERVISOR_ERROR = "supervisor_error"  # ddp_notebook's supervision itself failed (message)
     RUN_FINISHED = "run_finished"  # the run's status
+    LOG_TRUNCATED = "log_truncated"  # the log on disk reached its limit: later progress and output not written
 
 
 class RankConfig(TypedDict, total=False):
@@ -159,14 +161,17 @@ def write_all(fd: int, data: bytes) -> None:
 def to_json_value(value: Any, name: str = "value") -> Any:
     """A metric value as JSON: numbers, strings, bools; tensors and numpy scalars via .item().
 
-    NaN and infinities become strings ("nan", "inf") so the log stays valid JSON.
+    NaN and infinities become strings ("nan", "inf") so the log stays valid JSON; a string is cut
+    at ``bounds.METRIC_CHARS``.
     """
     if hasattr(value, "item") and callable(value.item):
         try:
             value = value.item()
         except (ValueError, RuntimeError) as e:
             raise TypeError(f"metric {name!r} must be a number or a one-element tensor: {e}") from None
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    if isinstance(value, str):
+        return cut(value, METRIC_CHARS)  # cut where it is logged: a huge string never crosses the pipe
+    if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
         return value

@@ -167,8 +167,15 @@ class RunDir:
         return open(self.events_path, "a", buffering=1)
 
     def read_events(self) -> list[dict[str, Any]]:
+        """The events of the log, in order (a last line still being written is left out)."""
+        events = []
         with open(self.events_path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # being written right now (the log of a running run)
+                if line.strip():
+                    events.append(json.loads(line))
+        return events
 
     def write_private(self, name: str, data: bytes) -> None:
         """Write a file only its owner can read (payloads and results may hold private data)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ._text import TextEnum
+from .bounds import LINE_CHARS, cut
 from .events import EventKind
 from .failures import WorkerFailure
 
@@ -161,6 +162,7 @@ class RunState:
     workers: dict[int, WorkerState] = field(default_factory=dict)
     failures: list[WorkerFailure] = field(default_factory=list)
     events_seen: int = 0
+    log_truncated: bool = False  # the log on disk reached its limit: later progress and output are not in it
 
     @property
     def world_size(self) -> int:
@@ -207,6 +209,8 @@ class RunState:
             self.stop_reason = event.get("reason")
         elif kind == EventKind.SUPERVISOR_ERROR:
             self.supervisor_error = event.get("message")
+        elif kind == EventKind.LOG_TRUNCATED:
+            self.log_truncated = True
         elif kind == EventKind.FAILURE:
             failure = WorkerFailure.from_dict(event["failure"])
             same = [i for i, f in enumerate(self.failures)
@@ -254,7 +258,7 @@ class RunState:
             self.checkpoints.append({"epoch": event.get("epoch"), "path": event.get("path")})
         elif kind == EventKind.OUTPUT:
             for line in event["text"].splitlines():
-                w.output.append((event["stream"], line))
+                w.output.append((event["stream"], cut(line, LINE_CHARS)))
         elif kind == EventKind.DONE:
             w.returned = True
             # Returning after a stop was asked is leaving because of it: a stopped rank is "stopped".

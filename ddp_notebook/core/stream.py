@@ -1,5 +1,10 @@
-"""A run's event stream: every event kept in order, folded into a ``RunState``, appended to the
-run's log on disk and handed to subscribers (the panel, ``wait_for`` helpers, your own code).
+"""A run's event stream: events kept in order, folded into a ``RunState``, appended to the run's
+log on disk and handed to subscribers (the panel, ``wait_for`` helpers, your own code).
+
+Memory and disk are bounded (``core.bounds``): every lifecycle event is kept, but only the most
+recent progress and output events (``TAIL_EVENTS``, ``TAIL_BYTES``; ``dropped`` counts the
+others, which the log on disk still has), and the log stops taking progress and output at
+``LOG_BYTES``, with a ``log_truncated`` event that says so.
 
 >>> stream = EventStream()
 >>> seen = []
@@ -16,9 +21,14 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Optional
 
+from . import bounds
+from .events import EventKind
 from .state import RunState
 
-__all__ = ["EventStream", "Subscriber"]
+__all__ = ["EventStream", "Subscriber", "BULK_KINDS"]
+
+# The kinds of events a run sends without end; the others are a handful per rank.
+BULK_KINDS = frozenset({EventKind.PROGRESS, EventKind.OUTPUT})
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +44,10 @@ class EventStream:
         self._log = log_file
         self._lock = threading.RLock()
         self._subscribers: list[Subscriber] = []
+        self.dropped = 0  # progress and output events no longer in memory (the log has them)
+        self._bulk_count = self._bulk_bytes = 0
+        self._log_bytes = 0
+        self._log_full = False
 
     @classmethod
     def replay(cls, events: Iterable[dict[str, Any]]) -> EventStream:
@@ -53,14 +67,52 @@ class EventStream:
         with self._lock:
             self.events.append(event)
             self.state.apply(event)
-            if self._log is not None and not self._log.closed:
-                self._log.write(json.dumps(event, default=str) + "\n")
+            bulk = event.get("kind") in BULK_KINDS
+            if bulk:
+                self._bulk_count += 1
+                self._bulk_bytes += bounds.event_weight(event)
+                if self._bulk_count > bounds.TAIL_EVENTS or self._bulk_bytes > bounds.TAIL_BYTES:
+                    self._drop_oldest_bulk()
+            full = not self._write(event, bulk)
             subscribers = list(self._subscribers)
         for callback in subscribers:
             try:
                 callback(event)
             except Exception:  # a front end's bug must not stop supervision; it is logged, not lost
                 log.exception("a subscriber of run %s failed on a %r event", self.state.run_id, event.get("kind"))
+        if full:  # said once, in the log and the state
+            self.emit({"kind": EventKind.LOG_TRUNCATED, "time": event.get("time"), "limit_bytes": bounds.LOG_BYTES})
+
+    def _write(self, event: dict[str, Any], bulk: bool) -> bool:
+        """Append ``event`` to the log; False for the first progress or output the log has no
+        room for (lifecycle events are always written)."""
+        if self._log is None or self._log.closed or (bulk and self._log_full):
+            return True
+        line = json.dumps(event, default=str) + "\n"
+        if bulk and self._log_bytes + len(line) > bounds.LOG_BYTES:
+            self._log_full = True
+            return False
+        self._log.write(line)
+        self._log_bytes += len(line)
+        return True
+
+    def _drop_oldest_bulk(self) -> None:
+        """Keep the newest half of the budget of progress and output (amortized: one pass per
+        half-budget of new events); the state already folded in what is dropped."""
+        keep_count, keep_bytes = bounds.TAIL_EVENTS // 2, bounds.TAIL_BYTES // 2
+        kept: list[dict[str, Any]] = []
+        count = size = 0
+        for event in reversed(self.events):
+            if event.get("kind") in BULK_KINDS:
+                weight = bounds.event_weight(event)
+                if count >= keep_count or size + weight > keep_bytes:
+                    self.dropped += 1
+                    continue
+                count, size = count + 1, size + weight
+            kept.append(event)
+        kept.reverse()
+        self.events[:] = kept
+        self._bulk_count, self._bulk_bytes = count, size
 
     def subscribe(self, callback: Subscriber) -> None:
         """Call ``callback(event)`` for each future event (from the thread that emits it)."""

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from ..backends.base import Backend, StartSpec
 from ..backends.local.backend import LocalBackend
-from ..core import pickling
+from ..core import bounds, pickling
 from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
 from ..core.errors import (
     DDPNotebookError,
@@ -211,6 +211,8 @@ class Run:
 
     @property
     def events(self) -> list[dict[str, Any]]:
+        """The run's events in order: every lifecycle event, and the most recent progress and output
+        (``run.stream.dropped`` counts the older ones, which are in the log, ``run.dir.events_path``)."""
         return self.stream.events
 
     def subscribe(self, callback: Subscriber) -> None:
@@ -245,11 +247,24 @@ class Run:
         return self.state.root_failure
 
     def output(self, rank: int, stream: Optional[str] = None) -> str:
-        """Everything rank ``rank`` printed (``stream`` = "stdout" or "stderr" to choose one)."""
-        def wanted(e: dict[str, Any]) -> bool:
-            return e["kind"] == EventKind.OUTPUT and e["rank"] == rank and stream in (None, e["stream"])
+        """Everything rank ``rank`` printed (``stream`` = "stdout" or "stderr" to choose one).
 
-        return "".join(e["text"] for e in self.stream.select(wanted))
+        Memory keeps the most recent output only; the rest is read from the run's log. Past the
+        log's limit (``core.bounds.LOG_BYTES``) the text says what was not kept."""
+        def wanted(e: dict[str, Any]) -> bool:
+            return e["kind"] == EventKind.OUTPUT and e.get("rank") == rank and stream in (None, e["stream"])
+
+        if not self.stream.dropped:  # all of it is still in memory
+            return "".join(e["text"] for e in self.stream.select(wanted))
+        logged = self.dir.read_events()
+        text = "".join(e["text"] for e in logged if wanted(e))
+        cut_at = next((e.get("time") for e in logged if e["kind"] == EventKind.LOG_TRUNCATED), None)
+        if cut_at is None:
+            return text
+        since = [e for e in self.stream.select(wanted) if (e.get("time") or 0) >= cut_at]
+        note = (f"\n[ddp_notebook: output not kept here: the log of run {self.id} reached its limit of "
+                f"{bounds.LOG_BYTES // 2**20} MB; what follows is the most recent output, kept in memory]\n")
+        return text + note + "".join(e["text"] for e in since)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the run ends; return the main worker's return value.

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
+from ..core.bounds import LINE_CHARS, bound_event, cut
 from ..core.events import EventKind
 from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
 from ..core.state import RunStatus
@@ -179,6 +180,7 @@ class Supervisor:
                 self._on_exited(obs)
 
     def _on_event(self, rank: int, event: dict[str, Any], blob: Optional[bytes]) -> None:
+        event = bound_event(event)  # whatever a worker sends, the notebook holds a bounded copy
         event["rank"] = rank
         event.pop("blob", None)
         kind = event.get("kind")
@@ -210,9 +212,9 @@ class Supervisor:
 
     def _on_output(self, obs: Output) -> None:
         if obs.stream == "stderr":
-            self._stderr[obs.rank].extend(obs.text.splitlines())
-        self._emit({"kind": EventKind.OUTPUT, "time": time.time(), "rank": obs.rank, "stream": obs.stream,
-                    "text": obs.text})
+            self._stderr[obs.rank].extend(cut(line, LINE_CHARS) for line in obs.text.splitlines())
+        self._emit(bound_event({"kind": EventKind.OUTPUT, "time": time.time(), "rank": obs.rank,
+                                "stream": obs.stream, "text": obs.text}))
 
     def _on_exited(self, obs: Exited) -> None:
         rank = obs.rank

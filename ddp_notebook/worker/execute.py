@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import IO, Any, Optional
 
 from ..core import pickling
+from ..core.bounds import bound_event
 from ..core.events import EventKind, RankConfig
 from ..core.failures import Phase
 from ..core.rundir import RunDir
@@ -149,13 +150,14 @@ def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
         tb_head = tb_head.tb_next
     exc.__traceback__ = tb_head
     tb = traceback.TracebackException.from_exception(exc)
-    return {
+    # Cut here, before it crosses the pipe: a message may hold a whole tensor's repr.
+    return bound_event({
         "kind": EventKind.ERROR,
         "phase": phase,
         "exc_type": type(exc).__qualname__,
         "message": str(exc),
         "traceback": "".join(tb.format()),
-    }
+    })
 
 
 def flush_std() -> None:

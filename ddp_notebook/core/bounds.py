@@ -1,0 +1,85 @@
+"""How much of a run the notebook holds: the size of one event, the tail of a run's progress and
+output kept in memory, and the size of its log on disk.
+
+A run may print without end or log a huge string every step; the notebook must not grow with
+it. So each text an event carries is cut (``bound_event``: metric strings and names, printed
+chunks, error messages and tracebacks), the in-memory stream keeps every lifecycle event but only
+the most recent progress and output (``EventStream``; the rest is in the log on disk), and the
+log stops taking progress and output once it reaches ``LOG_BYTES`` (saying so in a
+``log_truncated`` event). What was cut says so where it was cut.
+
+>>> cut("x" * 10, 4)
+'xxxx… [6 more characters not kept]'
+>>> cut_middle("head-" + "x" * 100 + "-tail", 20)
+'head-xxxxx… [90 more characters not kept] …xxxxx-tail'
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["cut", "cut_middle", "bound_event", "event_weight", "METRIC_CHARS", "NAME_CHARS", "TEXT_CHARS",
+           "TAIL_EVENTS", "TAIL_BYTES", "LOG_BYTES", "LINE_CHARS"]
+
+METRIC_CHARS = 1000
+"""Characters kept of a metric's string value (the panel shows a few dozen)."""
+NAME_CHARS = 100
+"""Characters kept of a metric's name."""
+TEXT_CHARS = 64 * 1024
+"""Characters kept of one printed chunk, error message or traceback (a traceback keeps its
+head and its end, where the error is)."""
+LINE_CHARS = 2000
+"""Characters kept of one printed line in a worker's in-memory tail (``WorkerState.output``)."""
+TAIL_EVENTS = 20_000
+"""Progress and output events kept in memory per run (the most recent); the log has the rest."""
+TAIL_BYTES = 16 * 2**20
+"""Bytes of progress and output kept in memory per run (the most recent)."""
+LOG_BYTES = 512 * 2**20
+"""Bytes of a run's event log on disk past which progress and output are no longer written
+(lifecycle events, failures and checkpoints always are)."""
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` up to ``limit`` characters, saying how much more there was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters not kept]"
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` up to ``limit`` characters: its head and its end, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit // 2, limit - limit // 2
+    return f"{text[:head]}… [{len(text) - limit} more characters not kept] …{text[-tail:]}"
+
+
+def _bound_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {cut(str(k), NAME_CHARS): cut(v, METRIC_CHARS) if isinstance(v, str) else v for k, v in metrics.items()}
+
+
+def bound_event(event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` with every text it carries cut to its limit (the event itself when nothing is
+    too long, as almost always)."""
+    metrics = event.get("metrics")
+    too_long = (
+        (isinstance(metrics, dict) and any(len(str(k)) > NAME_CHARS or (isinstance(v, str) and len(v) > METRIC_CHARS)
+                                           for k, v in metrics.items()))
+        or any(isinstance(event.get(key), str) and len(event[key]) > TEXT_CHARS
+               for key in ("text", "message", "traceback", "exc_type")))
+    if not too_long:
+        return event
+    bounded = dict(event)
+    if isinstance(metrics, dict):
+        bounded["metrics"] = _bound_metrics(metrics)
+    for key in ("text", "message", "traceback", "exc_type"):
+        if isinstance(event.get(key), str):
+            bounded[key] = (cut if key == "text" else cut_middle)(event[key], TEXT_CHARS)
+    return bounded
+
+
+def event_weight(event: dict[str, Any]) -> int:
+    """About how many bytes ``event`` holds in memory (its texts, plus a fixed overhead)."""
+    metrics = event.get("metrics")
+    texts = sum(len(v) for v in metrics.values() if isinstance(v, str)) if isinstance(metrics, dict) else 0
+    text = event.get("text")
+    return 300 + texts + (len(text) if isinstance(text, str) else 0)

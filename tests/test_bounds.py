@@ -1,0 +1,99 @@
+"""What a run may hold in the notebook (core.bounds, core.stream): one event's texts are cut, the
+stream keeps every lifecycle event but only the recent progress and output, and the log on disk
+stops taking progress and output at its limit, saying so."""
+import json
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook.core import bounds
+from ddp_notebook.core.bounds import bound_event
+from ddp_notebook.core.stream import EventStream
+
+import faults
+
+
+def _started():
+    return {"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"]}
+
+
+@pytest.mark.unit
+def test_each_text_of_an_event_is_cut_and_says_so():
+    event = bound_event({"kind": "progress", "rank": 0, "metrics": {"x" * 500: 1, "s": "y" * 10**6, "loss": 0.5}})
+    (name, _), (_, s), loss = event["metrics"].items()
+    assert len(name) < 200 and name.endswith("[400 more characters not kept]")
+    assert s.startswith("y" * bounds.METRIC_CHARS) and s.endswith(f"[{10**6 - bounds.METRIC_CHARS} more characters not kept]")
+    assert loss == ("loss", 0.5)
+    error = bound_event({"kind": "error", "message": "head " + "z" * 10**6 + " the end", "traceback": "t"})
+    assert error["message"].startswith("head ") and error["message"].endswith(" the end")
+    assert len(error["message"]) < bounds.TEXT_CHARS + 100
+    small = {"kind": "output", "text": "hello\n"}
+    assert bound_event(small) is small  # nothing too long: no copy
+
+
+@pytest.mark.unit
+def test_memory_keeps_every_lifecycle_event_and_the_recent_progress_and_output(monkeypatch, tmp_path):
+    monkeypatch.setattr(bounds, "TAIL_EVENTS", 100)
+    monkeypatch.setattr(bounds, "LOG_BYTES", 10**9)
+    log = open(tmp_path / "events.jsonl", "a", buffering=1)
+    stream = EventStream(log)
+    stream.emit(_started())
+    for step in range(1, 1001):
+        stream.emit({"kind": "progress", "time": float(step), "rank": step % 2, "step": step, "metrics": {}})
+        if step == 500:
+            stream.emit({"kind": "checkpoint", "time": 500.0, "rank": 0, "epoch": 1, "path": "p"})
+    kinds = [e["kind"] for e in stream.events]
+    assert kinds.count("progress") <= 100 and stream.dropped == 1000 - kinds.count("progress")
+    assert kinds[0] == "run_started" and "checkpoint" in kinds
+    assert stream.events[-1]["step"] == 1000  # the most recent are the ones kept
+    assert stream.state.workers[0].step == 1000 and len(stream.state.checkpoints) == 1  # the state saw all
+    log.close()
+    assert sum(1 for _ in open(tmp_path / "events.jsonl")) == 1002  # the log has everything
+
+
+@pytest.mark.unit
+def test_memory_is_bounded_in_bytes_too(monkeypatch):
+    monkeypatch.setattr(bounds, "TAIL_BYTES", 1 << 20)
+    stream = EventStream()
+    stream.emit(_started())
+    for i in range(200):
+        stream.emit({"kind": "output", "time": float(i), "rank": 0, "stream": "stdout", "text": "x" * 60_000 + "\n"})
+    kept = sum(bounds.event_weight(e) for e in stream.events if e["kind"] == "output")
+    assert kept <= 1 << 20 and stream.dropped > 150
+    assert max(len(line) for _, line in stream.state.workers[0].output) < bounds.LINE_CHARS + 50
+
+
+@pytest.mark.unit
+def test_the_log_stops_taking_progress_at_its_limit_and_says_so_once(monkeypatch, tmp_path):
+    monkeypatch.setattr(bounds, "LOG_BYTES", 20_000)
+    log = open(tmp_path / "events.jsonl", "a", buffering=1)
+    stream = EventStream(log)
+    stream.emit(_started())
+    for step in range(1, 1001):
+        stream.emit({"kind": "progress", "time": float(step), "rank": 0, "step": step, "metrics": {"loss": 0.1}})
+    stream.emit({"kind": "run_finished", "time": 2000.0, "status": "succeeded"})
+    log.close()
+    written = [json.loads(line) for line in open(tmp_path / "events.jsonl")]
+    assert (tmp_path / "events.jsonl").stat().st_size < 20_000 + 200
+    assert [e["kind"] for e in written].count("log_truncated") == 1
+    assert written[-1]["kind"] == "run_finished"  # lifecycle events are still written
+    assert stream.state.log_truncated and stream.state.workers[0].step == 1000
+
+
+@pytest.mark.processes
+def test_a_run_printing_without_end_keeps_a_bounded_tail_and_the_rest_on_disk(monkeypatch):
+    monkeypatch.setattr(bounds, "TAIL_BYTES", 256 * 1024)
+    monkeypatch.setattr(bounds, "LOG_BYTES", 3 * 2**20)
+    run = ddp_notebook.launch(faults.prints_and_logs, devices="cpu:0", kwargs=dict(mb=4, metric_chars=10**6))
+    with pytest.raises(ddp_notebook.WorkerFailedError) as e:
+        run.wait(timeout=120)
+    kept = sum(bounds.event_weight(e) for e in run.events if e["kind"] in ("output", "progress"))
+    assert kept <= 256 * 1024 and run.stream.dropped > 0
+    text = run.output(0, "stdout")
+    assert text.startswith("line 0 ") and "reached its limit of 3 MB" in text and "line 65535 " in text
+    assert 2 * 2**20 < len(text) < 4 * 2**20
+    assert all(len(v) < bounds.METRIC_CHARS + 100 for w in run.workers for v in w.metrics.values()
+               if isinstance(v, str))
+    message = e.value.failure.message
+    assert message.startswith("big ") and message.endswith(" end") and len(message) < bounds.TEXT_CHARS + 100
+    assert ddp_notebook.Run.load(run.run_dir).state.log_truncated

@@ -27,6 +27,8 @@ def test_each_text_of_an_event_is_cut_and_says_so():
     error = bound_event({"kind": "error", "message": "head " + "z" * 10**6 + " the end", "traceback": "t"})
     assert error["message"].startswith("head ") and error["message"].endswith(" the end")
     assert len(error["message"]) < bounds.TEXT_CHARS + 100
+    many = bound_event({"kind": "progress", "metrics": {f"m{i}": i for i in range(10**5)}})
+    assert len(many["metrics"]) == bounds.METRICS_KEPT and "m0" in many["metrics"]
     small = {"kind": "output", "text": "hello\n"}
     assert bound_event(small) is small  # nothing too long: no copy
 
@@ -39,7 +41,8 @@ def test_memory_keeps_every_lifecycle_event_and_the_recent_progress_and_output(m
     stream = EventStream(log)
     stream.emit(_started())
     for step in range(1, 1001):
-        stream.emit({"kind": "progress", "time": float(step), "rank": step % 2, "step": step, "metrics": {}})
+        stream.emit({"kind": "progress", "time": float(step), "rank": step % 2, "step": step,
+                     "metrics": {f"name{step}": step}})  # a new name each step
         if step == 500:
             stream.emit({"kind": "checkpoint", "time": 500.0, "rank": 0, "epoch": 1, "path": "p"})
     kinds = [e["kind"] for e in stream.events]
@@ -47,6 +50,7 @@ def test_memory_keeps_every_lifecycle_event_and_the_recent_progress_and_output(m
     assert kinds[0] == "run_started" and "checkpoint" in kinds
     assert stream.events[-1]["step"] == 1000  # the most recent are the ones kept
     assert stream.state.workers[0].step == 1000 and len(stream.state.checkpoints) == 1  # the state saw all
+    assert len(stream.state.workers[0].metrics) == bounds.METRICS_KEPT
     log.close()
     assert sum(1 for _ in open(tmp_path / "events.jsonl")) == 1002  # the log has everything
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["cut", "cut_middle", "bound_event", "event_weight", "METRIC_CHARS", "NAME_CHARS", "TEXT_CHARS",
+__all__ = ["cut", "cut_middle", "bound_event", "bound_metrics", "event_weight", "METRIC_CHARS", "NAME_CHARS",
+           "METRICS_KEPT", "TEXT_CHARS",
            "TAIL_EVENTS", "TAIL_BYTES", "LOG_BYTES", "LINE_CHARS"]
 
 METRIC_CHARS = 1000
 """Characters kept of a metric's string value (the panel shows a few dozen)."""
 NAME_CHARS = 100
 """Characters kept of a metric's name."""
+METRICS_KEPT = 200
+"""Metrics kept in one report, and names a worker's state keeps (the first ones logged)."""
 TEXT_CHARS = 64 * 1024
 """Characters kept of one printed chunk, error message or traceback (a traceback keeps its
 head and its end, where the error is)."""
@@ -53,24 +56,25 @@ def cut_middle(text: str, limit: int) -> str:
     return f"{text[:head]}… [{len(text) - limit} more characters not kept] …{text[-tail:]}"
 
 
-def _bound_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {cut(str(k), NAME_CHARS): cut(v, METRIC_CHARS) if isinstance(v, str) else v for k, v in metrics.items()}
+def bound_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` with names and string values cut, and at most ``METRICS_KEPT`` of them."""
+    if len(metrics) <= METRICS_KEPT and not any(
+            len(str(k)) > NAME_CHARS or (isinstance(v, str) and len(v) > METRIC_CHARS) for k, v in metrics.items()):
+        return metrics
+    items = list(metrics.items())[:METRICS_KEPT]
+    return {cut(str(k), NAME_CHARS): cut(v, METRIC_CHARS) if isinstance(v, str) else v for k, v in items}
 
 
 def bound_event(event: dict[str, Any]) -> dict[str, Any]:
     """``event`` with every text it carries cut to its limit (the event itself when nothing is
     too long, as almost always)."""
     metrics = event.get("metrics")
-    too_long = (
-        (isinstance(metrics, dict) and any(len(str(k)) > NAME_CHARS or (isinstance(v, str) and len(v) > METRIC_CHARS)
-                                           for k, v in metrics.items()))
-        or any(isinstance(event.get(key), str) and len(event[key]) > TEXT_CHARS
-               for key in ("text", "message", "traceback", "exc_type")))
+    small = bound_metrics(metrics) if isinstance(metrics, dict) else metrics
+    too_long = small is not metrics or any(isinstance(event.get(key), str) and len(event[key]) > TEXT_CHARS
+                                           for key in ("text", "message", "traceback", "exc_type"))
     if not too_long:
         return event
-    bounded = dict(event)
-    if isinstance(metrics, dict):
-        bounded["metrics"] = _bound_metrics(metrics)
+    bounded = dict(event, metrics=small) if isinstance(metrics, dict) else dict(event)
     for key in ("text", "message", "traceback", "exc_type"):
         if isinstance(event.get(key), str):
             bounded[key] = (cut if key == "text" else cut_middle)(event[key], TEXT_CHARS)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ._text import TextEnum
-from .bounds import LINE_CHARS, cut
+from .bounds import LINE_CHARS, METRICS_KEPT, cut
 from .events import EventKind
 from .failures import WorkerFailure
 
@@ -241,7 +241,9 @@ class RunState:
             for key in ("step", "total", "epoch", "epochs"):
                 if event.get(key) is not None:
                     setattr(w, key, event[key])
-            w.metrics.update(event.get("metrics") or {})
+            for name, value in (event.get("metrics") or {}).items():
+                if name in w.metrics or len(w.metrics) < METRICS_KEPT:  # a new name each step must not grow it
+                    w.metrics[name] = value
             if t is not None and w.last_progress_at is not None:
                 gap = max(0.0, t - w.last_progress_at)
                 w.typical_gap = gap if w.typical_gap is None else 0.8 * w.typical_gap + 0.2 * gap

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from ..core.bounds import bound_metrics
 from ..core.events import EventKind, to_json_value
 from .training import TrainingHelpers
 
@@ -115,12 +116,12 @@ class WorkerContext(TrainingHelpers):
             event["epoch"] = int(epoch)
             if self._epochs is not None:  # inside ctx.epochs(n): the panel shows "epoch k/n"
                 event["epochs"] = int(self._epochs)
-        event["metrics"] = {k: to_json_value(v, k) for k, v in metrics.items()}
+        event["metrics"] = bound_metrics({k: to_json_value(v, k) for k, v in metrics.items()})
         now = time.monotonic()
         with self._lock:
             if self._pending is not None:
                 # keep metrics a throttled report would otherwise lose
-                merged = dict(self._pending["metrics"], **event["metrics"])
+                merged = bound_metrics(dict(self._pending["metrics"], **event["metrics"]))
                 event = dict(self._pending, **event)
                 event["metrics"] = merged
             final = step is not None and total is not None and step >= total

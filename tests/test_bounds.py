@@ -65,6 +65,8 @@ def test_memory_is_bounded_in_bytes_too(monkeypatch):
     kept = sum(bounds.event_weight(e) for e in stream.events if e["kind"] == "output")
     assert kept <= 1 << 20 and stream.dropped > 150
     assert max(len(line) for _, line in stream.state.workers[0].output) < bounds.LINE_CHARS + 50
+    stream.close()  # the run has ended: less is kept
+    assert sum(bounds.event_weight(e) for e in stream.events if e["kind"] == "output") <= bounds.ENDED_TAIL_BYTES
 
 
 @pytest.mark.unit

@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["cut", "cut_middle", "bound_event", "bound_metrics", "event_weight", "METRIC_CHARS", "NAME_CHARS",
            "METRICS_KEPT", "TEXT_CHARS",
-           "TAIL_EVENTS", "TAIL_BYTES", "LOG_BYTES", "LINE_CHARS"]
+           "TAIL_EVENTS", "TAIL_BYTES", "ENDED_TAIL_EVENTS", "ENDED_TAIL_BYTES", "LOG_BYTES", "LINE_CHARS"]
 
 METRIC_CHARS = 1000
 """Characters kept of a metric's string value (the panel shows a few dozen)."""
@@ -36,6 +36,9 @@ TAIL_EVENTS = 20_000
 """Progress and output events kept in memory per run (the most recent); the log has the rest."""
 TAIL_BYTES = 16 * 2**20
 """Bytes of progress and output kept in memory per run (the most recent)."""
+ENDED_TAIL_EVENTS, ENDED_TAIL_BYTES = 2_000, 2**20
+"""What memory keeps of a run's progress and output once it has ended (a notebook holds its last
+100 runs: ``engine.launch.runs()``)."""
 LOG_BYTES = 512 * 2**20
 """Bytes of a run's event log on disk past which progress and output are no longer written
 (lifecycle events, failures and checkpoints always are)."""

@@ -55,6 +55,7 @@ class EventStream:
         stream = cls()
         for event in events:
             stream.emit(event)
+        stream.close()  # as much as of any ended run
         return stream
 
     @property
@@ -72,7 +73,7 @@ class EventStream:
                 self._bulk_count += 1
                 self._bulk_bytes += bounds.event_weight(event)
                 if self._bulk_count > bounds.TAIL_EVENTS or self._bulk_bytes > bounds.TAIL_BYTES:
-                    self._drop_oldest_bulk()
+                    self._drop_oldest_bulk(bounds.TAIL_EVENTS // 2, bounds.TAIL_BYTES // 2)
             full = not self._write(event, bulk)
             subscribers = list(self._subscribers)
         for callback in subscribers:
@@ -96,10 +97,10 @@ class EventStream:
         self._log_bytes += len(line)
         return True
 
-    def _drop_oldest_bulk(self) -> None:
-        """Keep the newest half of the budget of progress and output (amortized: one pass per
-        half-budget of new events); the state already folded in what is dropped."""
-        keep_count, keep_bytes = bounds.TAIL_EVENTS // 2, bounds.TAIL_BYTES // 2
+    def _drop_oldest_bulk(self, keep_count: int, keep_bytes: int) -> None:
+        """Keep the newest ``keep_count`` progress and output events, up to ``keep_bytes`` (while
+        a run goes on, half its budget: one pass per half-budget of new events); the state
+        already folded in what is dropped."""
         kept: list[dict[str, Any]] = []
         count = size = 0
         for event in reversed(self.events):
@@ -125,7 +126,10 @@ class EventStream:
             return [e for e in self.events if predicate(e)]
 
     def close(self) -> None:
-        """Close the log; later events are still kept and folded."""
+        """Close the log (the run has ended; later events are still kept and folded) and keep
+        less of its progress and output in memory (``bounds.ENDED_TAIL_*``)."""
         with self._lock:
             if self._log is not None:
                 self._log.close()
+            if self._bulk_count > bounds.ENDED_TAIL_EVENTS or self._bulk_bytes > bounds.ENDED_TAIL_BYTES:
+                self._drop_oldest_bulk(bounds.ENDED_TAIL_EVENTS, bounds.ENDED_TAIL_BYTES)

@@ -169,8 +169,8 @@ def _watch(tree: list[psutil.Process], cases: dict[int, str], killed_at: float) 
 
 def _check(killed, case: str) -> None:
     went, left = killed[case]
-    print(f"({case}) {CASES[case]}: last process gone after "
-          f"{'more than %.0f s' % WATCH if went is None else '%.2f s' % went}")
+    when = f"more than {WATCH:.0f} s" if went is None else f"{went:.2f} s"
+    print(f"({case}) {CASES[case]}: last process gone after {when}")
     assert not left and went is not None and went <= LIMIT, \
         f"({case}) {CASES[case]}: still running {LIMIT} s after the kernel's death: {left}"
 
@@ -199,3 +199,53 @@ def test_pool_workers_still_importing_torch_die_with_the_kernel(killed):
 def test_nothing_else_of_the_kernel_is_left(killed):
     went, left = killed.get("other", (0.0, []))
     assert not left, left
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+
+
+@linux_only
+@pytest.mark.processes
+def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
+    # Linux kills a worker when the *thread* that started it ends: a run's supervisor thread
+    # refills the pool as it finishes, and users may launch from threads of their own.
+    from ddp_notebook.backends.local.processes import spawn_process
+
+    started, tied = [], []
+
+    def start():
+        started.append(spawn_process())
+        # Until the worker is tied to its parent (its watcher is forked), the thread's end is no test.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not tied:
+            tied.extend(psutil.Process(started[0].popen.pid).children())
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    try:
+        assert started and tied, "the worker was never tied to the notebook process"
+        time.sleep(0.5)
+        assert started[0].alive(), "the worker died with the thread that started it"
+    finally:
+        for p in started:
+            try:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.discard()
+
+
+@linux_only
+@pytest.mark.processes
+def test_a_worker_whose_notebook_died_before_it_was_tied_to_it_leaves_at_once():
+    # The notebook may die between starting a worker and the worker asking for the death signal:
+    # the worker then has another parent than the one it was told of.
+    from ddp_notebook.backends.local.processes import _BOOT_SCRIPT
+    from ddp_notebook.worker.boot import EXIT_ORPHANED, MODULE
+
+    elsewhere = 1 if os.getpid() != 1 else 2
+    done = subprocess.run([sys.executable, _BOOT_SCRIPT, MODULE, str(elsewhere)], capture_output=True,
+                          start_new_session=True, timeout=60)
+    assert done.returncode == EXIT_ORPHANED, done.stderr

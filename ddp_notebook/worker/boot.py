@@ -124,9 +124,14 @@ def _fork_watcher(prctl: Prctl) -> int:
 
 def _main() -> None:
     module, parent = sys.argv[1], int(sys.argv[2])
-    # As a script, this file's folder is first on sys.path; the package's parent must be first
-    # (this copy of the package, never one in the working directory), before anything is imported.
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # As a script, this file's folder is first on sys.path (unless -P / PYTHONSAFEPATH); the
+    # package's parent must be first (this copy of the package, never one in the working
+    # directory), before anything is imported.
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, package_parent)
+    else:
+        sys.path[0] = package_parent
     guard(parent)
     del sys.argv[1:]
     import runpy

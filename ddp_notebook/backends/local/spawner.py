@@ -18,6 +18,7 @@ from typing import Any, Optional, TypeVar
 __all__ = ["in_spawner_thread"]
 
 T = TypeVar("T")
+_NAME = "ddp-spawner"
 _Job = tuple[Callable[[], Any], "Future[Any]"]
 
 
@@ -35,7 +36,7 @@ class _Spawner:
             # only the thread that forked).
             if self._jobs is None or self._pid != os.getpid():
                 self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
-                threading.Thread(target=_serve, args=(self._jobs,), name="ddp-spawner", daemon=True).start()
+                threading.Thread(target=_serve, args=(self._jobs,), name=_NAME, daemon=True).start()
             return self._jobs
 
 
@@ -55,6 +56,8 @@ def in_spawner_thread(start: Callable[[], T], undo: Callable[[T], None]) -> T:
     """``start()`` run in the spawner thread: its result, or what it raised. An interrupt of the
     waiting thread (KeyboardInterrupt) is raised once ``start`` is done, after ``undo`` of its
     result: what was started is never lost."""
+    if threading.current_thread().name == _NAME:  # already there (a job that starts another)
+        return start()
     future: Future[T] = Future()
     _spawner.jobs().put((start, future))
     interrupted: Optional[KeyboardInterrupt] = None

@@ -83,7 +83,7 @@ def test_the_core_imports_no_heavy_or_front_end_library_at_import_time():
 
 
 def test_nothing_imports_the_worker_process_module():
-    # It runs as `python -m ddp_notebook.worker.process`: imported first, runpy warns on every worker.
+    # boot.py runs it as __main__ with runpy: imported first, runpy warns on every worker.
     found = [f"{m}:{line}" for m, p in modules() for name, line, _ in imported(m, p)
              if name.startswith("ddp_notebook.worker.process")]
     assert not found, found

@@ -45,7 +45,7 @@ RUNNER_FILES = tuple(os.path.join("ddp_notebook", "worker", name) for name in ("
 def is_runner_file(path: str) -> bool:
     """True for the files whose frames head every worker traceback and stack (the runner of a
     worker process or an engine) and mean nothing to users. A path test, not an import: the
-    worker process's module runs as ``python -m`` and must not be imported first."""
+    worker process's module runs as ``__main__`` (through runpy) and must not be imported first."""
     return path.endswith(RUNNER_FILES)
 
 

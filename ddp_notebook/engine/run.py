@@ -409,7 +409,8 @@ def _sys_path() -> list[str]:
 
 @atexit.register
 def _kill_live_runs() -> None:
-    # The lifeline pipe already ends orphans; this only makes a normal exit tidy and quick.
+    # The OS's death signal and the lifeline pipe already end orphans; this only makes a normal
+    # exit tidy and quick.
     for run in list(_live_runs):
         if run._supervisor is not None and not run.done:
             run._supervisor.abandon()

@@ -4,9 +4,10 @@ Owns: running the packed call for one rank (``execute``: set-up, process group, 
 result), the channel that carries its events out (``channel``: frames over a pipe, or ipyparallel
 data messages), meeting peers in Python (``peers``), the ``WorkerContext`` and its training
 helpers (``context``, ``training``), gloo teardown without torch's deadlock (``teardown``), what
-a rank changes in an engine and gives back (``engine_state``), and the two entry points, which
-hold only their ``main``: ``process`` (``python -m ddp_notebook.worker.process``) and ``engine``
-(the functions an ipyparallel engine is asked to run).
+a rank changes in an engine and gives back (``engine_state``), the first code a worker process
+runs (``boot``: it ties the process to the notebook's before anything is imported), and the two
+entry points, which hold only their ``main``: ``process`` (run as ``__main__`` by ``boot``) and
+``engine`` (the functions an ipyparallel engine is asked to run).
 
 May import: ``ddp_notebook.core``. Never the engine, the backends or a front end: a worker
 process imports as little as it can, and nothing here imports ``process`` (it runs as a module).

@@ -1,17 +1,33 @@
-"""How a worker process is started: what the local backend and ``process.main`` agree on.
+"""How a worker process is started: what the local backend and ``process.main`` agree on, and the
+first code a worker runs.
 
-The backend runs ``python -m ddp_notebook.worker.process`` with ``BOOT_ENV`` holding the numbers
-of two inherited pipe ends (``event_fd`` to report, ``control_fd`` to hear) and whether the
-process is pooled. The assignment (a ``RankConfig``) arrives as one frame on the control pipe.
+The backend runs this file as a script, ``python .../worker/boot.py MODULE PARENT_PID``, with
+``BOOT_ENV`` holding the numbers of two inherited pipe ends (``event_fd`` to report,
+``control_fd`` to hear) and whether the process is pooled. Before anything is imported (the
+package, torch: seconds, more under load) the worker ties its life to the notebook process
+(``guard``), then runs ``MODULE`` (``process``) as ``__main__``. The assignment (a
+``RankConfig``) arrives as one frame on the control pipe.
+
+Only the standard library here: this module runs before the package is importable.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
-__all__ = ["MODULE", "BOOT_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE", "FLUSH", "STACK_SIGNAL"]
+TYPE_CHECKING = False  # typing itself is not imported before the guard: it costs time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    Prctl = Callable[[int, int, int, int, int], int]
+
+__all__ = ["MODULE", "BOOT_ENV", "WATCHER_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE", "FLUSH",
+           "STACK_SIGNAL", "guard", "take_watcher", "dismiss_watcher"]
 
 MODULE = "ddp_notebook.worker.process"
 BOOT_ENV = "DDP_NOTEBOOK_WORKER"
+WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``guard``), for ``process``
 EXIT_FAILED = 1  # the rank reported an error
 EXIT_ORPHANED = 75  # the notebook process went away
 STOP = b"s"  # on the control pipe: the run asks the rank to stop (ctx.should_stop)
@@ -21,3 +37,107 @@ RELEASE = b"x"  # on the control pipe: every rank is done, leave
 # never triggered by the watchdog, nor hides the dump.
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
 FLUSH = b"f"  # on the control pipe: send the progress report held back by throttling, if any
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# What the watcher is sent when the worker dies; any signal would do (it blocks them all and
+# checks its parent), this one is sent by nobody else.
+_WATCH_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+
+
+def guard(parent: int) -> None:
+    """Tie this worker, and every process it will start, to the notebook process ``parent``.
+
+    The OS kills the worker (SIGKILL) the moment its parent dies: no pipe a forked helper of the
+    notebook could hold open, no thread of the worker (a rank may hold the GIL in C code for
+    minutes), nothing that waits for ``import torch`` to finish. A tiny watcher, forked now, ends
+    the worker's process group once the worker is gone, however it went, so subprocesses of the
+    training function (which SIGKILL gives no chance to end) go too.
+
+    Linux only (``PR_SET_PDEATHSIG``); elsewhere the lifeline pipe alone ends workers, as before.
+    Linux sends the signal when the parent *thread* ends: the backend starts every worker from one
+    thread that lives as long as the notebook process (``backends.local.spawner``).
+    """
+    prctl = _prctl()
+    if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    # The notebook may have died before the line above: the signal would never come.
+    if os.getppid() != parent:
+        os._exit(EXIT_ORPHANED)
+    # Killing the process group is only right for a worker that leads its own (the backend
+    # starts it in a new session); never reach the group of whoever ran this file otherwise.
+    if os.getpgid(0) == os.getpid():
+        os.environ[WATCHER_ENV] = str(_fork_watcher(prctl))
+
+
+def take_watcher() -> int:
+    """The watcher's pid (0: none), taken out of the environment before the run's replaces it
+    and before the user's code could see it."""
+    return int(os.environ.pop(WATCHER_ENV, "0"))
+
+
+def dismiss_watcher(pid: int) -> None:
+    """End and collect the watcher ``pid`` before the worker leaves on its own (its leftover
+    children are then ended by the supervisor), so no exited watcher waits for init to collect it."""
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:  # already collected (the user's code set SIGCHLD to SIG_IGN, or waited)
+            pass
+
+
+def _prctl() -> Prctl | None:
+    """libc's ``prctl``, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def _fork_watcher(prctl: Prctl) -> int:
+    """Fork the watcher: a copy of this still bare interpreter that waits, holding nothing, for the
+    worker's death, then SIGKILLs the worker's process group (itself included)."""
+    worker = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        # Signals sent to the group (the supervisor's SIGTERM, the user's) must not end it early.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        os.closerange(0, 1 << 16)  # no pipe of the worker's kept open: their EOF is how it is seen to die
+        prctl(_PR_SET_PDEATHSIG, _WATCH_SIGNAL, 0, 0, 0)
+        # A parent thread of the worker may end before the worker does (the signal comes then too):
+        # wait until the worker is really gone, which reparents the watcher.
+        while os.getppid() == worker:
+            signal.sigwait({_WATCH_SIGNAL})
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _main() -> None:
+    module, parent = sys.argv[1], int(sys.argv[2])
+    # As a script, this file's folder is first on sys.path (unless -P / PYTHONSAFEPATH); the
+    # package's parent must be first (this copy of the package, never one in the working
+    # directory), before anything is imported.
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, package_parent)
+    else:
+        sys.path[0] = package_parent
+    guard(parent)
+    del sys.argv[1:]
+    import runpy
+
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,10 +1,12 @@
-"""The worker process: ``python -m ddp_notebook.worker.process`` (started by the local backend).
+"""The worker process: run as ``__main__`` by ``boot`` (started by the local backend).
 
 It imports torch first, then waits for its assignment on its control pipe, so a pool can keep
 such processes warm between runs. It reports over an inherited pipe (never a socket), watches a
 second pipe as its lifeline (EOF = the notebook is gone: exit at once), runs its rank, and
 leaves with ``os._exit`` once the supervisor has every rank's result, so interpreter teardown
-can neither hang nor turn a success into a failure.
+can neither hang nor turn a success into a failure. Leaving on its own, it first ends its
+watcher (``boot.guard``); leaving because the notebook is gone, it lets the watcher end its
+process group.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any, Optional
 
 from ..core.events import EventKind, encode, read_frame, write_all
 from ..core.rundir import RunDir
-from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED
+from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
 from .channel import PipeChannel, watch_lifeline
 from .context import current_context
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, warm_up
@@ -32,6 +34,7 @@ def _flush_progress() -> None:
 
 def main() -> None:
     boot: dict[str, Any] = json.loads(os.environ.pop(BOOT_ENV))
+    watcher = take_watcher()
     # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.
     faulthandler.enable(file=sys.stderr, all_threads=True)
     warm_error: Optional[BaseException] = None
@@ -43,6 +46,7 @@ def main() -> None:
     write_all(boot["event_fd"], encode({"kind": EventKind.WARM, "rank": -1, "pid": os.getpid(), "time": time.time()}))
     cfg: Any = read_frame(boot["control_fd"])
     if cfg is None:  # the pool was shut down, or the notebook is gone
+        dismiss_watcher(watcher)
         os._exit(EXIT_ORPHANED)
     channel = PipeChannel(boot["event_fd"], cfg["rank"])
     stop, release = threading.Event(), threading.Event()
@@ -63,11 +67,13 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
         channel.send(error_event(exc, where.phase))
         flush_std()
+        dismiss_watcher(watcher)
         os._exit(EXIT_FAILED)
     # Stay until every rank is done: a rank leaving early could cut a peer's last collective.
     release.wait()
     flush_std()
     stacks.flush()
+    dismiss_watcher(watcher)
     os._exit(0)
 
 

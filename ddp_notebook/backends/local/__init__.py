@@ -1,6 +1,7 @@
 """The local backend: one fresh worker process per rank on this machine.
 
-Owns: worker processes and their pipes (``processes``), the warm pool (``pool``), the transport
-the supervisor drives (``transport``: a selector over every pipe and pidfd) and the backend
-(``backend``: validation on this machine, loopback-only networking, threads per worker).
+Owns: worker processes and their pipes (``processes``), the one long-lived thread that starts them
+all (``spawner``: a worker dies with the thread that started it), the warm pool (``pool``), the
+transport the supervisor drives (``transport``: a selector over every pipe and pidfd) and the
+backend (``backend``: validation on this machine, loopback-only networking, threads per worker).
 """

@@ -1,10 +1,12 @@
 """One worker OS process and its pipes: start, poll, signal, close.
 
-Workers are fresh interpreters (``python -m ddp_notebook.worker.process``), never forks of the
-notebook: a notebook process may hold a CUDA context, and a forked child of it cannot use
-CUDA. Each worker leads its own process group so that terminating it also ends anything it
-started (DataLoader workers), and is handed exactly two inherited pipe ends: one to report
-events, one to hear from the supervisor (whose EOF means the notebook is gone).
+Workers are fresh interpreters (``python .../worker/boot.py ddp_notebook.worker.process``),
+never forks of the notebook: a notebook process may hold a CUDA context, and a forked child of it
+cannot use CUDA. Each worker leads its own process group so that terminating it also ends
+anything it started (DataLoader workers), and is handed exactly two inherited pipe ends: one to
+report events, one to hear from the supervisor (whose EOF means the notebook is gone). On Linux
+the OS also kills it when the notebook process dies (``worker.boot.guard``), which is why every
+worker is started from the spawner thread.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from typing import IO, Optional
 
 from ...core.devices import Device
 from ...core.events import RankConfig, encode, write_all
+from ...worker import boot
 from ...worker.boot import BOOT_ENV, MODULE
+from .spawner import in_spawner_thread
 
 __all__ = ["WorkerProcess", "Prestarted", "spawn_process", "start_worker"]
 
@@ -164,10 +168,10 @@ class Prestarted:
                 stream.close()
 
 
-# ``python -m`` would put the working directory first on sys.path, where another copy of the
-# package (a clone next to the notebook) would win: the worker's first path entry is this copy's.
-_BOOT = (f"import sys; sys.path[0] = {_PACKAGE_PARENT!r}; import runpy; "
-         f"runpy.run_module({MODULE!r}, run_name='__main__', alter_sys=True)")
+# The first code a worker runs, as a script: ``python -m`` would run the package's __init__
+# first (imports, before the worker is tied to the notebook) and put the working directory first
+# on sys.path, where another copy of the package (a clone next to the notebook) would win.
+_BOOT_SCRIPT = os.path.abspath(boot.__file__)
 
 
 def spawn_process(pooled: bool = False) -> Prestarted:
@@ -180,12 +184,23 @@ def spawn_process(pooled: bool = False) -> Prestarted:
     env["PYTHONUNBUFFERED"] = "1"
     # The worker must import this very copy of the package, wherever it was imported from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
-    try:
-        popen = subprocess.Popen(
-            [sys.executable, "-c", _BOOT],
+    def start() -> subprocess.Popen:
+        # The worker checks that its parent is still this process once it is tied to it.
+        return subprocess.Popen(
+            [sys.executable, _BOOT_SCRIPT, MODULE, str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(event_w, control_r), env=env, start_new_session=True,
         )
+
+    def undo(popen: subprocess.Popen) -> None:
+        popen.kill()
+        popen.wait()
+        for stream in (popen.stdout, popen.stderr):
+            if stream is not None:
+                stream.close()
+
+    try:
+        popen = in_spawner_thread(start, undo)
     except BaseException:
         _close_fds(event_r, event_w, control_r, control_w)
         raise

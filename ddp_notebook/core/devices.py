@@ -17,6 +17,7 @@ worker to core N; every CPU worker computes on the CPU with ``cores // cpu_worke
 """
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -60,12 +61,13 @@ class Device:
         kind = ALIASES.get(kind, kind) if kind is not None else None
         if kind not in KINDS:
             raise DeviceSpecError(f"Device kind must be one of {', '.join(KINDS)}, not {self.kind!r}.")
-        if isinstance(self.index, bool) or not hasattr(self.index, "__index__"):
+        try:
+            index = None if isinstance(self.index, bool) else operator.index(self.index)
+        except TypeError:  # not a whole number (1.0, '1', a class)
+            index = None
+        if index is None or not 0 <= index < MAX_WORKERS:
             raise DeviceSpecError(f"Device index must be a whole number from 0 to {MAX_WORKERS - 1}, "
                                   f"not {self.index!r}.")
-        index = self.index.__index__()
-        if not 0 <= index < MAX_WORKERS:
-            raise DeviceSpecError(f"Device index must be a whole number from 0 to {MAX_WORKERS - 1}, not {index}.")
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "index", index)
 

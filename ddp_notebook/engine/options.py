@@ -29,7 +29,7 @@ else:  # pragma: no cover
     from typing_extensions import Unpack
 
 __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
-           "Unpack", "check_seconds", "MAX_SECONDS", "MAX_THREADS"]
+           "Unpack", "check_seconds", "check_option_names", "check_flag", "MAX_SECONDS", "MAX_THREADS"]
 
 MAX_SECONDS = 365 * 24 * 3600  # a year: longer is a typo, and beyond what timers and timedelta take
 MAX_THREADS = 1024  # torch threads of one worker, far above any single machine
@@ -113,6 +113,12 @@ def _checked_env(env: Any) -> dict[str, str]:
     return dict(env)
 
 
+def check_flag(name: str, value: Any) -> None:
+    """A yes-or-no argument: True or False, nothing that merely looks true."""
+    if not isinstance(value, bool):
+        raise LaunchOptionError(f"{name} must be True or False, not {value!r}")
+
+
 def check_seconds(name: str, value: Any, *, positive: Optional[bool] = None, optional: bool = False) -> None:
     """A duration: finite seconds up to ``MAX_SECONDS``; by default ``timeout`` and
     ``stall_timeout`` (which may also be None or ``"auto"``) > 0, the others >= 0. ``optional``:
@@ -166,12 +172,17 @@ class RunSettings:
 OPTION_NAMES = frozenset(f.name for f in fields(LaunchOptions))
 
 
-def options_from(caller: str, given: dict[str, Any]) -> LaunchOptions:
-    """``LaunchOptions`` from keyword arguments, refusing unknown names in the caller's words."""
+def check_option_names(caller: str, given: dict[str, Any]) -> None:
+    """Refuse keyword arguments that are not launch options, in the caller's words."""
     unknown = sorted(set(given) - OPTION_NAMES)
     if unknown:
         raise ArgumentsError(f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-                        f"launch options are {', '.join(sorted(OPTION_NAMES))}")
+                             f"launch options are {', '.join(sorted(OPTION_NAMES))}")
+
+
+def options_from(caller: str, given: dict[str, Any]) -> LaunchOptions:
+    """``LaunchOptions`` from keyword arguments, refusing unknown names in the caller's words."""
+    check_option_names(caller, given)
     return LaunchOptions(**given)
 
 

@@ -19,15 +19,17 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..backends.base import Backend, StartSpec
 from ..core import pickling
 from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
 from ..core.errors import (
+    ArgumentsError,
     DDPNotebookError,
     NoCheckpointError,
     NoResultError,
+    RunLoadError,
     RunStoppedError,
     SupervisionError,
     WaitTimeoutError,
@@ -40,7 +42,7 @@ from ..core.rundir import RunDir, default_run_root
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
-from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_seconds
+from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_flag, check_option_names, check_seconds
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
@@ -107,21 +109,33 @@ class Run:
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
 
     @classmethod
-    def load(cls, run_dir: str) -> Run:
+    def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
         """A finished run read back from its directory, or its id under the default runs folder
         (for instance after a kernel restart): its state, events, failures and (when it succeeded)
         its result. It cannot be retried: the function and its arguments are not kept on disk.
+        ``RunLoadError`` says when there is no run it can read there.
 
         Example: ``ddp_notebook.Run.load("20261129-174217-5266c4").result()``
         """
-        if os.sep not in run_dir and not os.path.isdir(run_dir):
-            run_dir = os.path.join(default_run_root(), run_dir)
-        directory = RunDir(run_dir)
-        stream = EventStream.replay(directory.read_events())
-        if not stream.state.finished:
-            _end_cut_off(stream)
-        run = cls(directory, stream, parse_devices(stream.state.devices, cuda_count=lambda: 0))
-        run._end(directory.read_result())
+        directory = RunDir(_run_path(run_dir))
+        if not os.path.isfile(directory.events_path):
+            raise RunLoadError(f"there is no run at {directory.path!r} (given {run_dir!r}): a run directory holds "
+                               f"{RunDir.EVENTS}. Give a run's directory, or its id under {default_run_root()!r}")
+        try:
+            stream = EventStream.replay(_checked_events(directory.read_events()))
+            if not stream.state.finished:
+                _end_cut_off(stream)
+            devices = parse_devices(stream.state.devices, cuda_count=lambda: 0)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            # a log cut short, edited or not ddp_notebook's: every way reading it fails is this one error
+            raise RunLoadError(f"the event log {directory.events_path!r} cannot be read as a run's: "
+                               f"{type(e).__name__}: {e}") from None
+        run = cls(directory, stream, devices)
+        try:
+            result = directory.read_result()
+        except IsADirectoryError:
+            raise RunLoadError(f"{directory.join(RunDir.RESULT)!r} is not a run's result") from None
+        run._end(result)
         return run
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -241,6 +255,7 @@ class Run:
         before the main worker returned, WaitTimeoutError when ``timeout`` passes first
         (the run goes on). An interrupt (Kernel → Interrupt, Ctrl-C) stops the run: what the wait
         was for is called off, so the workers are not left training unseen."""
+        check_seconds("timeout", timeout, positive=False, optional=True)
         try:
             ended = self._finished.wait(timeout)
         except KeyboardInterrupt:
@@ -285,6 +300,7 @@ class Run:
         after ``grace`` seconds (default ``stop_grace``) are terminated."""
         if grace is not None:
             check_seconds("grace", grace)  # a nan or negative grace would never end the stop
+        check_flag("wait", wait)
         self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
         if wait:
             self._finished.wait()
@@ -303,6 +319,11 @@ class Run:
 
         With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
         checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
+        check_option_names("retry", dict(changes))
+        check_flag("resume", resume)
+        if device is not None and devices is not None:
+            raise ArgumentsError(f"retry() takes device= (one device) or devices= (a list), not both: got "
+                                 f"device={device!r} and devices={devices!r}")
         if self._restart is None or self.runs_on is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its function and "
                                    "arguments are not kept there; launch it again")
@@ -320,6 +341,7 @@ class Run:
 
     def retry_without_failed(self, resume: bool = False) -> Run:
         """Run again on the device list without the devices whose workers caused the failure."""
+        check_flag("resume", resume)
         causing = self.state.causing_ranks
         keep = [d for rank, d in enumerate(self.devices) if rank not in causing]
         if not keep:
@@ -365,6 +387,27 @@ def _end_cut_off(stream: EventStream) -> None:
             stream.emit({"kind": EventKind.EXITED, "time": t, "rank": rank, "pid": w.pid, "exit_code": None,
                          "signal": None, "by_supervisor": True})
     stream.emit({"kind": EventKind.RUN_FINISHED, "time": t, "status": RunStatus.STOPPED})
+
+
+def _run_path(run_dir: Any) -> str:
+    """The directory ``Run.load`` reads: ``run_dir`` itself, or a run id under the default runs folder."""
+    path = os.fspath(run_dir) if isinstance(run_dir, os.PathLike) else run_dir
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise RunLoadError(f"Run.load takes a run's directory or its id (a str), not {run_dir!r}")
+    if os.sep not in path and not os.path.isdir(path):
+        return os.path.join(default_run_root(), path)
+    return path
+
+
+def _checked_events(events: list[Any]) -> list[dict[str, Any]]:
+    """The events of a log, refused unless each is an event (an object with a known kind) and the
+    first says the run started."""
+    for number, event in enumerate(events, 1):
+        if not isinstance(event, dict) or event.get("kind") not in set(EventKind):
+            raise ValueError(f"line {number} is not an event: {str(event)[:100]!r}")
+    if not events or events[0]["kind"] != EventKind.RUN_STARTED:
+        raise ValueError("it does not start with the run's start")
+    return events
 
 
 def _sys_path() -> list[str]:

@@ -30,6 +30,7 @@ from ddp_notebook import (
     Run,
     StaticProbe,
     parse_devices,
+    pool,
     validate_devices,
 )
 from ddp_notebook.backends.local.backend import LocalBackend, set_default_devices
@@ -161,13 +162,35 @@ device_spec = st.one_of(
 @fuzz
 @given(device_spec)
 def test_a_device_list_parses_or_is_refused_naming_the_entry(spec):
+    """parse_devices, and set_default_devices, which reads the list the same way."""
     try:
         devices = parse_devices(spec, cuda_count=lambda: 2)
     except DeviceSpecError as e:
         assert str(e).startswith(("cannot read device", "'cuda' means", "the device list has more than", "Device "))
+        if spec is not None:  # None resets the default
+            with pytest.raises(DeviceSpecError):
+                ddp_notebook.set_default_devices(spec)
     else:
         assert len(devices) <= MAX_WORKERS
         assert all(d.kind in KINDS and type(d.index) is int and 0 <= d.index < MAX_WORKERS for d in devices)
+        ddp_notebook.set_default_devices(spec)
+        assert ddp_notebook.default_devices() is spec
+    finally:
+        set_default_devices(None)
+
+
+@fuzz
+@given(st.one_of(st.integers(-2, 2 * pool.max_size()), anything))
+def test_the_pool_size_is_checked_before_a_process_starts(monkeypatch, size):
+    warmed = []
+    monkeypatch.setattr(pool.get_pool(), "warm", warmed.append)
+    monkeypatch.setattr(pool.get_pool(), "enabled", pool.get_pool().enabled)
+    try:
+        pool.enable(size)
+    except ddp_notebook.LaunchOptionError as e:
+        assert says(e, size) and not warmed
+    else:
+        assert warmed == [size] and type(size) is int and 0 <= size <= pool.max_size()
 
 
 def test_only_ascii_digits_count_in_a_device():

@@ -330,7 +330,7 @@ def load_ipython_extension(ipython: Any) -> None:
         size = len(parse_devices(default_devices()))
     except DeviceSpecError:
         size = 2
-    pool.enable(size)
+    pool.enable(min(size, pool.max_size()))
 
 
 def unload_ipython_extension(ipython: Any) -> None:

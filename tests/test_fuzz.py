@@ -9,6 +9,7 @@ run that never ran, devices are judged by a ``StaticProbe``, and fit's ``launch_
 """
 import math
 import os
+import reprlib
 import sys
 import tempfile
 from collections import deque
@@ -78,14 +79,17 @@ def some_of(strategies, most):
 
 
 def says(error, value):
-    """The message of ``error`` names ``value`` (as Python writes it, or for an object, its type; in
-    a dict or list, the bad key or item)."""
+    """The message of ``error`` names ``value`` as Python writes it (shortened by ``reprlib`` when
+    long; an object without a readable value by its type; a dict or a list by the bad key or item)."""
     text = str(error)
     if isinstance(value, dict) and any(says(error, k) or says(error, v) for k, v in value.items()):
         return True
     if isinstance(value, (list, tuple)) and any(says(error, v) for v in value):
         return True
-    return repr(value) in text or str(value) in text or type(value).__name__ in text
+    if repr(value) in text or reprlib.repr(value) in text:  # a long one, shortened
+        return True
+    unreadable = " at 0x" in repr(value) or isinstance(value, type) or callable(value)
+    return unreadable and type(value).__name__ in text
 
 
 # ---- stand-ins: nothing starts --------------------------------------------------------------------

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -93,13 +94,14 @@ def _check_args(*, epochs: Any, batch_size: Any, grad_accum: Any, valid_batch_si
             raise FitConfigError(f"{name} must be True or False, not {value!r}.")
     if not callable(loss):
         raise FitConfigError(f"loss must be a function loss(prediction, target), such as torch.nn.MSELoss(); "
-                             f"got {type(loss).__name__}.")
+                             f"not {reprlib.repr(loss)}.")
     if optimizer is not None and not callable(optimizer):
         raise FitConfigError(f"optimizer must be an optimizer class or a function params -> optimizer (or None "
-                             f"for Adam), not {optimizer!r}.")
+                             f"for Adam), not {reprlib.repr(optimizer)}.")
     if metrics is not None and (not isinstance(metrics, Mapping)
                                 or not all(isinstance(k, str) and callable(f) for k, f in metrics.items())):
-        raise FitConfigError(f"metrics must be a dict of name -> function(prediction, target), not {metrics!r}.")
+        raise FitConfigError(f"metrics must be a dict of name -> function(prediction, target), "
+                             f"not {reprlib.repr(metrics)}.")
     if monitor is not None and (not isinstance(monitor, str) or not monitor):
         raise FitConfigError(f"monitor must be the name of a recorded value, such as 'valid_loss', or None, "
                              f"not {monitor!r}.")

@@ -65,17 +65,24 @@ WEIRD_TEXT = ["", " ", "auto", "AUTO", "off", "nan", "inf", "-1", "1", "3", "0",
               "'", '"', "#", "\\", "\x00", "\n", "é", "🙂", "cpu", "cuda", "---", "-d", "=", "gloo", "nccl", "mpi"]
 WEIRD_OTHER = [None, b"", b"cpu", [], [1], ["cpu:0"], (), ("x",), {}, {"a": 1}, {1: 2}, set(), {1}, object(), len, str,
                int, lambda: 1, type("Thing", (), {})(), range(3), iter([1]), Ellipsis, NotImplemented]
+WEIRD = WEIRD_NUMBERS + WEIRD_TEXT + WEIRD_OTHER
 weird_text = st.sampled_from(WEIRD_TEXT)
 # Drawn from prepared values mostly (cheap to draw: 1000 cases of each property stay fast), with
 # random text and numbers mixed in.
-anything = st.one_of(st.sampled_from(WEIRD_NUMBERS + WEIRD_TEXT + WEIRD_OTHER), st.text(max_size=8), st.integers(),
-                     st.floats())
+anything = st.one_of(st.sampled_from(WEIRD), st.text(max_size=8), st.integers(), st.floats())
 
 
-def some_of(strategies, most):
+def either(*valid):
+    """A value of an argument: one of ``valid`` about half the time, else one of the weird ones
+    (one draw: for many keyword arguments at a time)."""
+    return st.sampled_from(list(valid) * (len(WEIRD) // len(valid)) + WEIRD)
+
+
+@st.composite
+def some_of(draw, strategies, most):
     """Keyword arguments: up to ``most`` names of ``strategies``, each with a value from its own."""
-    pair = st.sampled_from(sorted(strategies)).flatmap(lambda name: st.tuples(st.just(name), strategies[name]))
-    return st.lists(pair, max_size=most).map(dict)
+    names = draw(st.lists(st.sampled_from(sorted(strategies)), max_size=most, unique=True))
+    return {name: draw(strategies[name]) for name in names}
 
 
 def says(error, value):
@@ -224,12 +231,12 @@ def test_a_device_value_is_normalised_or_refused(kind, index):
 # ---- validate_devices and every keyword argument -----------------------------------------------------
 
 valid_or_any = {
-    "backend": st.one_of(st.sampled_from([None, "gloo", "nccl"]), anything),
-    "min_free_memory": st.one_of(st.sampled_from([None, 0, 1 << 20]), anything),
+    "backend": either(None, "gloo", "nccl"),
+    "min_free_memory": either(None, 0, 1 << 20),
     "probe": st.one_of(st.sampled_from([None, PROBE, StaticProbe(cpus=1, gpus_free=[(1 << 30, 1 << 31)])]), anything),
-    "dataset_size": st.one_of(st.sampled_from([None, 0, 10, 1000]), anything),
-    "batch_size": st.one_of(st.sampled_from([None, 1, 32]), anything),
-    "drop_last": st.one_of(st.booleans(), anything),
+    "dataset_size": either(None, 0, 10, 1000),
+    "batch_size": either(None, 1, 32),
+    "drop_last": either(True, False),
 }
 
 
@@ -262,18 +269,18 @@ def test_more_cpu_workers_than_the_limit_are_refused_naming_it(cpus):
 # ---- launch options, launch() and spawn() ---------------------------------------------------------------
 
 option_values = {
-    "backend": st.one_of(st.sampled_from([None, "gloo"]), anything),
-    "min_free_memory": st.one_of(st.sampled_from([None, 0, 1]), anything),
-    "stall_timeout": st.one_of(st.sampled_from(["auto", None, 30.0, 1]), anything),
-    "timeout": st.one_of(st.sampled_from([1800.0, 5, 0.1]), anything),
-    "run_root": anything,
-    "threads_per_worker": st.one_of(st.sampled_from([None, 1, 4]), anything),
-    "stop_grace": st.one_of(st.sampled_from([10.0, 0, 1]), anything),
-    "kill_grace": st.one_of(st.sampled_from([3.0, 0]), anything),
-    "progress_interval": st.one_of(st.sampled_from([0.1, 0]), anything),
+    "backend": either(None, "gloo"),
+    "min_free_memory": either(None, 0, 1),
+    "stall_timeout": either("auto", None, 30.0, 1),
+    "timeout": either(1800.0, 5, 0.1),
+    "run_root": st.one_of(either(None, "runs"), st.text(max_size=8)),
+    "threads_per_worker": either(None, 1, 4),
+    "stop_grace": either(10.0, 0, 1),
+    "kill_grace": either(3.0, 0),
+    "progress_interval": either(0.1, 0),
     "env": st.one_of(st.dictionaries(st.sampled_from(["A", "B_2", "", "X=Y", "N\x00"]),
-                                     st.one_of(st.sampled_from(["1", "", "a\x00b"]), anything), max_size=2), anything),
-    "engines": st.one_of(st.none(), anything),
+                                     either("1", "", "a\x00b"), max_size=2), anything),
+    "engines": either(None),
 }
 launch_options = some_of(option_values, 4)
 
@@ -305,7 +312,7 @@ def train(ctx, steps=1, lr=0.1):
 @fuzz
 @given(st.one_of(st.just(train), anything), st.one_of(st.sampled_from([None, "cpu*2", "cpu:0"]), device_spec),
        st.one_of(st.sampled_from([(), (3,), [3, 0.1]]), anything),
-       st.one_of(st.sampled_from([None, {}, {"lr": 0.5}]), anything), launch_options,
+       either(None, {}, {"lr": 0.5}), launch_options,
        st.dictionaries(st.sampled_from(["stall", "epochs", "device"]), anything, max_size=1))
 def test_launch_starts_or_refuses_with_our_error(quiet, fn, devices, args, kwargs, options, unknown):
     try:
@@ -319,8 +326,8 @@ def test_launch_starts_or_refuses_with_our_error(quiet, fn, devices, args, kwarg
 
 
 @fuzz
-@given(st.one_of(st.just(train), anything), st.one_of(st.sampled_from([(), (2,)]), anything),
-       st.one_of(st.sampled_from([None, 1, 2]), anything), st.one_of(st.booleans(), anything),
+@given(st.one_of(st.just(train), anything), either((), (2,)),
+       st.one_of(either(None, 1, 2), st.integers()), either(True, False),
        st.one_of(st.sampled_from([None, "cpu*2"]), device_spec), launch_options)
 def test_spawn_starts_or_refuses_with_our_error(quiet, fn, args, nprocs, join, devices, options):
     try:
@@ -338,22 +345,22 @@ X = torch.randn(16, 2)
 Y = X.sum(1, keepdim=True)
 MODEL = torch.nn.Linear(2, 1)
 FIT_ARGS = {
-    "epochs": st.one_of(st.sampled_from([1, 2]), anything),
-    "batch_size": st.one_of(st.sampled_from([4, 8]), anything),
-    "valid_batch_size": st.one_of(st.sampled_from([None, 4]), anything),
-    "shuffle": st.one_of(st.booleans(), anything),
-    "drop_last": st.one_of(st.booleans(), anything),
-    "grad_accum": st.one_of(st.sampled_from([1, 2]), anything),
-    "early_stopping": st.one_of(st.sampled_from([None, 1, 3]), anything),
-    "monitor": st.one_of(st.sampled_from([None, "train_loss", "valid_loss", "mae"]), anything),
-    "mode": st.one_of(st.sampled_from(["min", "max"]), anything),
-    "min_delta": st.one_of(st.sampled_from([0.0, 0.01, 1]), anything),
-    "checkpoint": st.one_of(st.booleans(), anything),
+    "epochs": either(1, 2),
+    "batch_size": either(4, 8),
+    "valid_batch_size": either(None, 4),
+    "shuffle": either(True, False),
+    "drop_last": either(True, False),
+    "grad_accum": either(1, 2),
+    "early_stopping": either(None, 1, 3),
+    "monitor": either(None, "train_loss", "valid_loss", "mae"),
+    "mode": either("min", "max"),
+    "min_delta": either(0.0, 0.01, 1),
+    "checkpoint": either(True, False),
     "preflight": st.sampled_from([False, False, False, True, 1, None]),
-    "seed": st.one_of(st.sampled_from([0, 1234, 2**63 - 1]), anything),
-    "wait": st.one_of(st.booleans(), anything),
-    "metrics": st.one_of(st.sampled_from([None, {}, {"mae": torch.nn.L1Loss()}]), anything),
-    "optimizer": st.one_of(st.sampled_from([None, torch.optim.SGD]), anything),
+    "seed": either(0, 1234, 2**63 - 1),
+    "wait": either(True, False),
+    "metrics": either(None, {}, {"mae": torch.nn.L1Loss()}),
+    "optimizer": either(None, torch.optim.SGD),
     "devices": st.one_of(st.sampled_from([None, "cpu*2", "cpu:0"]), device_spec),
     "valid_data": st.sampled_from([None, (X[:8], Y[:8])]),
     "timeout": option_values["timeout"],
@@ -388,8 +395,8 @@ def test_fit_checks_its_arguments_in_the_notebook(monkeypatch, tmp_path_factory,
 # ---- Run: stop, wait, retry, load --------------------------------------------------------------------------
 
 @fuzz
-@given(st.one_of(st.sampled_from([None, 0, 0.5, 60]), anything), st.one_of(st.booleans(), anything),
-       st.one_of(st.sampled_from([None, 0, 10.0]), anything))
+@given(st.one_of(either(None, 0, 0.5, 60), st.floats(), st.integers()), either(True, False),
+       st.one_of(either(None, 0, 10.0), st.floats(), st.integers()))
 def test_wait_and_stop_check_their_arguments(timeout, wait, grace):
     try:
         assert SUCCEEDED.wait(timeout=timeout) == 4.0
@@ -412,7 +419,7 @@ def test_wait_refuses_a_timeout_it_cannot_wait():
 
 @fuzz
 @given(st.one_of(st.sampled_from([None, "cpu:0", "cpu:1", Device("cpu", 3)]), device_spec),
-       st.one_of(st.booleans(), anything), st.one_of(st.none(), device_spec),
+       either(True, False), st.one_of(st.none(), device_spec),
        st.one_of(st.just({}), st.dictionaries(st.sampled_from([*OPTION_NAMES, "epochs", "grace"]), anything,
                                               max_size=2)))
 def test_retry_starts_or_refuses_with_our_error(quiet, device, resume, devices, changes):
@@ -540,27 +547,19 @@ def names(error, value):
 
 
 @fuzz
-@given(st.sampled_from(["--epochs", "--batch-size", "--stall-timeout"]), values)
-def test_ddp_fit_names_a_bad_option_value(runs, shell, flag, value):
-    out = magic(shell, "ddp_fit", f"config {flag}={quoted(value)}")
+@given(st.sampled_from(["ddp_fit config --epochs", "ddp_fit config --batch-size", "ddp_fit config --stall-timeout",
+                        "ddp_stop bbbbbb --grace"]), values)
+def test_a_magic_names_a_bad_option_value(runs, shell, command, value):
+    name, _, rest = command.partition(" ")
+    out = magic(shell, name, f"{rest}={quoted(value)}")
+    typed = value.replace("'", "")
     if isinstance(out, UsageError):
         assert names(out, value)
-    elif flag == "--stall-timeout" and value.lower() in ("auto", "off"):
-        assert magics_module.last_run() is not None
-    else:
-        number = float(value)  # only a number got through
-        assert math.isfinite(number) and number > 0 and value.isascii()
-
-
-@fuzz
-@given(values)
-def test_ddp_stop_names_a_bad_grace(runs, shell, value):
-    out = magic(shell, "ddp_stop", f"bbbbbb --grace={quoted(value)}")
-    if isinstance(out, UsageError):
-        assert names(out, value)
-    else:
-        assert math.isfinite(float(value)) and float(value) >= 0 and value.isascii()
-        assert runs[1].stop_requested is False  # a run that never started has no worker to stop
+    elif not (command.endswith("--stall-timeout") and typed.lower() in ("auto", "off")):
+        number = float(typed)  # only a number in range got through, written in ASCII
+        assert typed.isascii() and math.isfinite(number) and number >= 0
+        assert number > 0 or command.endswith("--grace")
+        assert number == int(number) or not command.endswith(("--epochs", "--batch-size"))
 
 
 device_text = st.one_of(st.lists(device_item, max_size=4).map(",".join), st.text(max_size=20))

@@ -33,6 +33,7 @@ from .core.errors import (
     NoResultError,
     NotPicklableError,
     PreflightError,
+    RunLoadError,
     RunStoppedError,
     SupervisionError,
     UnsafeRunDirError,
@@ -62,7 +63,7 @@ __all__ = [
     "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
-    "EngineUnavailableError", "UnsafeRunDirError", "__version__",
+    "EngineUnavailableError", "UnsafeRunDirError", "RunLoadError", "__version__",
 ]
 
 

@@ -17,6 +17,7 @@ worker to core N; every CPU worker computes on the CPU with ``cores // cpu_worke
 """
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,15 +29,17 @@ from .probes import default_probe
 __all__ = ["Device", "DeviceSpec", "parse_devices", "format_devices", "KINDS", "MAX_WORKERS"]
 
 KINDS = ("cpu", "cuda")
+ALIASES = {"gpu": "cuda"}
 MAX_WORKERS = 1024  # a guard against "cpu*100000" typos, far above any single machine
 
 DeviceSpec = Union[str, "Device", Any, Sequence[Any]]
 
+# ASCII digits only: "cpu:\u0663" (an Arabic-Indic three) is not cpu:3.
 _ITEM = re.compile(
     r"""^(?P<kind>[a-z_]+)
-        (?: :(?P<index>\d+)(?:-(?P<end>\d+))?
-          | \*(?P<count>\d+) )?$""",
-    re.VERBOSE,
+        (?: :(?P<index>[0-9]+)(?:-(?P<end>[0-9]+))?
+          | \*(?P<count>[0-9]+) )?$""",
+    re.VERBOSE | re.ASCII,
 )
 
 
@@ -50,6 +53,23 @@ class Device:
 
     kind: str
     index: int
+
+    def __post_init__(self) -> None:
+        # "CUDA" and "gpu" mean cuda, as in a device string; anything else is refused here, so a
+        # Device never names a kind or an index no worker can use.
+        kind = self.kind.strip().lower() if isinstance(self.kind, str) else None
+        kind = ALIASES.get(kind, kind) if kind is not None else None
+        if kind not in KINDS:
+            raise DeviceSpecError(f"Device kind must be one of {', '.join(KINDS)}, not {self.kind!r}.")
+        try:
+            index = None if isinstance(self.index, bool) else operator.index(self.index)
+        except TypeError:  # not a whole number (1.0, '1', a class)
+            index = None
+        if index is None or not 0 <= index < MAX_WORKERS:
+            raise DeviceSpecError(f"Device index must be a whole number from 0 to {MAX_WORKERS - 1}, "
+                                  f"not {self.index!r}.")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "index", index)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.index}"
@@ -68,6 +88,20 @@ def _bad(item: str, why: str) -> DeviceSpecError:
     )
 
 
+def _number(digits: str) -> Optional[int]:
+    """The number ``digits`` spell, or None above ``MAX_WORKERS`` (a number of thousands of digits
+    is not even converted)."""
+    n = int(digits) if len(digits.lstrip("0")) <= len(str(MAX_WORKERS)) else None
+    return n if n is not None and n <= MAX_WORKERS else None
+
+
+def _index(item: str, digits: str) -> int:
+    n = _number(digits)
+    if n is None or n >= MAX_WORKERS:
+        raise _bad(item, f"index {digits} is too high: device indices go from 0 to {MAX_WORKERS - 1}")
+    return n
+
+
 def _expand_item(item: str, cuda_count: Callable[[], int], next_cpu: Callable[[], int]) -> list[Device]:
     text = item.strip().lower()
     if not text:
@@ -75,26 +109,22 @@ def _expand_item(item: str, cuda_count: Callable[[], int], next_cpu: Callable[[]
     m = _ITEM.match(text)
     if m is None:
         raise _bad(item, "expected KIND, KIND:N, KIND:A-B or KIND*N with a whole number N")
-    kind = m.group("kind")
-    if kind == "gpu":
-        kind = "cuda"
+    kind = ALIASES.get(m.group("kind"), m.group("kind"))
     if kind not in KINDS:
         raise _bad(item, f"unknown device kind {kind!r}; valid kinds are {', '.join(KINDS)}")
     index, end, count = m.group("index"), m.group("end"), m.group("count")
     if index is not None:
-        first = int(index)
-        last = int(end) if end is not None else first
+        first = _index(item, index)
+        last = _index(item, end) if end is not None else first
         if last < first:
             raise _bad(item, f"the range ends ({last}) before it starts ({first})")
-        if last - first + 1 > MAX_WORKERS:
-            raise _bad(item, f"more than {MAX_WORKERS} devices")
         return [Device(kind, i) for i in range(first, last + 1)]
     if count is not None:
-        n = int(count)
+        n = _number(count)
+        if n is None:
+            raise _bad(item, f"more than {MAX_WORKERS} devices")
         if n == 0:
             raise _bad(item, "a count of 0 devices")
-        if n > MAX_WORKERS:
-            raise _bad(item, f"more than {MAX_WORKERS} devices")
         return [Device(kind, i) for i in range(n)]
     if kind == "cpu":
         return [Device("cpu", next_cpu())]

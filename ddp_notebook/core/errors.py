@@ -8,6 +8,7 @@
     │                                         beside the report it carries)
     ├── FitConfigError (ValueError)           an argument of fit() is not usable
     ├── LaunchOptionError (ValueError)        a launch option is not usable
+    ├── RunLoadError (OSError)                Run.load found no run it can read there
     ├── NotPicklableError (TypeError)         the call cannot be sent to the workers
     ├── ArgumentsError (TypeError)            the function cannot take the arguments given
     ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
@@ -35,6 +36,7 @@ __all__ = [
     "DeviceSpecError",
     "FitConfigError",
     "LaunchOptionError",
+    "RunLoadError",
     "NotPicklableError",
     "ArgumentsError",
     "WorkerFailedError",
@@ -64,7 +66,13 @@ class FitConfigError(DDPNotebookError, ValueError):
 
 
 class LaunchOptionError(DDPNotebookError, ValueError):
-    """A launch option (``stall_timeout``, ``timeout``, ...) is not usable (nothing was started)."""
+    """A launch option (``stall_timeout``, ``timeout``, ...) is not usable (nothing was started), or
+    an option of a run's control (``stop(grace=)``, ``wait(timeout=)``, ``retry(resume=)``) is not."""
+
+
+class RunLoadError(DDPNotebookError, OSError):
+    """``Run.load`` found no run it can read at the path or id given: no such run directory, or an
+    event log that ddp_notebook did not write (or that was cut or changed since)."""
 
 
 class EngineSelectionError(DDPNotebookError, TypeError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .devices import Device, DeviceSpec, format_devices, parse_devices
 from .errors import DDPNotebookError, DeviceSpecError
@@ -24,6 +24,9 @@ __all__ = ["Finding", "ValidationReport", "InvalidDevicesError", "validate_devic
            "shard_sizes", "shard_problem"]
 
 BACKENDS = ("gloo", "nccl")
+# Each CPU worker is a process of its own with torch loaded: beyond this many per core a run only
+# thrashes (and "cpu*1024" is a typo, not a plan).
+CPU_WORKERS_PER_CORE = 4
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Finding:
     """One problem found: ``level`` is ``"error"`` or ``"warning"``; ``code`` a stable name."""
 
     level: str
-    code: str  # syntax, empty, duplicate, missing, memory, mixed, backend, oversubscribed
+    code: str  # argument, syntax, empty, duplicate, missing, memory, mixed, backend, oversubscribed, too_many
     message: str
     device: Optional[str] = None
 
@@ -110,6 +113,26 @@ def _spec_text(spec: DeviceSpec) -> str:
     return str(spec)
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _argument_problems(min_free_memory: Any, probe: Any, dataset_size: Any, batch_size: Any,
+                       drop_last: Any) -> list[str]:
+    """What is wrong with validate_devices' own arguments (the device list aside), one message each."""
+    problems = []
+    for name, value, least, unit in (("min_free_memory", min_free_memory, 0, " of bytes"),
+                                     ("dataset_size", dataset_size, 0, " of samples"),
+                                     ("batch_size", batch_size, 1, "")):
+        if value is not None and (not _whole(value) or value < least):
+            problems.append(f"{name} must be a whole number{unit} >= {least} or None, not {value!r}.")
+    if probe is not None and not isinstance(probe, Probe):
+        problems.append(f"probe must be a ddp_notebook Probe (such as StaticProbe(cpus=4)) or None, not {probe!r}.")
+    if not isinstance(drop_last, bool):
+        problems.append(f"drop_last must be True or False, not {drop_last!r}.")
+    return problems
+
+
 def validate_devices(
     spec: DeviceSpec,
     *,
@@ -125,10 +148,15 @@ def validate_devices(
     ``min_free_memory`` is the bytes each worker needs free on its device (host memory for
     CPU workers). ``backend`` defaults to nccl for all-CUDA lists and gloo otherwise. With
     ``dataset_size`` and ``batch_size``, a rank whose data shard would yield no batch is an error.
+    An unusable keyword argument is an ``argument`` error of the report, like a bad device list.
     """
-    probe = probe or default_probe()
     text = _spec_text(spec)
     findings: list[Finding] = []
+    problems = _argument_problems(min_free_memory, probe, dataset_size, batch_size, drop_last)
+    if problems:
+        findings = [Finding("error", "argument", message) for message in problems]
+        return ValidationReport(text, (), None, tuple(findings))
+    probe = probe or default_probe()
 
     def err(code: str, message: str, device: Optional[Device] = None) -> None:
         findings.append(Finding("error", code, message, str(device) if device else None))
@@ -160,7 +188,7 @@ def validate_devices(
             "must use one kind so that they share one backend.")
 
     chosen = backend if backend is not None else choose_backend(devices)
-    if chosen not in BACKENDS:
+    if not isinstance(chosen, str) or chosen not in BACKENDS:
         err("backend", f"Unknown backend {chosen!r}; valid backends are {', '.join(BACKENDS)}.")
     elif chosen == "nccl" and any(d.kind != "cuda" for d in devices):
         err("backend", "The nccl backend needs CUDA devices only; use backend='gloo' for CPU workers.")
@@ -187,8 +215,13 @@ def validate_devices(
 
     cpu = [d for d in dict.fromkeys(devices) if d.kind == "cpu"]
     if cpu:
-        cores = probe.cpu_count()
-        if len(cpu) > cores:
+        cores = max(1, probe.cpu_count())
+        if len(cpu) > CPU_WORKERS_PER_CORE * cores:
+            most = CPU_WORKERS_PER_CORE * cores
+            err("too_many", f"{len(cpu)} CPU workers are too many for {cores} core{'s' if cores != 1 else ''}: at most "
+                f"{most} ({CPU_WORKERS_PER_CORE} per core) can run here, each a process with torch loaded; "
+                f"one per core (cpu*{cores}) is the fastest.")
+        elif len(cpu) > cores:
             warn("oversubscribed", f"{len(cpu)} CPU workers share {cores} core{'s' if cores != 1 else ''}: "
                  "each worker gets one thread and the run will be slower than with fewer workers.")
         if min_free_memory is not None:

@@ -20,7 +20,7 @@ from ..core.rundir import RunDir
 from ..core.stream import EventStream
 from ..core.validation import InvalidDevicesError, ValidationReport
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
-from .packing import check_arguments, pack_call
+from .packing import call_parts, check_arguments, pack_call
 from .resume import keep_call
 from .run import Run, restart_loaded_runs_with, validate_on
 
@@ -151,6 +151,5 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
     >>> ddp_notebook.launch(train, devices="cpu*2", args=(3,)).wait()
     2
     """
-    if not callable(fn):
-        raise TypeError(f"launch() needs a function to run, not {type(fn).__name__}")
-    return launch_with(fn, devices, tuple(args), dict(kwargs or {}), options_from("launch", dict(options)), probe=probe)
+    args, kwargs = call_parts("launch", fn, args, kwargs)
+    return launch_with(fn, devices, args, kwargs, options_from("launch", dict(options)), probe=probe)

@@ -10,15 +10,17 @@ from __future__ import annotations
 import ast
 import inspect
 import math
+import os
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional, TypedDict, TypeVar, Union
 
 from ..backends.ipyparallel.engines import engines_of
 from ..core._text import TextEnum
-from ..core.errors import LaunchOptionError
+from ..core.errors import ArgumentsError, LaunchOptionError
+from ..core.validation import BACKENDS
 from .watchdog import auto_floor
 
 if sys.version_info >= (3, 11):
@@ -27,7 +29,10 @@ else:  # pragma: no cover
     from typing_extensions import Unpack
 
 __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
-           "Unpack", "check_seconds"]
+           "Unpack", "check_seconds", "check_option_names", "check_flag", "MAX_SECONDS", "MAX_THREADS"]
+
+MAX_SECONDS = 365 * 24 * 3600  # a year: longer is a typo, and beyond what timers and timedelta take
+MAX_THREADS = 1024  # torch threads of one worker, far above any single machine
 
 
 @dataclass(frozen=True)
@@ -67,24 +72,68 @@ class LaunchOptions:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise LaunchOptionError(f"{name} must be a whole number >= {least} or None, not {value!r}")
-        if self.stall_timeout == "auto":
+        if self.threads_per_worker is not None and self.threads_per_worker > MAX_THREADS:
+            raise LaunchOptionError(f"threads_per_worker must be at most {MAX_THREADS}, not {self.threads_per_worker}")
+        if self.backend is not None and (not isinstance(self.backend, str) or self.backend not in BACKENDS):
+            raise LaunchOptionError(f"backend must be {' or '.join(map(repr, BACKENDS))} or None (the default "
+                                    f"for the devices), not {self.backend!r}")
+        _check_run_root(self.run_root)
+        if _is_auto(self.stall_timeout):
             auto_floor()  # a bad $DDP_NOTEBOOK_STALL_FLOOR is said now, before anything starts
         if self.engines is not None:
             object.__setattr__(self, "engines", engines_of(self.engines))
-        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env or {}).items()})
+        object.__setattr__(self, "env", _checked_env(self.env))
 
 
-def check_seconds(name: str, value: Any) -> None:
-    """A duration option: finite seconds; ``timeout`` and ``stall_timeout`` (which may be None) > 0,
-    the others >= 0."""
-    if name == "stall_timeout" and (value is None or value == "auto"):
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def _check_run_root(value: Any) -> None:
+    """``run_root``: None, or a folder's path (text without NUL characters)."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if value is not None and (not isinstance(path, str) or not path.strip() or "\0" in path):
+        raise LaunchOptionError(f"run_root must be the path of a folder (a str) or None (the default), not {value!r}")
+
+
+def _checked_env(env: Any) -> dict[str, str]:
+    """``env``: a mapping of variable names to text, as ``os.environ`` takes them (None: nothing)."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise LaunchOptionError(f"env must be a dict of environment variables, such as {{'OMP_NUM_THREADS': '4'}}, "
+                                f"not {env!r}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise LaunchOptionError(f"env has the name {key!r}: an environment variable's name is non-empty text "
+                                    "without '=' or NUL characters")
+        if not isinstance(value, str) or "\0" in value:
+            raise LaunchOptionError(f"env[{key!r}] must be text without NUL characters (os.environ holds "
+                                    f"strings), not {value!r}")
+    return dict(env)
+
+
+def check_flag(name: str, value: Any) -> None:
+    """A yes-or-no argument: True or False, nothing that merely looks true."""
+    if not isinstance(value, bool):
+        raise LaunchOptionError(f"{name} must be True or False, not {value!r}")
+
+
+def check_seconds(name: str, value: Any, *, positive: Optional[bool] = None, optional: bool = False) -> None:
+    """A duration: finite seconds up to ``MAX_SECONDS``; by default ``timeout`` and
+    ``stall_timeout`` (which may also be None or ``"auto"``) > 0, the others >= 0. ``optional``:
+    None is allowed too."""
+    auto = name == "stall_timeout"
+    if (auto and _is_auto(value)) or ((auto or optional) and value is None):
         return
-    positive = name in ("timeout", "stall_timeout")
+    positive = name in ("timeout", "stall_timeout") if positive is None else positive
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not number or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
-        optional = ", 'auto' or None" if name == "stall_timeout" else ""
-        raise LaunchOptionError(f"{name} must be a number of seconds {bound}{optional}, not {value!r}")
+        also = ", 'auto' or None" if auto else " or None" if optional else ""
+        raise LaunchOptionError(f"{name} must be a number of seconds {bound}{also}, not {value!r}")
+    if value > MAX_SECONDS:
+        raise LaunchOptionError(f"{name} must be at most {MAX_SECONDS} seconds (a year), not {value!r}")
 
 
 class LaunchKwargs(TypedDict, total=False):
@@ -123,12 +172,17 @@ class RunSettings:
 OPTION_NAMES = frozenset(f.name for f in fields(LaunchOptions))
 
 
-def options_from(caller: str, given: dict[str, Any]) -> LaunchOptions:
-    """``LaunchOptions`` from keyword arguments, refusing unknown names in the caller's words."""
+def check_option_names(caller: str, given: dict[str, Any]) -> None:
+    """Refuse keyword arguments that are not launch options, in the caller's words."""
     unknown = sorted(set(given) - OPTION_NAMES)
     if unknown:
-        raise TypeError(f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-                        f"launch options are {', '.join(sorted(OPTION_NAMES))}")
+        raise ArgumentsError(f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                             f"launch options are {', '.join(sorted(OPTION_NAMES))}")
+
+
+def options_from(caller: str, given: dict[str, Any]) -> LaunchOptions:
+    """``LaunchOptions`` from keyword arguments, refusing unknown names in the caller's words."""
+    check_option_names(caller, given)
     return LaunchOptions(**given)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import inspect
 import linecache
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from ..core.errors import ArgumentsError, NotPicklableError
 from ..core.pickling import dumps
 
-__all__ = ["pack_call", "first_unpicklable", "check_arguments"]
+__all__ = ["pack_call", "first_unpicklable", "check_arguments", "call_parts"]
 
 
 def _describe(obj: Any) -> str:
@@ -54,6 +54,21 @@ def first_unpicklable(parts: Sequence[tuple[str, Any]]) -> Optional[NotPicklable
                     return NotPicklableError(inner_what, _describe(inner), str(inner_e) or type(inner_e).__name__)
             return NotPicklableError(what, _describe(obj), str(e) or type(e).__name__)
     return None
+
+
+def call_parts(caller: str, fn: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``fn``, ``args`` and ``kwargs`` of ``launch``/``spawn`` checked for what they are (a function,
+    a tuple or list, a dict with names for keys), as ``(args, kwargs)``: a string is not split into
+    its characters."""
+    if not callable(fn):
+        raise ArgumentsError(f"{caller}() needs a function to run, not {fn!r}")
+    if not isinstance(args, (tuple, list)):
+        raise ArgumentsError(f"{caller}()'s args is a tuple (or list) of the function's arguments, such as "
+                             f"(100,), not {args!r}")
+    if kwargs is not None and (not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)):
+        raise ArgumentsError(f"{caller}()'s kwargs is a dict of the function's keyword arguments, such as "
+                             f"{{'lr': 0.1}}, not {kwargs!r}")
+    return tuple(args), dict(kwargs or {})
 
 
 def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -19,13 +19,14 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..backends.base import Backend, StartSpec
 from ..backends.local.backend import LocalBackend
 from ..core import bounds, pickling
-from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
+from ..core.devices import Device, DeviceSpec, format_devices
 from ..core.errors import (
+    ArgumentsError,
     DDPNotebookError,
     NoCheckpointError,
     NoResultError,
@@ -37,12 +38,13 @@ from ..core.errors import (
 from ..core.events import EventKind, RankConfig
 from ..core.failures import FailureKind, Phase, WorkerFailure
 from ..core.probes import Probe
-from ..core.rundir import RunDir, default_run_root
+from ..core.rundir import RunDir
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
-from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_seconds
-from .resume import KEEP_LIMIT, checkpoint_to_resume, read_call
+from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_flag, check_option_names, check_seconds
+from .resume import KEEP_LIMIT, checkpoint_to_resume
+from .stored import read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
@@ -118,27 +120,23 @@ class Run:
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
 
     @classmethod
-    def load(cls, run_dir: str) -> Run:
+    def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
         """A run read back from its directory, or its id under the default runs folder (for
         instance after a kernel restart): its state, events, failures and (when it succeeded) its
         result. It can be retried like the run it was (``retry(resume=True)`` goes on from its
         last checkpoint), from the call kept in its directory: runs started on engines need
-        ``engines=`` again, and a call over 64 MB is not kept.
+        ``engines=`` again, and a call over 64 MB is not kept. ``RunLoadError`` says when there is
+        no run it can read there.
 
         Example: ``ddp_notebook.Run.load("20261129-174217-5266c4").retry(resume=True)``
         """
-        if os.sep not in run_dir and not os.path.isdir(run_dir):
-            run_dir = os.path.join(default_run_root(), run_dir)
-        directory = RunDir(run_dir)
-        stream = EventStream.replay(directory.read_events())
-        if not stream.state.finished:
-            _end_cut_off(stream)
-        kept = read_call(directory)
+        stored = read_run(run_dir)
+        kept = stored.call
         restart = _restart_of_payload(kept.payload) if kept is not None and _restart_of_payload else None
-        run = cls(directory, stream, parse_devices(stream.state.devices, cuda_count=lambda: 0),
+        run = cls(stored.directory, stored.stream, stored.devices, options=kept.options if kept else None,
                   runs_on=LocalBackend() if kept is not None and not kept.on_engines else None,
-                  options=kept.options if kept else None, settings=kept.settings if kept else None, restart=restart)
-        run._end(directory.read_result())
+                  settings=kept.settings if kept else None, restart=restart)
+        run._end(stored.result)
         return run
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -273,6 +271,7 @@ class Run:
         before the main worker returned, WaitTimeoutError when ``timeout`` passes first
         (the run goes on). An interrupt (Kernel → Interrupt, Ctrl-C) stops the run: what the wait
         was for is called off, so the workers are not left training unseen."""
+        check_seconds("timeout", timeout, positive=False, optional=True)
         try:
             ended = self._finished.wait(timeout)
         except KeyboardInterrupt:
@@ -317,6 +316,7 @@ class Run:
         after ``grace`` seconds (default ``stop_grace``) are terminated."""
         if grace is not None:
             check_seconds("grace", grace)  # a nan or negative grace would never end the stop
+        check_flag("wait", wait)
         self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
         if wait:
             self._finished.wait()
@@ -335,6 +335,11 @@ class Run:
 
         With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
         checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
+        check_option_names("retry", dict(changes))
+        check_flag("resume", resume)
+        if device is not None and devices is not None:
+            raise ArgumentsError(f"retry() takes device= (one device) or devices= (a list), not both: got "
+                                 f"device={device!r} and devices={devices!r}")
         if self._restart is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
                                    f"and its arguments) was not kept there, as calls over {KEEP_LIMIT // 2**20} MB "
@@ -356,6 +361,7 @@ class Run:
 
     def retry_without_failed(self, resume: bool = False) -> Run:
         """Run again on the device list without the devices whose workers caused the failure."""
+        check_flag("resume", resume)
         causing = self.state.causing_ranks
         keep = [d for rank, d in enumerate(self.devices) if rank not in causing]
         if not keep:
@@ -385,22 +391,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
-
-
-CUT_OFF = ("the notebook process that supervised it ended (a kernel restart or crash) before the run did, "
-           "and its workers ended with it")
-
-
-def _end_cut_off(stream: EventStream) -> None:
-    """A log that ends without the run's end: its notebook process died, and its workers with it
-    (their lifeline). Fold that ending in, in memory, at the time the run was last heard of."""
-    t = stream.events[-1].get("time") if stream.events else None
-    stream.emit({"kind": EventKind.STOPPING, "time": t, "reason": CUT_OFF})
-    for rank, w in sorted(stream.state.workers.items()):
-        if not w.finished:
-            stream.emit({"kind": EventKind.EXITED, "time": t, "rank": rank, "pid": w.pid, "exit_code": None,
-                         "signal": None, "by_supervisor": True})
-    stream.emit({"kind": EventKind.RUN_FINISHED, "time": t, "status": RunStatus.STOPPED})
 
 
 def _sys_path() -> list[str]:

@@ -10,7 +10,8 @@
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import reprlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -70,19 +71,42 @@ def _as_dataset(data: Any, name: str) -> Any:
                          f"(inputs, targets), not {type(data).__name__}.")
 
 
-def _check_args(epochs: int, batch_size: int, grad_accum: int, loss: Any, metrics: Any, early_stopping: Any,
-                mode: str) -> None:
-    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("grad_accum", grad_accum)):
-        if not isinstance(value, int) or value < 1:
-            raise FitConfigError(f"{name} must be a whole number >= 1, not {value!r}.")
+def _check_args(*, epochs: Any, batch_size: Any, grad_accum: Any, valid_batch_size: Any, loss: Any, optimizer: Any,
+                metrics: Any, early_stopping: Any, monitor: Any, mode: Any, min_delta: Any, seed: Any,
+                flags: dict[str, Any]) -> None:
+    """Every plain argument of ``fit`` checked in the notebook, before anything starts (a bool is
+    not a number here, nor a number a bool)."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("grad_accum", grad_accum),
+                        ("valid_batch_size", valid_batch_size), ("early_stopping", early_stopping)):
+        if (value is not None or name in ("epochs", "batch_size", "grad_accum")) and not (whole(value) and value >= 1):
+            also = " (the patience in epochs)" if name == "early_stopping" else ""
+            none = " or None" if name in ("valid_batch_size", "early_stopping") else ""
+            raise FitConfigError(f"{name}{also} must be a whole number >= 1{none}, not {value!r}.")
+    if not (whole(seed) and 0 <= seed < 2**63):
+        raise FitConfigError(f"seed must be a whole number from 0 to 2**63 - 1, not {seed!r}.")
+    if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not 0 <= min_delta < float("inf"):
+        raise FitConfigError(f"min_delta must be a number >= 0 (the least change that counts as better), "
+                             f"not {min_delta!r}.")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise FitConfigError(f"{name} must be True or False, not {value!r}.")
     if not callable(loss):
         raise FitConfigError(f"loss must be a function loss(prediction, target), such as torch.nn.MSELoss(); "
-                             f"got {type(loss).__name__}.")
-    if not isinstance(metrics, dict) or not all(callable(f) for f in metrics.values()):
-        raise FitConfigError("metrics must be a dict of name -> function(prediction, target).")
-    if early_stopping is not None and (not isinstance(early_stopping, int) or early_stopping < 1):
-        raise FitConfigError(f"early_stopping is the patience in epochs (>= 1) or None, not {early_stopping!r}.")
-    if mode not in ("min", "max"):
+                             f"not {reprlib.repr(loss)}.")
+    if optimizer is not None and not callable(optimizer):
+        raise FitConfigError(f"optimizer must be an optimizer class or a function params -> optimizer (or None "
+                             f"for Adam), not {reprlib.repr(optimizer)}.")
+    if metrics is not None and (not isinstance(metrics, Mapping)
+                                or not all(isinstance(k, str) and callable(f) for k, f in metrics.items())):
+        raise FitConfigError(f"metrics must be a dict of name -> function(prediction, target), "
+                             f"not {reprlib.repr(metrics)}.")
+    if monitor is not None and (not isinstance(monitor, str) or not monitor):
+        raise FitConfigError(f"monitor must be the name of a recorded value, such as 'valid_loss', or None, "
+                             f"not {monitor!r}.")
+    if not isinstance(mode, str) or mode not in ("min", "max"):
         raise FitConfigError(f"mode must be 'min' or 'max', not {mode!r}.")
 
 
@@ -165,8 +189,12 @@ def fit(
     """
     import torch
 
+    _check_args(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, valid_batch_size=valid_batch_size,
+                loss=loss, optimizer=optimizer, metrics=metrics, early_stopping=early_stopping, monitor=monitor,
+                mode=mode, min_delta=min_delta, seed=seed, flags={"shuffle": shuffle, "drop_last": drop_last,
+                                                                   "checkpoint": checkpoint, "preflight": preflight,
+                                                                   "wait": wait})
     metrics = dict(metrics or {})
-    _check_args(epochs, batch_size, grad_accum, loss, metrics, early_stopping, mode)
     train = _as_dataset(train_data, "train_data")
     valid = _as_dataset(valid_data, "valid_data")
     if not isinstance(model, torch.nn.Module) and not callable(model):

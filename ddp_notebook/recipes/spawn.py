@@ -27,8 +27,18 @@ from dataclasses import replace
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
+from ..core.errors import LaunchOptionError
 from ..engine.launch import launch_with, wait_showing
-from ..engine.options import CallMode, LaunchKwargs, RunSettings, Unpack, options_from, takes_launch_options
+from ..engine.options import (
+    CallMode,
+    LaunchKwargs,
+    RunSettings,
+    Unpack,
+    check_flag,
+    options_from,
+    takes_launch_options,
+)
+from ..engine.packing import call_parts
 from ..engine.run import Run
 
 __all__ = ["spawn"]
@@ -46,12 +56,16 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
     """Run ``fn(rank, *args)`` on ``nprocs`` CPU workers (or on ``devices``) like
     ``torch.multiprocessing.spawn``; with ``join`` wait and return rank 0's return value
     (raising ``WorkerFailedError`` on failure), else return the ``Run``."""
+    args, _ = call_parts("spawn", fn, args, None)
+    check_flag("join", join)
+    if nprocs is not None and (isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1):
+        raise LaunchOptionError(f"nprocs must be a whole number >= 1 (the number of workers) or None, not {nprocs!r}")
     if devices is None:
         devices = f"cpu*{nprocs}" if nprocs is not None else None
     elif nprocs is not None and len(parse_devices(devices)) != nprocs:
-        raise ValueError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
-                         f"given ({devices!r}); give one of the two")
+        raise LaunchOptionError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
+                                f"given ({devices!r}); give one of the two")
     options = options_from("spawn", dict(launch_options))
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_loopback_port()), **options.env}
-    run = launch_with(fn, devices, tuple(args), {}, replace(options, env=env), RunSettings(mode=CallMode.SPAWN))
+    run = launch_with(fn, devices, args, {}, replace(options, env=env), RunSettings(mode=CallMode.SPAWN))
     return wait_showing(run) if join else run

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import math
 import re
 import shlex
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from ..core.errors import (
 )
 from ..core.validation import InvalidDevicesError, validate_devices
 from ..engine.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
+from ..engine.options import MAX_SECONDS
 from ..engine.run import Run
 from ..recipes.fit import fit
 from . import display
@@ -53,14 +55,41 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
     return magic.parser.parse_args(words)
 
 
+def _seconds(text: str, positive: bool) -> Optional[float]:
+    """``text`` as finite seconds (> 0 when ``positive``, else >= 0) up to ``MAX_SECONDS``, or None."""
+    try:
+        value = float(text) if text.isascii() else math.nan  # "٣" is not 3 here either
+    except ValueError:
+        return None
+    ok = math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= MAX_SECONDS
+    return value if ok else None
+
+
 def _stall_setting(text: str) -> Any:
     """``--stall-timeout``: seconds, ``auto`` or ``off``."""
     if text.lower() in ("auto", "off"):
         return text.lower()
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 'auto' or 'off'") from None
+    value = _seconds(text, positive=True)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 'auto' or 'off' (seconds: > 0, "
+                                         f"at most {MAX_SECONDS})")
+    return value
+
+
+def _grace(text: str) -> float:
+    """``--grace``: seconds >= 0."""
+    value = _seconds(text, positive=False)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (>= 0, at most {MAX_SECONDS})")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    """``--epochs``, ``--batch-size``: a whole number >= 1."""
+    value = int(text) if re.fullmatch(r"[0-9]{1,18}", text.strip()) else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 _CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
@@ -76,7 +105,7 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
     for end in (i for i, ch in enumerate(line) if ch == ")"):
         try:
             tree = ast.parse(line[: end + 1].strip(), mode="eval")
-        except SyntaxError:
+        except (SyntaxError, ValueError):  # ValueError: a NUL character (Python < 3.12)
             continue
         if isinstance(tree.body, ast.Call) and isinstance(tree.body.func, ast.Name):
             call, rest = tree.body, line[end + 1:]
@@ -93,7 +122,7 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
             return ns[node.id]
         try:
             return ast.literal_eval(node)
-        except ValueError:
+        except (ValueError, TypeError, RecursionError):  # TypeError: {[1]: 2}, a key that cannot be one
             raise UsageError(f"%ddp_fit: an argument of the call is a literal (100, 0.1, 'adam', [1, 2]) or a name "
                              f"defined in the notebook, not {ast.unparse(node)}; assign it to a name first") from None
 
@@ -147,7 +176,11 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
             assert isinstance(run, Run)
             return run
     elif callable(target):
-        params = inspect.signature(target).parameters
+        try:
+            params = inspect.signature(target).parameters
+        except (ValueError, TypeError):  # a builtin without a signature
+            raise FitConfigError(f"{name} is a {type(target).__name__} whose arguments cannot be read; %ddp_fit "
+                                 "takes a training function fn(ctx, ...) or a dict of fit() arguments") from None
         run_kwargs: dict[str, Any] = dict(kwargs or {})
         for key in ("epochs", "batch_size"):
             if key in given:
@@ -189,8 +222,8 @@ class DDPMagics(Magics):
     @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name; a function may "
                            "be called: train(100, lr=0.1), each argument a literal or a name in the notebook")
     @argument("-d", "--devices", nargs="+", help="device list (default: the one set with %%ddp_devices)")
-    @argument("--epochs", type=int, help="number of epochs (passed to the function as epochs=N)")
-    @argument("--batch-size", type=int, help="batch size per worker (fit configurations)")
+    @argument("--epochs", type=_at_least_one, metavar="N", help="number of epochs (passed to the function as epochs=N)")
+    @argument("--batch-size", type=_at_least_one, metavar="N", help="batch size per worker (fit configurations)")
     @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
               help="the hang watchdog: fail the run when no rank reports progress for SECONDS; auto (the "
                    "default) fails only a rank that is frozen while its peers wait for it; off")
@@ -244,7 +277,8 @@ class DDPMagics(Magics):
 
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
-    @argument("--grace", type=float, help="seconds before workers that ignore the request are terminated")
+    @argument("--grace", type=_grace, metavar="SECONDS",
+              help="seconds before workers that ignore the request are terminated")
     @line_magic
     def ddp_stop(self, line: str) -> None:
         """Ask the last run (or RUN) to stop (ctx.should_stop), forced after the grace period."""
@@ -254,7 +288,10 @@ class DDPMagics(Magics):
             print(f"Run {run.id} has already ended ({run.status}): nothing to stop.")
             return
         grace = run.options.stop_grace if args.grace is None else args.grace
-        run.stop(grace=grace)
+        try:
+            run.stop(grace=grace)
+        except _USER_MISTAKES as e:
+            raise UsageError(f"%ddp_stop: {e}") from None
         print(f"Stopping run {run.id} on {','.join(run.state.devices)}: each worker sees ctx.should_stop and may "
               f"finish its step; those still running after {grace:g} s are ended.")
 
@@ -277,7 +314,7 @@ class DDPMagics(Magics):
         try:
             new = run.retry_without_failed(resume=args.resume) if args.without_failed else \
                 run.retry(device=args.device, resume=args.resume)
-        except _USER_MISTAKES as e:
+        except DDPNotebookError as e:  # a retry only starts a run: whatever refuses it is what the user must change
             raise UsageError(f"%ddp_retry: {e}") from None
         self._started(new)
         show_run(new, on_start=self._started)
@@ -293,7 +330,7 @@ def load_ipython_extension(ipython: Any) -> None:
         size = len(parse_devices(default_devices()))
     except DeviceSpecError:
         size = 2
-    pool.enable(size)
+    pool.enable(min(size, pool.max_size()))
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -16,6 +16,7 @@ installed, and must see the run directory (``run_root``), where the process grou
 """
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -104,4 +105,4 @@ def engines_of(obj: Any) -> Engines:
         return Engines(obj, list(obj.ids))
     raise EngineSelectionError(
         f"engines= takes an ipyparallel Client (every engine) or a DirectView such as rc[0:2], "
-        f"not {type(obj).__name__}")
+        f"not {type(obj).__name__} {reprlib.repr(obj)}")

@@ -43,7 +43,7 @@ class EngineProbe(Probe):
 
 
 # validate_devices' checks that assume every rank is on this machine; redone per engine below.
-_PER_MACHINE = ("duplicate", "missing", "oversubscribed")
+_PER_MACHINE = ("duplicate", "missing", "oversubscribed", "too_many")
 
 
 def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend: Optional[str] = None,

@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Optional
 
-from ...core.devices import Device, DeviceSpec
+from ...core.devices import Device, DeviceSpec, parse_devices
 from ...core.probes import Probe, cpu_count, default_probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
@@ -25,8 +25,12 @@ _default_spec: Optional[DeviceSpec] = None
 
 
 def set_default_devices(spec: Optional[DeviceSpec]) -> None:
-    """The device list runs use when none is given (``%ddp_devices SPEC``); None to reset."""
+    """The device list runs use when none is given (``%ddp_devices SPEC``); None to reset. A list
+    that cannot be read is refused now (``DeviceSpecError``); whether its devices exist is checked
+    by each run, where it runs."""
     global _default_spec
+    if spec is not None:
+        parse_devices(spec, cuda_count=lambda: 1)  # "cuda" (every GPU) is judged at launch
     _default_spec = spec
 
 

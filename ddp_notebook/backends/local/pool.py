@@ -20,9 +20,12 @@ import threading
 import time
 from typing import Optional
 
+from ...core.errors import LaunchOptionError
+from ...core.probes import cpu_count
+from ...core.validation import CPU_WORKERS_PER_CORE
 from .processes import Prestarted, spawn_process
 
-__all__ = ["WorkerPool", "get_pool", "enable", "disable", "status"]
+__all__ = ["WorkerPool", "get_pool", "enable", "disable", "status", "max_size"]
 
 
 class WorkerPool:
@@ -93,8 +96,18 @@ def get_pool() -> WorkerPool:
     return _pool
 
 
+def max_size() -> int:
+    """The most warm workers the pool keeps: as many as a run may have CPU workers here."""
+    return CPU_WORKERS_PER_CORE * cpu_count()
+
+
 def enable(size: int = 2) -> None:
-    """Turn the pool on and start ``size`` warm workers in the background (returns at once)."""
+    """Turn the pool on and start ``size`` warm workers in the background (returns at once); at
+    most as many as a run may have CPU workers here (``CPU_WORKERS_PER_CORE`` per core)."""
+    most = max_size()
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= most:
+        raise LaunchOptionError(f"the pool's size is a whole number of warm workers from 0 to {most} "
+                                f"({CPU_WORKERS_PER_CORE} per core here), not {size!r}")
     _pool.enabled = True
     _pool.warm(size)
 

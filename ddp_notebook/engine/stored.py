@@ -1,0 +1,95 @@
+"""A run as its directory keeps it (``Run.load`` reads it back): the event log, replayed and
+checked, the ending of a run whose notebook died, the kept call, the result.
+
+>>> read_run("/nonexistent/run")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ddp_notebook.core.errors.RunLoadError: there is no run at '/nonexistent/run' (given '/nonexistent/run'): ...
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..core.devices import Device, parse_devices
+from ..core.errors import RunLoadError
+from ..core.events import EventKind
+from ..core.rundir import RunDir, default_run_root
+from ..core.state import RunStatus
+from ..core.stream import EventStream
+from .resume import KeptCall, read_call
+
+__all__ = ["StoredRun", "read_run", "CUT_OFF"]
+
+
+@dataclass
+class StoredRun:
+    """What a run's directory holds, read back."""
+
+    directory: RunDir
+    stream: EventStream  # the log replayed (ended, when the notebook died first)
+    devices: list[Device]
+    call: Optional[KeptCall]  # for a retry (None: not kept)
+    result: Optional[bytes]  # the pickled return value of the main worker (None: none)
+
+
+def read_run(run_dir: Any) -> StoredRun:
+    """The run in ``run_dir`` (or with that id under the default runs folder), or ``RunLoadError``
+    saying why there is none that can be read there."""
+    directory = RunDir(_run_path(run_dir))
+    if not os.path.isfile(directory.events_path):
+        raise RunLoadError(f"there is no run at {directory.path!r} (given {run_dir!r}): a run directory holds "
+                           f"{RunDir.EVENTS}. Give a run's directory, or its id under {default_run_root()!r}")
+    try:
+        stream = EventStream.replay(_checked_events(directory.read_events()))
+        if not stream.state.finished:
+            _end_cut_off(stream)
+        devices = parse_devices(stream.state.devices, cuda_count=lambda: 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        # a log cut short, edited or not ddp_notebook's: every way reading it fails is this one error
+        raise RunLoadError(f"the event log {directory.events_path!r} cannot be read as a run's: "
+                           f"{type(e).__name__}: {e}") from None
+    call = read_call(directory)
+    try:
+        result = directory.read_result()
+    except IsADirectoryError:
+        raise RunLoadError(f"{directory.join(RunDir.RESULT)!r} is not a run's result") from None
+    return StoredRun(directory, stream, devices, call, result)
+
+
+CUT_OFF = ("the notebook process that supervised it ended (a kernel restart or crash) before the run did, "
+           "and its workers ended with it")
+
+
+def _end_cut_off(stream: EventStream) -> None:
+    """A log that ends without the run's end: its notebook process died, and its workers with it
+    (their lifeline). Fold that ending in, in memory, at the time the run was last heard of."""
+    t = stream.events[-1].get("time") if stream.events else None
+    stream.emit({"kind": EventKind.STOPPING, "time": t, "reason": CUT_OFF})
+    for rank, w in sorted(stream.state.workers.items()):
+        if not w.finished:
+            stream.emit({"kind": EventKind.EXITED, "time": t, "rank": rank, "pid": w.pid, "exit_code": None,
+                         "signal": None, "by_supervisor": True})
+    stream.emit({"kind": EventKind.RUN_FINISHED, "time": t, "status": RunStatus.STOPPED})
+
+
+def _run_path(run_dir: Any) -> str:
+    """The directory ``Run.load`` reads: ``run_dir`` itself, or a run id under the default runs folder."""
+    path = os.fspath(run_dir) if isinstance(run_dir, os.PathLike) else run_dir
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise RunLoadError(f"Run.load takes a run's directory or its id (a str), not {run_dir!r}")
+    if os.sep not in path and not os.path.isdir(path):
+        return os.path.join(default_run_root(), path)
+    return path
+
+
+def _checked_events(events: list[Any]) -> list[dict[str, Any]]:
+    """The events of a log, refused unless each is an event (an object with a known kind) and the
+    first says the run started."""
+    for number, event in enumerate(events, 1):
+        if not isinstance(event, dict) or event.get("kind") not in set(EventKind):
+            raise ValueError(f"line {number} is not an event: {str(event)[:100]!r}")
+    if not events or events[0]["kind"] != EventKind.RUN_STARTED:
+        raise ValueError("it does not start with the run's start")
+    return events

@@ -72,6 +72,19 @@ def test_a_fit_cut_off_by_its_notebooks_death_resumes_from_its_checkpoint(cut_of
     assert fit.history[:2] == result.history[:2]
 
 
+def test_a_cut_off_fit_resumes_from_the_magics_after_a_restart(cut_off_fit, ipython_shell, monkeypatch, capsys):
+    from ddp_notebook.ui.magics import DDPMagics
+
+    ipython_shell.register_magics(DDPMagics)
+    monkeypatch.setenv("DDP_NOTEBOOK_RUNS", os.path.dirname(cut_off_fit))  # the default runs folder of the kernel
+    tail = os.path.basename(cut_off_fit)[-6:]  # a run of an earlier kernel, named by the end of its id
+    ipython_shell.run_line_magic("ddp_status", tail)
+    assert "stopped" in capsys.readouterr().out
+    ipython_shell.run_line_magic("ddp_retry", f"{tail} --resume -d cpu*2")
+    result = ipython_shell.user_ns["_ddp_run"].wait(timeout=120)
+    assert result.resumed_from_epoch == 1 and [h["epoch"] for h in result.history] == [0, 1, 2, 3]
+
+
 def test_resume_from_names_what_it_looked_at(tmp_path):
     x, y = models.regression_data()
     kw = dict(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), devices="cpu:0")

@@ -20,7 +20,7 @@ from ..core.state import RunStatus
 from ..core.stream import EventStream
 from .resume import KeptCall, read_call
 
-__all__ = ["StoredRun", "read_run", "CUT_OFF"]
+__all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF"]
 
 
 @dataclass
@@ -32,6 +32,18 @@ class StoredRun:
     devices: list[Device]
     call: Optional[KeptCall]  # for a retry (None: not kept)
     result: Optional[bytes]  # the pickled return value of the main worker (None: none)
+
+
+def find_stored_run(run_id: str, root: Optional[str] = None) -> Optional[str]:
+    """The directory of the run ``run_id`` (or the one run whose id ends with it) under ``root``
+    (default: the default runs folder), or None: how a run of an earlier kernel is found by id."""
+    root = root or default_run_root()
+    try:
+        names = [n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, RunDir.EVENTS))]
+    except OSError:
+        return None
+    matches = [n for n in names if n == run_id] or [n for n in names if run_id and n.endswith(run_id)]
+    return os.path.join(root, matches[0]) if len(matches) == 1 else None
 
 
 def read_run(run_dir: Any) -> StoredRun:

@@ -28,11 +28,15 @@ from ..core.errors import (
     LaunchOptionError,
     NoCheckpointError,
     NotPicklableError,
+    RunLoadError,
+    UnsafeRunDirError,
 )
+from ..core.rundir import default_run_root
 from ..core.validation import InvalidDevicesError, validate_devices
 from ..engine.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
 from ..engine.options import MAX_SECONDS
 from ..engine.run import Run
+from ..engine.stored import find_stored_run
 from ..recipes.fit import fit
 from . import display
 from .display import show_report, show_run
@@ -145,10 +149,16 @@ def _run(magic: str, run_id: Optional[str]) -> Run:
             raise UsageError(f"%{magic}: no run yet: start one with %ddp_fit FUNC")
         return run
     found = find_run(run_id)
-    if found is None:
-        raise UsageError(f"%{magic}: no run {run_id!r} in this kernel; %ddp_runs lists them "
-                         "(a past one reads back with ddp_notebook.Run.load(RUN_ID))")
-    return found
+    if found is not None:
+        return found
+    stored = find_stored_run(run_id)  # a run of an earlier kernel (before a restart)
+    if stored is None:
+        raise UsageError(f"%{magic}: no run {run_id!r} in this kernel nor in {default_run_root()!r}; %ddp_runs "
+                         "lists this kernel's runs")
+    try:
+        return Run.load(stored)
+    except (RunLoadError, UnsafeRunDirError) as e:
+        raise UsageError(f"%{magic}: {e}") from None
 
 
 def start_target(target: Any, name: str, devices: Optional[str], options: dict[str, Any], args: tuple[Any, ...] = (),
@@ -298,6 +308,8 @@ class DDPMagics(Magics):
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
     @argument("--device", help="the device to retry on (default: the main one, or the first healthy one)")
+    @argument("-d", "--devices", nargs="+", help="a device list to retry on instead (e.g. to resume a run cut off "
+                                                  "by a kernel restart on all its devices)")
     @argument("--resume", action="store_true", help="continue from the last checkpoint")
     @argument("--without-failed", action="store_true", help="retry on every device except the failed ones")
     @line_magic
@@ -313,7 +325,7 @@ class DDPMagics(Magics):
             raise UsageError(f"%ddp_retry: run {run.id} succeeded: there is nothing to retry (%ddp_fit runs it again)")
         try:
             new = run.retry_without_failed(resume=args.resume) if args.without_failed else \
-                run.retry(device=args.device, resume=args.resume)
+                run.retry(device=args.device, resume=args.resume, devices=_device_list(args.devices))
         except DDPNotebookError as e:  # a retry only starts a run: whatever refuses it is what the user must change
             raise UsageError(f"%ddp_retry: {e}") from None
         self._started(new)

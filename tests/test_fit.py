@@ -165,6 +165,8 @@ def test_bad_arguments_get_clear_errors():
         ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), epochs=0)
     with pytest.raises(ddp_notebook.FitConfigError, match="train_data must be a Dataset"):
         ddp_notebook.fit(model=models.linear, train_data=42, loss=torch.nn.MSELoss())
+    with pytest.raises(ddp_notebook.FitConfigError, match="train_data must be a Dataset .*, not str 'data.csv'"):
+        ddp_notebook.fit(model=models.linear, train_data="data.csv", loss=torch.nn.MSELoss())
     with pytest.raises(ddp_notebook.FitConfigError, match="monitor 'acc' is not recorded; choose one of train_loss"):
         ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), monitor="acc")
     with pytest.raises(TypeError, match=r"fit\(\) got unexpected keyword argument\(s\) 'epoch'"):

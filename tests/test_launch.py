@@ -123,6 +123,12 @@ def test_finished_run_reloads_from_disk(monkeypatch):
     assert [w.step for w in again.workers] == [3, 3] and again.devices == run.devices
     with pytest.raises(ddp_notebook.DDPNotebookError, match="cannot be retried: its call .* was not kept there"):
         again.retry()
+    with pytest.raises(ddp_notebook.ArgumentsError, match=r"rank of a worker of run .* \(0, 1\), not 2"):
+        again.output(2)
+    with pytest.raises(ddp_notebook.ArgumentsError, match="stream='stdout', 'stderr' or None"):
+        again.output(0, "out")
+    with pytest.raises(ddp_notebook.ArgumentsError, match="callback"):
+        again.subscribe("print")
     failed = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"fault": "raise"})
     with pytest.raises(WorkerFailedError):
         failed.wait(timeout=60)

@@ -215,6 +215,8 @@ class Run:
 
     def subscribe(self, callback: Subscriber) -> None:
         """Call ``callback(event)`` for each future event (from the supervisor thread)."""
+        if not callable(callback):
+            raise ArgumentsError(f"subscribe() takes a function callback(event), not {callback!r}")
         self.stream.subscribe(callback)
 
     @property
@@ -249,6 +251,12 @@ class Run:
 
         Memory keeps the most recent output only; the rest is read from the run's log. Past the
         log's limit (``core.bounds.LOG_BYTES``) the text says what was not kept."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank not in self.state.workers:
+            raise ArgumentsError(f"output() takes the rank of a worker of run {self.id} "
+                                 f"({', '.join(map(str, sorted(self.state.workers)))}), not {rank!r}")
+        if stream not in (None, "stdout", "stderr"):
+            raise ArgumentsError(f"output() takes stream='stdout', 'stderr' or None (both), not {stream!r}")
+
         def wanted(e: dict[str, Any]) -> bool:
             return e["kind"] == EventKind.OUTPUT and e.get("rank") == rank and stream in (None, e["stream"])
 

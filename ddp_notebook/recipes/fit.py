@@ -65,10 +65,11 @@ def _as_dataset(data: Any, name: str) -> Any:
             raise FitConfigError(f"{name} is a tuple of tensors of different lengths {sorted(lengths)}; "
                                  "give (inputs, targets) with one row per sample.")
         return TensorDataset(*[t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in data])
-    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+    # Text and mappings index too, but they are no samples (a str would be "trained" on characters).
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, (str, bytes, dict)):
         return data
     raise FitConfigError(f"{name} must be a Dataset (with __len__ and __getitem__) or a tuple of tensors "
-                         f"(inputs, targets), not {type(data).__name__}.")
+                         f"(inputs, targets), not {type(data).__name__} {reprlib.repr(data)}.")
 
 
 def _check_args(*, epochs: Any, batch_size: Any, grad_accum: Any, valid_batch_size: Any, loss: Any, optimizer: Any,

@@ -36,6 +36,22 @@ def _pool_pids() -> set:
     return set(pool.get_pool().idle_pids())
 
 
+def _pooled(p: psutil.Process, pool_pids: set) -> bool:
+    """An idle worker of this process's warm pool, or its watcher (the worker's child that ends
+    its process group once it is gone, ``worker.boot.guard``; forked as the worker boots)."""
+    try:
+        return p.pid in pool_pids or p.ppid() in pool_pids
+    except psutil.NoSuchProcess:
+        return True  # gone: nothing left behind
+
+
+def _describe(p: psutil.Process) -> tuple:
+    try:
+        return p.pid, p.cmdline()
+    except psutil.Error:
+        return p.pid, "(ended)"
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark doctests and notebook cells by what they start; a test marked with none of the slow
     kinds is a unit test (``pytest -m unit`` runs only those: seconds, no process)."""
@@ -63,18 +79,18 @@ def no_leaked_processes(request):
     me = psutil.Process()
     before = {c.pid for c in me.children(recursive=True)}
     yield
-    pooled = _pool_pids()
     # A worker whose notebook process was just shut down exits on its own within moments.
-    _, alive = psutil.wait_procs([p for p in _workers() if p.pid not in pooled], timeout=5)
+    _, alive = psutil.wait_procs([p for p in _workers() if not _pooled(p, _pool_pids())], timeout=5)
     leaked = list(alive)
-    leaked += [c for c in me.children(recursive=True) if c.pid not in before and c.pid not in pooled
-               and c.status() != psutil.STATUS_ZOMBIE and c not in leaked]
+    leaked += [c for c in me.children(recursive=True) if c.pid not in before and c not in leaked
+               and not _pooled(c, _pool_pids()) and c.status() != psutil.STATUS_ZOMBIE]
+    described = [_describe(p) for p in leaked]
     for p in leaked:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    assert not leaked, f"processes left behind: {[(p.pid, p.info.get('cmdline') if hasattr(p, 'info') else p.cmdline()) for p in leaked]}"
+    assert not leaked, f"processes left behind: {described}"
 
 
 @pytest.fixture(autouse=True, scope="session")

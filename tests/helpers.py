@@ -23,3 +23,21 @@ def wait_until(condition, timeout=60.0, every=0.05):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(every)
+
+
+def started_processes():
+    """The pids of this process's children and theirs, less the warm pool's idle workers and their
+    watchers (which come and go as the pool refills): what a test started."""
+    import psutil
+
+    from ddp_notebook import pool
+
+    idle = set(pool.get_pool().idle_pids())
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in idle and p.ppid() not in idle and p.status() != psutil.STATUS_ZOMBIE:
+                found.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found

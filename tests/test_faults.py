@@ -6,6 +6,7 @@ import ddp_notebook
 from ddp_notebook import NotPicklableError, WorkerFailedError
 
 import faults
+from helpers import started_processes
 
 pytestmark = pytest.mark.processes
 
@@ -82,7 +83,7 @@ def test_unpicklable_function_or_argument_is_refused_before_start(tmp_path):
     import threading
 
     lock = threading.Lock()
-    before = psutil.Process().children(recursive=True)
+    before = started_processes()
     with pytest.raises(NotPicklableError) as e:
         ddp_notebook.launch(faults.takes_arg, devices="cpu*2", args=(lock,), run_root=str(tmp_path))
     assert str(e.value).startswith("argument args[0] is a _thread.lock and cannot be sent to the worker processes: "
@@ -92,7 +93,7 @@ def test_unpicklable_function_or_argument_is_refused_before_start(tmp_path):
         def closure(ctx):
             return lock
         ddp_notebook.launch(closure, devices="cpu*2", run_root=str(tmp_path))
-    assert psutil.Process().children(recursive=True) == before and list(tmp_path.iterdir()) == []
+    assert started_processes() == before and list(tmp_path.iterdir()) == []
 
 
 def test_knock_on_failure_of_a_peer_is_marked_as_consequence():

@@ -1,7 +1,6 @@
 """The built-in fit with real 2-rank CPU runs."""
 import threading
 
-import psutil
 import pytest
 import torch
 
@@ -9,6 +8,7 @@ import ddp_notebook
 from ddp_notebook import FitResult, NotPicklableError, PreflightError, WorkerFailedError
 
 import models
+from helpers import started_processes
 
 pytestmark = pytest.mark.processes
 
@@ -115,7 +115,7 @@ def _checkpoints(run_dir):
 
 def test_empty_shard_is_refused_before_any_worker_starts(tmp_path):
     x, y = models.regression_data(n=100)
-    before = psutil.Process().children(recursive=True)
+    before = started_processes()
     with pytest.raises(ddp_notebook.FitConfigError) as e:
         ddp_notebook.fit(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), batch_size=64,
                          drop_last=True, devices="cpu*2", run_root=str(tmp_path))
@@ -126,7 +126,7 @@ def test_empty_shard_is_refused_before_any_worker_starts(tmp_path):
     with pytest.raises(ddp_notebook.FitConfigError, match=r"^The training data is empty: give at least one sample\.$"):
         ddp_notebook.fit(model=models.linear, train_data=(x[:0], y[:0]), loss=torch.nn.MSELoss(), devices="cpu*2",
                          run_root=str(tmp_path))
-    assert psutil.Process().children(recursive=True) == before and list(tmp_path.iterdir()) == []
+    assert started_processes() == before and list(tmp_path.iterdir()) == []
 
 
 def test_unpicklable_model_is_named_before_any_worker_starts(tmp_path):

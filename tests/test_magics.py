@@ -7,6 +7,8 @@ from IPython.utils.capture import capture_output
 
 import ddp_notebook
 
+from helpers import started_processes
+
 pytestmark = pytest.mark.kernel
 
 CELL = '''
@@ -203,12 +205,11 @@ def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
     ("config(1)", "config is a dict of fit() arguments, not a function to call"),
 ])
 def test_a_call_that_cannot_work_is_refused_before_anything_starts(ip, line, words):
-    import psutil
 
-    before = psutil.Process().children(recursive=True)
+    before = started_processes()
     with pytest.raises(UsageError, match=re.escape(words)):
         ip.run_line_magic("ddp_fit", line)
-    assert psutil.Process().children(recursive=True) == before
+    assert started_processes() == before
 
 
 def test_runs_are_listed_and_addressable_by_id(ip):
@@ -225,7 +226,7 @@ def test_runs_are_listed_and_addressable_by_id(ip):
     with capture_output() as out:
         ip.run_line_magic("ddp_status", older.id[-6:])  # the end of an id is enough
     assert out.stdout.startswith(f"Run {older.id} succeeded")
-    with pytest.raises(UsageError, match=r"%ddp_stop: no run 'nope' in this kernel; %ddp_runs lists them"):
+    with pytest.raises(UsageError, match=r"%ddp_stop: no run 'nope' in this kernel nor in .*; %ddp_runs lists this kernel's runs"):
         ip.run_line_magic("ddp_stop", "nope")
     with capture_output():
         ip.run_line_magic("ddp_stop", f"{current.id} --grace 20")

@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 import ddp_notebook
 from ddp_notebook import InvalidDevicesError, StaticProbe, validate_devices
 
+from helpers import started_processes
+
 pytestmark = pytest.mark.unit
 
 GiB = 1 << 30
@@ -92,15 +94,14 @@ def test_syntax_error_is_a_finding_not_an_exception():
 
 
 def test_launch_refuses_invalid_list_before_starting_anything(tmp_path):
-    import psutil
 
-    children = psutil.Process().children(recursive=True)
+    children = started_processes()
     with pytest.raises(InvalidDevicesError) as e:
         ddp_notebook.launch(lambda ctx: None, devices="cpu:0,cpu:0", run_root=str(tmp_path))
     assert e.value.report.errors[0].code == "duplicate"
     assert "cpu:0 is listed 2 times" in str(e.value)
     assert isinstance(e.value, ddp_notebook.DDPNotebookError)
-    assert psutil.Process().children(recursive=True) == children
+    assert started_processes() == children
     assert list(tmp_path.iterdir()) == []
 
 

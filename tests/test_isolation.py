@@ -12,20 +12,22 @@ import pytest
 import ddp_notebook
 
 import faults
+import tutorial_ddp
 from helpers import wait_for
 
 pytestmark = pytest.mark.processes
 
 
-def test_local_run_listens_on_loopback_only():
-    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+@pytest.mark.parametrize("how", ["launch", "spawn"])
+def test_local_run_listens_on_loopback_only(how):
+    # spawn: tutorial code with its own env:// rendezvous, whose TCPStore the notebook serves
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2") if how == "launch" else \
+        ddp_notebook.spawn(tutorial_ddp.waits_for_stop, args=(2,), nprocs=2, join=False)
     try:
         wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
-        pids = [w.pid for w in run.workers]
         listening = []
-        for pid in pids:
-            for proc in [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True):
-                listening += [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        for proc in [psutil.Process()] + psutil.Process().children(recursive=True):
+            listening += [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
         # gloo does listen (each pair connects over TCP), but never on a routable address
         assert listening, "expected gloo's listeners to be visible"
         assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening

@@ -16,6 +16,15 @@ def test_tutorial_function_runs_unchanged_on_two_workers():
     assert run.output(1) == "Running basic DDP example on rank 1.\n"
 
 
+def test_code_that_sets_its_own_master_port_meets_there():
+    import socket
+
+    with socket.socket() as s:  # a free port, for this test only
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert ddp_notebook.spawn(tutorial_ddp.hardcoded_port, args=(2, port), nprocs=2, timeout=60) == 2.0
+
+
 def test_tutorial_failure_on_rank_1_is_reported_like_any_other():
     with pytest.raises(WorkerFailedError) as e:
         ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2, 1), nprocs=2)

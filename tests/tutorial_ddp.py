@@ -46,3 +46,28 @@ def demo_basic(rank, world_size, fail_rank=None):
     weight = ddp_model.module.net1.weight.detach().clone()
     cleanup()
     return (rank, world_size, weight.sum().item())
+
+
+def waits_for_stop(rank, world_size):
+    """Sets up its process group as the tutorial does, then waits until the run is stopped."""
+    import time
+
+    import ddp_notebook
+
+    setup(rank, world_size)
+    dist.barrier()
+    ctx = ddp_notebook.current_context()
+    ctx.log(step=1)
+    while not ctx.should_stop:
+        time.sleep(0.05)
+
+
+def hardcoded_port(rank, world_size, port):
+    """Sets MASTER_PORT itself, as PyTorch's tutorial does (os.environ[...] = ...)."""
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()

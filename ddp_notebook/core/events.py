@@ -52,6 +52,10 @@ class EventKind(TextEnum):
     LOG_TRUNCATED = "log_truncated"  # the log on disk reached its limit: later progress and output not written
 
 
+# Spawn mode: "host:port" of the TCPStore the notebook serves for the function's own rendezvous.
+SPAWN_STORE_ENV = "DDP_NOTEBOOK_SPAWN_STORE"
+
+
 class RankConfig(TypedDict, total=False):
     """One rank's assignment, as the worker process or engine receives it."""
 

@@ -118,6 +118,7 @@ class Run:
         self._supervisor: Optional[Supervisor] = None
         self._result: Optional[bytes] = None
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
+        self._release_start: Callable[[], None] = _nothing  # what this start holds until the run ends
 
     @classmethod
     def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
@@ -156,9 +157,14 @@ class Run:
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
                           "places": self.runs_on.places(n)})
-        transport = self.runs_on.start(StartSpec(self.dir, self.devices, payload, config,
-                                                 threads_per_worker=self.options.threads_per_worker,
-                                                 env=self.options.env))
+        env, self._release_start = self.settings.per_start(n) if self.settings.per_start else ({}, _nothing)
+        try:
+            transport = self.runs_on.start(StartSpec(self.dir, self.devices, payload, config,
+                                                     threads_per_worker=self.options.threads_per_worker,
+                                                     env={**self.options.env, **env}))
+        except BaseException:
+            self._release_start()
+            raise
         self._supervisor = Supervisor(
             transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
             SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
@@ -182,6 +188,7 @@ class Run:
             self.stream.close()
             self.runs_on.finished(self.dir, len(self.devices))
         finally:  # whatever failed above, wait() must not block forever
+            self._release_start()
             self._end(outcome.result)
 
     def _load_result(self, result: bytes) -> bool:
@@ -399,6 +406,10 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
+
+
+def _nothing() -> None:
+    pass
 
 
 def _sys_path() -> list[str]:

@@ -6,11 +6,14 @@ and ``MASTER_PORT`` are set to a free loopback port, and ``RANK``, ``WORLD_SIZE`
 ``LOCAL_RANK`` to the worker's values). The run gets the same supervision, failure reports,
 per-rank output and retry as ``launch``.
 
-What this mode cannot guarantee: the process group is the function's own, so with its usual
-``init_method="env://"`` torch's TCPStore listens on all interfaces (``launch`` uses a
-loopback-only file rendezvous instead); and ``run.retry()`` re-runs the same arguments, so a
-function that is given the world size as an argument still expects its old peers: for a
-single-device re-run call ``spawn(fn, args=(1,), nprocs=1)`` instead.
+The process group's ``env://`` rendezvous meets at a TCPStore the notebook serves on a loopback
+socket it holds from bind to close (every rank a client, as under torchrun's agent:
+``worker.spawn_store``), so nothing listens on another interface and no other local user can
+take the port between its choice and its use; code that sets its own ``MASTER_PORT`` keeps
+torch's rendezvous there (rank 0 serves it). What this mode cannot guarantee:
+``run.retry()`` re-runs the same arguments, so a function that is given the world size as an
+argument still expects its old peers: for a single-device re-run call
+``spawn(fn, args=(1,), nprocs=1)`` instead.
 
 Example::
 
@@ -23,11 +26,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from dataclasses import replace
+from datetime import timedelta
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
 from ..core.errors import LaunchOptionError
+from ..core.events import SPAWN_STORE_ENV
 from ..engine.launch import launch_with, wait_showing
 from ..engine.options import (
     CallMode,
@@ -44,10 +48,34 @@ from ..engine.run import Run
 __all__ = ["spawn"]
 
 
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def loopback_store(world_size: int) -> tuple[dict[str, str], Callable[[], None]]:
+    """The rendezvous of one start of a spawn run: a TCPStore served by the notebook on a loopback
+    socket bound and listening before its port is known to anyone (torch's own env:// rendezvous
+    picks a port, releases it, then binds it on every interface). The workers' environment points
+    every rank at it as a client; the returned function ends it."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(max(128, world_size))
+    port = sock.getsockname()[1]
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timedelta(minutes=30),
+                              wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)
+    except (TypeError, RuntimeError):  # an older torch without master_listen_fd: rank 0 serves it, as before
+        try:
+            sock.close()
+        except OSError:
+            pass
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, _nothing
+    sock.detach()  # the store owns the socket now
+    held = [store]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), SPAWN_STORE_ENV: f"127.0.0.1:{port}"}
+    return env, held.clear  # the last reference: the store stops serving
+
+
+def _nothing() -> None:
+    pass
 
 
 @takes_launch_options
@@ -66,6 +94,5 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
         raise LaunchOptionError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
                                 f"given ({devices!r}); give one of the two")
     options = options_from("spawn", dict(launch_options))
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_loopback_port()), **options.env}
-    run = launch_with(fn, devices, args, {}, replace(options, env=env), RunSettings(mode=CallMode.SPAWN))
+    run = launch_with(fn, devices, args, {}, options, RunSettings(mode=CallMode.SPAWN, per_start=loopback_store))
     return wait_showing(run) if join else run

@@ -28,6 +28,7 @@ from . import context, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
 from .peers import await_peers
+from .spawn_store import join_notebook_store
 
 __all__ = ["Where", "execute", "error_event", "flush_std", "warm_up", "install_stack_dump", "remove_stack_dump"]
 
@@ -109,7 +110,9 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         if cfg.get("meet_in_python"):
             await_peers(directory.arrivals_dir, directory, rank, world_size, cfg.get("timeout"))
         spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
-        if not spawn_mode:
+        if spawn_mode:
+            join_notebook_store()
+        else:
             dist.init_process_group(
                 backend=cfg["backend"], init_method="file://" + directory.rendezvous_path, rank=rank,
                 world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),

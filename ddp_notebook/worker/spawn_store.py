@@ -1,0 +1,43 @@
+"""Spawn mode: the function's own ``env://`` (or ``tcp://``) rendezvous joins the TCPStore the
+notebook serves on loopback (``recipes.spawn.loopback_store``) as a client, as every rank does
+under torchrun's agent.
+
+Only a rendezvous on the notebook's port is redirected: code that sets its own ``MASTER_PORT``
+(PyTorch's tutorial assigns ``12355``) keeps torch's behaviour, rank 0 serving the store, which
+a blanket ``TORCHELASTIC_USE_AGENT_STORE`` would have turned into every rank waiting for a
+server that never comes.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from datetime import timedelta
+from typing import Any
+
+from ..core.events import SPAWN_STORE_ENV
+
+__all__ = ["join_notebook_store"]
+
+
+def join_notebook_store() -> None:
+    """Make this rank's rendezvous on the notebook's store a client of it (before ``fn`` runs)."""
+    where = os.environ.pop(SPAWN_STORE_ENV, None)
+    if not where:
+        return
+    host, port = where.rsplit(":", 1)
+    from torch.distributed import TCPStore
+
+    # The module (torch.distributed.rendezvous is also the name of a function it exports).
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    original = getattr(rendezvous, "_create_c10d_store", None)
+    if original is None:  # another torch: every rank a client, torch's own switch for it
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        return
+
+    def create_store(hostname: str, port_: int, rank: int, world_size: int, timeout: timedelta,
+                     *args: Any, **kwargs: Any) -> Any:
+        if int(port_) == int(port):
+            return TCPStore(host, int(port), world_size, False, timeout=timeout)
+        return original(hostname, port_, rank, world_size, timeout, *args, **kwargs)
+
+    setattr(rendezvous, "_create_c10d_store", create_store)  # noqa: B010 - a private hook of torch

@@ -107,18 +107,53 @@ def test_run_load_refuses_a_run_directory_others_can_write_to(tmp_path):
         ddp_notebook.Run.load(run.run_dir)
 
 
-def test_resume_from_refuses_a_checkpoint_others_can_write_to(tmp_path):
+def test_resume_from_refuses_a_checkpoint_another_user_could_have_written(tmp_path, other_user):
+    import torch
+
+    from ddp_notebook.core.errors import NoCheckpointError
     from ddp_notebook.engine.resume import checkpoint_to_resume
 
+    os.chmod(tmp_path, 0o700)
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    (folder / "epoch-0000.pt").write_bytes(b"planted")
+    torch.save({"model": {}}, folder / "epoch-0000.pt")
     (folder / "latest").write_text("epoch-0000.pt")
-    os.chmod(tmp_path, 0o700)
     assert checkpoint_to_resume(str(tmp_path)) == str(folder / "epoch-0000.pt")
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(NoCheckpointError, match="is not a checkpoint"):
+        checkpoint_to_resume(str(tmp_path / "notes.txt"))
+    # a file of another user's, even in a folder of mine
+    theirs = tmp_path / "theirs.pt"
+    torch.save({"model": {}}, theirs)
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    with pytest.raises(UnsafeRunDirError, match="belongs to"):
+        checkpoint_to_resume(str(theirs))
+    # a link in a folder of mine to a file in a folder others can write to
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    torch.save({"model": {}}, open_folder / "epoch-0000.pt")
+    os.chmod(open_folder, 0o777)
+    (tmp_path / "link.pt").symlink_to(open_folder / "epoch-0000.pt")
+    with pytest.raises(UnsafeRunDirError, match="writable by other users"):
+        checkpoint_to_resume(str(tmp_path / "link.pt"))
     os.chmod(folder, 0o777)
-    with pytest.raises(UnsafeRunDirError, match="the checkpoint folder"):
+    with pytest.raises(UnsafeRunDirError, match="writable by other users"):
         checkpoint_to_resume(str(tmp_path))
+
+
+def test_a_kept_call_of_another_user_is_not_read(tmp_path, other_user):
+    from ddp_notebook.core.rundir import RunDir
+
+    os.chmod(tmp_path, 0o700)
+    directory = RunDir(str(tmp_path))
+    directory.write_private(RunDir.CALL, b"planted")
+    os.chown(directory.join(RunDir.CALL), other_user.pw_uid, other_user.pw_gid)
+    with pytest.raises(UnsafeRunDirError, match="belongs to"):
+        directory.read_private(RunDir.CALL)
+    os.unlink(directory.join(RunDir.CALL))
+    os.symlink("/etc/hostname", directory.join(RunDir.CALL))
+    with pytest.raises(UnsafeRunDirError, match="never writes a link there"):
+        directory.read_private(RunDir.CALL)
 
 
 def test_check_private_folder_accepts_this_users_own_folders(tmp_path):

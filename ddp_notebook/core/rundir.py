@@ -28,7 +28,7 @@ from typing import IO, Any, Optional
 
 from .errors import UnsafeRunDirError
 
-__all__ = ["RunDir", "default_run_root", "latest_checkpoint", "check_private_folder"]
+__all__ = ["RunDir", "default_run_root", "latest_checkpoint", "check_private_folder", "check_private_file"]
 
 # Files a run's workers or the notebook unpickle (the call, the result, checkpoints) are opened
 # without following a link, and created only if absent.
@@ -75,6 +75,22 @@ def check_private_folder(path: str, what: str = "the runs folder") -> None:
         if parent == current:
             return
         current = parent
+
+
+def check_private_file(path: str, what: str) -> str:
+    """The real path of ``path`` (links followed), refused unless the file belongs to this user
+    (or root) and no one else can write to it, and its real folder passes ``check_private_folder``:
+    for a file to be unpickled that the caller named (``fit(resume_from=...)``)."""
+    real = os.path.realpath(path)
+    check_private_folder(os.path.dirname(real), f"the folder of {what}")
+    st = os.stat(real)
+    me = os.getuid() if hasattr(os, "getuid") else None
+    if me is not None and (st.st_uid not in (me, 0) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        why = (f"belongs to {_who(st.st_uid)}" if st.st_uid not in (me, 0)
+               else f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
+        raise UnsafeRunDirError(f"{what} {path!r} cannot be used: {real!r} {why}, so another user could have "
+                                "written code into it that loading it would run as you")
+    return real
 
 
 def default_run_root() -> str:
@@ -198,7 +214,14 @@ class RunDir:
             fd = os.open(self.join(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return None
+        except OSError as e:  # ELOOP: a link where the package writes files
+            raise UnsafeRunDirError(f"{self.join(name)!r} cannot be read: {e.strerror}; the package never "
+                                    "writes a link there") from None
         with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if hasattr(os, "getuid") and st.st_uid not in (os.getuid(), 0):
+                raise UnsafeRunDirError(f"{self.join(name)!r} belongs to {_who(st.st_uid)}, not to you: it is "
+                                        "not read")
             return f.read()
 
     def remove(self, *names: str) -> None:

@@ -16,12 +16,13 @@ copied to disk a second time (``fit(resume_from=...)`` still resumes such a run)
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..core import pickling
 from ..core.errors import NoCheckpointError
-from ..core.rundir import RunDir, check_private_folder, default_run_root, latest_checkpoint
+from ..core.rundir import RunDir, check_private_file, check_private_folder, default_run_root, latest_checkpoint
 from .options import LaunchOptions, RunSettings
 
 __all__ = ["KeptCall", "keep_call", "read_call", "checkpoint_to_resume", "KEEP_LIMIT"]
@@ -84,6 +85,10 @@ def checkpoint_to_resume(source: Any) -> str:
         raise NoCheckpointError(f"no checkpoint to resume from in {where!r}: give a run that saved one "
                                 "(fit saves one per epoch unless checkpoint=False), its id or directory, or a "
                                 "checkpoint file")
-    # It is unpickled (torch.load) by the workers: only from a folder no other user can write to.
-    check_private_folder(os.path.dirname(path), "the checkpoint folder")
-    return path
+    # It is unpickled (torch.load) by the workers: only a file of this user's, in a folder no other
+    # user can write to, links followed (the workers open the real file).
+    real = check_private_file(path, "the checkpoint")
+    if not zipfile.is_zipfile(real):
+        raise NoCheckpointError(f"{path!r} is not a checkpoint (a file saved by torch.save, such as "
+                                "ctx.save_checkpoint and fit write)")
+    return real

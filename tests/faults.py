@@ -228,3 +228,13 @@ def prints_and_logs(ctx, mb: int, metric_chars: int):
             ctx.log(step=i, blob="b" * metric_chars)
     sys.stdout.flush()
     raise ValueError("big " + "q" * 10**6 + " end")
+
+
+def prints_text(ctx, text: str, times: int):
+    """Prints ``text`` ``times`` times, with no newline in between."""
+    import sys
+
+    for _ in range(times):
+        sys.stdout.write(text)
+    sys.stdout.write("\n")
+    sys.stdout.flush()

@@ -103,3 +103,17 @@ def test_a_run_printing_without_end_keeps_a_bounded_tail_and_the_rest_on_disk(mo
     message = e.value.failure.message
     assert message.startswith("big ") and message.endswith(" end") and len(message) < bounds.TEXT_CHARS + 100
     assert ddp_notebook.Run.load(run.run_dir).state.log_truncated
+
+
+@pytest.mark.processes
+def test_output_under_the_limits_comes_back_exactly_multibyte_characters_included():
+    # one line of 1.3 MB: read in 64 KiB pieces, which split characters and exceed one chunk
+    run = ddp_notebook.launch(faults.prints_text, devices="cpu:0", kwargs=dict(text="é日本語 ", times=100_000))
+    run.wait(timeout=120)
+    assert run.output(0, "stdout") == "é日本語 " * 100_000 + "\n"
+
+
+@pytest.mark.unit
+def test_a_report_of_many_numbers_weighs_its_names_and_values():
+    metrics = {f"grad_norm/encoder.layers.{i}.attention.weight": 0.5 for i in range(150)}
+    assert bounds.event_weight({"kind": "progress", "metrics": metrics}) > 150 * 100

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["cut", "cut_middle", "bound_event", "bound_metrics", "event_weight", "METRIC_CHARS", "NAME_CHARS",
-           "METRICS_KEPT", "TEXT_CHARS",
+           "METRICS_KEPT", "TEXT_CHARS", "OUTPUT_CHARS",
            "TAIL_EVENTS", "TAIL_BYTES", "ENDED_TAIL_EVENTS", "ENDED_TAIL_BYTES", "LOG_BYTES", "LINE_CHARS"]
 
 METRIC_CHARS = 1000
@@ -28,8 +28,11 @@ NAME_CHARS = 100
 METRICS_KEPT = 200
 """Metrics kept in one report, and names a worker's state keeps (the first ones logged)."""
 TEXT_CHARS = 64 * 1024
-"""Characters kept of one printed chunk, error message or traceback (a traceback keeps its
-head and its end, where the error is)."""
+"""Characters kept of one error message or traceback (each keeps its head and its end, where the
+error is)."""
+OUTPUT_CHARS = 1024 * 1024
+"""Characters kept of one printed chunk (the local transport sends at most 128 KiB at a time:
+this only bounds a backend that would send more)."""
 LINE_CHARS = 2000
 """Characters kept of one printed line in a worker's in-memory tail (``WorkerState.output``)."""
 TAIL_EVENTS = 20_000
@@ -73,20 +76,24 @@ def bound_event(event: dict[str, Any]) -> dict[str, Any]:
     too long, as almost always)."""
     metrics = event.get("metrics")
     small = bound_metrics(metrics) if isinstance(metrics, dict) else metrics
-    too_long = small is not metrics or any(isinstance(event.get(key), str) and len(event[key]) > TEXT_CHARS
-                                           for key in ("text", "message", "traceback", "exc_type"))
+    too_long = small is not metrics or any(
+        isinstance(event.get(key), str) and len(event[key]) > (OUTPUT_CHARS if key == "text" else TEXT_CHARS)
+        for key in ("text", "message", "traceback", "exc_type"))
     if not too_long:
         return event
     bounded = dict(event, metrics=small) if isinstance(metrics, dict) else dict(event)
     for key in ("text", "message", "traceback", "exc_type"):
         if isinstance(event.get(key), str):
-            bounded[key] = (cut if key == "text" else cut_middle)(event[key], TEXT_CHARS)
+            bounded[key] = cut(event[key], OUTPUT_CHARS) if key == "text" else cut_middle(event[key], TEXT_CHARS)
     return bounded
 
 
 def event_weight(event: dict[str, Any]) -> int:
-    """About how many bytes ``event`` holds in memory (its texts, plus a fixed overhead)."""
+    """About how many bytes ``event`` holds in memory: a dict's overhead, and per metric its name,
+    its value and their entry (a report of 150 metrics weighs about 25 KB)."""
     metrics = event.get("metrics")
-    texts = sum(len(v) for v in metrics.values() if isinstance(v, str)) if isinstance(metrics, dict) else 0
+    weight = 400
+    if isinstance(metrics, dict):
+        weight += sum(120 + len(str(k)) + (len(v) if isinstance(v, str) else 32) for k, v in metrics.items())
     text = event.get("text")
-    return 300 + texts + (len(text) if isinstance(text, str) else 0)
+    return weight + (len(text) if isinstance(text, str) else 0)

@@ -24,6 +24,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Iterator
 from typing import IO, Any, Optional
 
 from .errors import UnsafeRunDirError
@@ -184,14 +185,20 @@ class RunDir:
 
     def read_events(self) -> list[dict[str, Any]]:
         """The events of the log, in order (a last line still being written is left out)."""
-        events = []
+        return list(self.iter_events())
+
+    def iter_events(self, kinds: Optional[tuple[str, ...]] = None) -> Iterator[dict[str, Any]]:
+        """The events of the log one at a time (a log may hold hundreds of MB), only those of
+        ``kinds`` when given (other lines are not even parsed)."""
+        marks = tuple(f'"kind": "{kind}"' for kind in kinds) if kinds else ()
         with open(self.events_path) as f:
             for line in f:
                 if not line.endswith("\n"):
-                    break  # being written right now (the log of a running run)
-                if line.strip():
-                    events.append(json.loads(line))
-        return events
+                    return  # being written right now (the log of a running run)
+                if line.strip() and (not marks or any(mark in line for mark in marks)):
+                    event = json.loads(line)
+                    if not kinds or (isinstance(event, dict) and event.get("kind") in kinds):
+                        yield event
 
     def write_private(self, name: str, data: bytes) -> None:
         """Write a file only its owner can read (payloads and results may hold private data)."""

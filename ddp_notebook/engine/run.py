@@ -269,9 +269,14 @@ class Run:
 
         if not self.stream.dropped:  # all of it is still in memory
             return "".join(e["text"] for e in self.stream.select(wanted))
-        logged = self.dir.read_events()
-        text = "".join(e["text"] for e in logged if wanted(e))
-        cut_at = next((e.get("time") for e in logged if e["kind"] == EventKind.LOG_TRUNCATED), None)
+        parts: list[str] = []
+        cut_at = None
+        for e in self.dir.iter_events((EventKind.OUTPUT, EventKind.LOG_TRUNCATED)):
+            if e["kind"] == EventKind.LOG_TRUNCATED:
+                cut_at = e.get("time")
+            elif wanted(e):
+                parts.append(e["text"])
+        text = "".join(parts)
         if cut_at is None:
             return text
         since = [e for e in self.stream.select(wanted) if (e.get("time") or 0) >= cut_at]

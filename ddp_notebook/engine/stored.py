@@ -9,6 +9,7 @@ ddp_notebook.core.errors.RunLoadError: there is no run at '/nonexistent/run' (gi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -54,7 +55,7 @@ def read_run(run_dir: Any) -> StoredRun:
         raise RunLoadError(f"there is no run at {directory.path!r} (given {run_dir!r}): a run directory holds "
                            f"{RunDir.EVENTS}. Give a run's directory, or its id under {default_run_root()!r}")
     try:
-        stream = EventStream.replay(_checked_events(directory.read_events()))
+        stream = EventStream.replay(_checked_events(directory.iter_events()))
         if not stream.state.finished:
             _end_cut_off(stream)
         devices = parse_devices(stream.state.devices, cuda_count=lambda: 0)
@@ -96,12 +97,16 @@ def _run_path(run_dir: Any) -> str:
     return path
 
 
-def _checked_events(events: list[Any]) -> list[dict[str, Any]]:
-    """The events of a log, refused unless each is an event (an object with a known kind) and the
-    first says the run started."""
+def _checked_events(events: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    """The events of a log, one at a time (a log may be hundreds of MB), refused unless each is an
+    event (an object with a known kind) and the first says the run started."""
+    kinds = set(EventKind)
+    number = 0
     for number, event in enumerate(events, 1):
-        if not isinstance(event, dict) or event.get("kind") not in set(EventKind):
+        if not isinstance(event, dict) or event.get("kind") not in kinds:
             raise ValueError(f"line {number} is not an event: {str(event)[:100]!r}")
-    if not events or events[0]["kind"] != EventKind.RUN_STARTED:
-        raise ValueError("it does not start with the run's start")
-    return events
+        if number == 1 and event["kind"] != EventKind.RUN_STARTED:
+            raise ValueError("it does not start with the run's start")
+        yield event
+    if number == 0:
+        raise ValueError("it holds no event")

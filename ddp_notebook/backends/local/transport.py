@@ -6,6 +6,7 @@ or a signal to its process group (TERM, KILL; STACK_SIGNAL to the worker for its
 """
 from __future__ import annotations
 
+import codecs
 import os
 import select
 import selectors
@@ -58,6 +59,7 @@ class LocalTransport(Transport):
         self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
         self._decoders = {r: FrameDecoder() for r in self.workers}
         self._partial: dict[tuple[int, str], bytes] = {}
+        self._text: dict[tuple[int, str], codecs.IncrementalDecoder] = {}
         self._fds: dict[tuple[int, str], int] = {}
         self._exited: set[int] = set()
         self._lock = threading.Lock()
@@ -175,8 +177,11 @@ class LocalTransport(Transport):
         elif not final and len(buf) < _CHUNK:
             self._partial[(rank, stream)] = buf
             return
-        if buf:
-            out.append(Output(rank, stream, buf.decode("utf-8", errors="replace")))
+        # One decoder per stream: a character split between two reads is decoded whole.
+        decoder = self._text.setdefault((rank, stream), codecs.getincrementaldecoder("utf-8")(errors="replace"))
+        text = decoder.decode(buf, final=final)
+        if text:
+            out.append(Output(rank, stream, text))
 
     def _close(self, rank: int, kind: str) -> None:
         """Close one pipe through its owner (Popen's file objects would close a reused fd later)."""

@@ -156,5 +156,6 @@ class PreflightError(DDPNotebookError):
 
 
 class NonFiniteLossError(DDPNotebookError, FloatingPointError):
-    """The built-in fit's loss became nan or inf: raised by the worker at the step it happened,
-    so the report names the rank and the step (training on would only spread the nan)."""
+    """The built-in fit's loss (or its weights, or its validation loss) became nan or inf: raised
+    by the worker at the step it happened, so the report names the rank and the step (training on
+    would only spread the nan), and nothing of it is saved as a checkpoint."""

@@ -87,7 +87,9 @@ def preflight_step(ctx: Any, spec: FitSpec) -> None:
         with torch.no_grad():
             xs, y = _split(next(iter(DataLoader(spec.valid_data, batch_size=spec.valid_batch_size))), device)
             out = model(*xs)
-            float(spec.loss(out, y))
+            valid = float(spec.loss(out, y))
+            if not math.isfinite(valid):
+                raise NonFiniteLossError(f"the validation loss of the first batch is {valid}")
             for fn in spec.metrics.values():
                 float(fn(out, y))
 
@@ -135,10 +137,25 @@ def _check_finite(loss: float, ctx: Any, epoch: int, batch: int, n_batches: int)
     """Fail at the step the loss stops being a number: training on would only spread the nan
     to every rank's weights (one all-reduce later) and end in a "successful" fit of nans."""
     if not math.isfinite(loss):
-        # No rank in the text: the report names the worker, and the same nan on every rank then
-        # reads as one error of the run.
-        raise NonFiniteLossError(f"the loss is {loss} at step {ctx.step} (epoch {epoch}, batch {batch} of "
-                                 f"{n_batches}); the weights are still those of the step before")
+        # Neither rank nor value in the text: the report names the worker, and ranks that diverge
+        # at the same step (one to inf, one to nan) then read as one error of the run.
+        raise NonFiniteLossError(f"the loss is nan or inf at step {ctx.step} (epoch {epoch}, batch {batch} of "
+                                 f"{n_batches})")
+
+
+def _check_epoch(module: Any, record: dict[str, Any], epoch: int, step: int) -> None:
+    """Before an epoch's checkpoint: weights that overflowed on a step whose loss was still finite,
+    or a validation loss that is not a number, end the fit here (on every rank alike: the
+    weights and the record are the same everywhere), and nothing of it is saved."""
+    import torch
+
+    if not all(bool(torch.isfinite(p).all()) for p in module.parameters()):
+        raise NonFiniteLossError(f"the weights hold nan or inf after epoch {epoch} (step {step}), though the loss "
+                                 "was finite: the epoch's checkpoint is not saved")
+    valid = record.get("valid_loss")
+    if valid is not None and not math.isfinite(valid):
+        raise NonFiniteLossError(f"the validation loss is nan or inf after epoch {epoch}: look for nan or inf in "
+                                 "valid_data")
 
 
 @dataclass
@@ -228,6 +245,7 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
             if ctx.world_size > 1:
                 dist.broadcast_object_list(box, src=0)  # every rank needs it to stop together
             record.update(box[0] or {})
+        _check_epoch(module, record, epoch, ctx.step)
         history.append(record)
         ctx.log(epoch=epoch, **{k: v for k, v in record.items() if k not in ("epoch", "seconds")})
         stop = stopping.update(record[spec.monitor])  # every rank sees the same record: they stop together

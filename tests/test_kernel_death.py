@@ -8,7 +8,9 @@ kill (a few seconds of ``import torch``) test them all, and each case still pass
   after that run started and before the others, so it holds only that run's pipes);
 - (b) a run whose rank holds the GIL in C code (no Python thread of the worker can run);
 - (c) a run whose rank started a subprocess and left it running;
-- (d) pool workers still importing torch when the kernel dies.
+- (d) pool workers still importing torch when the kernel dies;
+- (e) a rank that started a subprocess and then failed, while a cell holds the GIL, so the
+  notebook's supervisor cannot end what the rank left before the kernel dies.
 """
 from __future__ import annotations
 
@@ -53,6 +55,12 @@ def starts_a_subprocess(ctx, marker):  # (c) a child that the rank never ends
     report(marker, worker=os.getpid(), child=child.pid)
     while not ctx.should_stop:
         time.sleep(0.05)
+def fails_leaving_a_subprocess(ctx, marker):  # (e) fails once the cell holds the GIL
+    child = subprocess.Popen(["sleep", "600"])
+    report(marker, worker=os.getpid(), child=child.pid)
+    while not os.path.exists(marker + ".go"):
+        time.sleep(0.02)
+    raise ValueError("fails, leaving its subprocess")
 '''
 
 START = '''
@@ -63,14 +71,18 @@ if helper == 0:
     os._exit(0)
 run_b = ddp_notebook.launch(holds_the_gil, devices="cpu:0", args=({b!r},))
 run_c = ddp_notebook.launch(starts_a_subprocess, devices="cpu:0", args=({c!r},))
+run_e = ddp_notebook.launch(fails_leaving_a_subprocess, devices="cpu:0", args=({e!r},))
 '''
+# (e): the rank fails while this cell holds the GIL (sum over a range never lets it go)
+HOLD = 'open({e!r} + ".go", "w").close(); sum(range(3 * 10**9))'
 
 # (d) the last cell: the pool starts two workers, and the kernel is killed the moment it replies.
 POOL = 'ddp_notebook.pool.enable(2); print(json.dumps({"pool": ddp_notebook.pool.get_pool().idle_pids(), ' \
        '"kernel": os.getpid(), "helper": helper}))'
 
 CASES = {"a": "a forked helper holds the lifeline open", "b": "a rank holds the GIL",
-         "c": "a rank's subprocess", "d": "the pool is importing torch"}
+         "c": "a rank's subprocess", "d": "the pool is importing torch",
+         "e": "a failed rank's subprocess, the notebook holding the GIL"}
 
 
 def _running(p: psutil.Process) -> bool:
@@ -122,7 +134,7 @@ def killed(tmp_path_factory):
     from jupyter_client.manager import start_new_kernel
 
     tmp = tmp_path_factory.mktemp("kernel_death")
-    markers = {case: str(tmp / case) for case in "abc"}
+    markers = {case: str(tmp / case) for case in "abce"}
     km, kc = start_new_kernel(kernel_name="python3")
     tree: list[psutil.Process] = []
     try:
@@ -133,10 +145,13 @@ def killed(tmp_path_factory):
         info = json.loads(_execute(kc, POOL).strip().splitlines()[-1])
         kernel = psutil.Process(info["kernel"])
         tree = kernel.children(recursive=True)
-        roots = {pids[case]["worker"]: case for case in "abc"} | {pid: "d" for pid in info["pool"]}
+        roots = {pids[case]["worker"]: case for case in "abce"} | {pid: "d" for pid in info["pool"]}
         roots[info["helper"]] = "helper"  # the user's own fork: not ours to end
         cases = {p.pid: _case_of(p, roots) for p in tree}  # before the kill: orphans have no ancestry
-        assert cases.get(pids["c"]["child"]) == "c", cases
+        assert cases.get(pids["c"]["child"]) == "c" and cases.get(pids["e"]["child"]) == "e", cases
+        kc.execute(HOLD.format(**markers))  # not waited for: it holds the GIL until the kill
+        failed = psutil.Process(pids["e"]["worker"])
+        wait_until(lambda: not _running(failed), timeout=60)
         kernel.send_signal(signal.SIGKILL)
         results = _watch(tree, cases, time.monotonic())
     finally:
@@ -193,6 +208,11 @@ def test_subprocesses_of_a_rank_die_with_the_kernel(killed):
 @pytest.mark.kernel
 def test_pool_workers_still_importing_torch_die_with_the_kernel(killed):
     _check(killed, "d")
+
+
+@pytest.mark.kernel
+def test_subprocesses_of_a_failed_rank_die_with_the_kernel(killed):
+    _check(killed, "e")
 
 
 @pytest.mark.kernel

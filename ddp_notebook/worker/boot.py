@@ -76,14 +76,29 @@ def take_watcher() -> int:
 
 
 def dismiss_watcher(pid: int) -> None:
-    """End and collect the watcher ``pid`` before the worker leaves on its own (its leftover
-    children are then ended by the supervisor), so no exited watcher waits for init to collect it."""
-    if pid:
+    """End and collect the watcher ``pid`` before the worker leaves on its own, so no exited
+    watcher waits for init to collect it; unless the worker has other children (a subprocess of
+    the training function): then the watcher stays, to end them once the worker is gone, even
+    when the notebook dies before its supervisor would have."""
+    if pid and not _has_other_children(pid):
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         except OSError:  # already collected (the user's code set SIGCHLD to SIG_IGN, or waited)
             pass
+
+
+def _has_other_children(watcher: int) -> bool:
+    """Whether this process has a child besides ``watcher`` (True when Linux cannot tell)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+        for tid in tasks:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                if any(int(child) != watcher for child in f.read().split()):
+                    return True
+    except OSError:
+        return True
+    return False
 
 
 def _prctl() -> Prctl | None:

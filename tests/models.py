@@ -62,3 +62,21 @@ class HeldAfter(torch.nn.Module):
 def constant(value):
     """A metric that never changes (early stopping on it stops after its patience)."""
     return lambda pred, y: torch.tensor(float(value))
+
+
+class DropoutNet(torch.nn.Module):
+    """A small net with dropout (it draws random numbers every training step); rank 1 raises after
+    ``after`` batches while the file ``fail_while`` exists."""
+
+    def __init__(self, fail_while=None, after=0, d=8):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(d, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1))
+        self.fail_while, self.after, self.seen = fail_while, after, 0
+
+    def forward(self, x):
+        if self.training:
+            self.seen += 1
+            if (os.environ.get("RANK") == "1" and self.fail_while and self.seen > self.after
+                    and os.path.exists(self.fail_while)):
+                raise ValueError(f"bad batch {self.seen} on rank 1")
+        return self.net(x)

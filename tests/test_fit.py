@@ -1,4 +1,5 @@
 """The built-in fit with real 2-rank CPU runs."""
+import functools
 import threading
 
 import pytest
@@ -80,6 +81,24 @@ def test_a_resumed_fit_stops_early_where_the_original_would_have():
     again = ddp_notebook.fit(model=models.FailsOnRank1(), devices="cpu:0", resume_from=resumed, **kw)
     assert again.resumed_from_epoch == 2 and again.stopped_early and again.history == resumed.history
     assert not any(e["kind"] == "progress" and "loss" in e for e in again.run.events)
+
+
+def test_a_resumed_fit_with_dropout_ends_bit_equal_to_an_uninterrupted_one(tmp_path):
+    x, y = models.regression_data()
+    kw = dict(train_data=(x, y), loss=torch.nn.MSELoss(), optimizer=models.sgd(0.05), epochs=3, batch_size=32,
+              devices="cpu*2", seed=3)
+    straight = ddp_notebook.fit(model=models.DropoutNet, **kw)  # built in the workers, after the seed
+    fail = tmp_path / "fail"
+    fail.touch()
+    # 8 batches an epoch per rank: rank 1 fails in epoch 1, after the checkpoint of epoch 0
+    run = ddp_notebook.fit(model=functools.partial(models.DropoutNet, str(fail), after=12), wait=False, **kw)
+    with pytest.raises(WorkerFailedError):
+        run.wait(timeout=120)
+    fail.unlink()
+    resumed = run.retry(resume=True, devices=run.devices).wait(timeout=120)
+    assert resumed.resumed_from_epoch == 0
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_a_nan_loss_fails_the_fit_at_its_step_naming_the_rank():

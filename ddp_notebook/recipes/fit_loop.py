@@ -143,6 +143,41 @@ def _check_finite(loss: float, ctx: Any, epoch: int, batch: int, n_batches: int)
                                  f"{n_batches})")
 
 
+def _rng_states(ctx: Any) -> list[dict[str, Any]]:
+    """Every rank's random state (torch, CUDA, Python, numpy), gathered for the checkpoint: dropout
+    and augmentations of a resumed fit then draw what the uninterrupted one would have."""
+    import random
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    mine = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None}
+    if ctx.world_size == 1:
+        return [mine]
+    states: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def _restore_rng(states: Optional[list[dict[str, Any]]], ctx: Any) -> None:
+    """This rank's random state from a checkpoint (rank 0's when the fit resumes on more ranks)."""
+    if not states:
+        return
+    import random
+
+    import numpy as np
+    import torch
+
+    mine = states[ctx.rank] if ctx.rank < len(states) else states[0]
+    torch.set_rng_state(mine["torch"].cpu())
+    random.setstate(mine["python"])
+    np.random.set_state(mine["numpy"])
+    if mine.get("cuda") is not None and ctx.device.type == "cuda":
+        torch.cuda.set_rng_state(mine["cuda"].cpu(), ctx.device)
+
+
 def _check_epoch(module: Any, record: dict[str, Any], epoch: int, step: int) -> None:
     """Before an epoch's checkpoint: weights that overflowed on a step whose loss was still finite,
     or a validation loss that is not a number, end the fit here (on every rank alike: the
@@ -216,6 +251,8 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
         opt.load_state_dict(state["optimizer"])
     loader = ctx.loader(spec.train_data, batch_size=spec.batch_size, shuffle=spec.shuffle,
                         drop_last=spec.drop_last, seed=spec.seed)
+    if state is not None:
+        _restore_rng(state.get("rng"), ctx)
     for epoch in ctx.epochs(spec.epochs, start=start):
         started = time.perf_counter()
         totals = torch.zeros(2, dtype=torch.float64)
@@ -251,7 +288,8 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
         stop = stopping.update(record[spec.monitor])  # every rank sees the same record: they stop together
         if spec.checkpoint:
             ctx.save_checkpoint({"model": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
-                                 "history": history, "early_stopping": stopping.state(spec.monitor)}, epoch)
+                                 "history": history, "early_stopping": stopping.state(spec.monitor),
+                                 "rng": _rng_states(ctx)}, epoch)
         if stop:
             break
     in_sync = _ranks_in_sync(module, ctx)

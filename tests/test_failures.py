@@ -56,3 +56,13 @@ def test_a_result_the_notebook_cannot_load_is_the_runs_failure(tmp_path):
     assert str(e.value) == ("Distributed data parallel main worker (cpu:0) failed: the return value could not be "
                             "sent back to the notebook: ModuleNotFoundError: No module named 'only_in_workers_0'")
     assert run.status == "failed" and run.workers[0].status == "failed"
+
+
+def test_a_failure_the_worker_called_a_knock_on_is_never_the_cause_even_when_first():
+    from ddp_notebook.core.failures import order_failures
+
+    ended = WorkerFailure(rank=0, device="cpu:0", kind="init", time=1.0, exc_type="RunEndedError",
+                          message="the run ended before every rank got this far", knock_on=True)
+    cause = WorkerFailure(rank=1, device="cpu:1", kind="unpickle", time=2.0, exc_type="ModuleNotFoundError")
+    root, rest = order_failures([ended, cause], world_size=2)
+    assert root is cause and rest is ended and ended.consequence

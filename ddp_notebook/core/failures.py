@@ -85,6 +85,7 @@ class WorkerFailure:
     exit_code: Optional[int] = None
     signal: Optional[str] = None
     consequence: bool = False
+    knock_on: bool = False  # the worker said it failed because the run had ended: never the cause
     stalled_for: Optional[float] = None
     peers_waited: Optional[bool] = None  # for a stall: whether another worker waited in a collective
     last_step: Optional[int] = None
@@ -180,7 +181,8 @@ def failure_from_error(event: dict[str, Any], device: str, pid: Optional[int],
     return WorkerFailure(rank=event["rank"], device=device, kind=_PHASE_KIND[phase],
                          time=event.get("time") or _time.time(), pid=pid, phase=phase,
                          exc_type=event.get("exc_type"), message=event.get("message", ""),
-                         traceback=event.get("traceback", ""), last_step=last_step)
+                         traceback=event.get("traceback", ""), last_step=last_step,
+                         knock_on=bool(event.get("knock_on")))
 
 
 def order_failures(found: Sequence[WorkerFailure], world_size: int = 0) -> list[WorkerFailure]:
@@ -196,7 +198,8 @@ def order_failures(found: Sequence[WorkerFailure], world_size: int = 0) -> list[
     ([0, 1], "Every distributed data parallel worker (cpu:0, cpu:1) failed the same way: KeyError: 'x'")
     """
     silent = [f for f in found if f.kind in SILENT_KINDS]
-    root = min(silent or found, key=lambda f: f.time)
+    causes = [f for f in found if not f.knock_on] or list(found)  # a worker that said it is a knock-on is none
+    root = min(silent or causes, key=lambda f: f.time)
     rest = sorted((f for f in found if f is not root), key=lambda f: f.time)
     same = (world_size > 1 and sorted(f.rank for f in found) == list(range(world_size))
             and all(root.same_error_as(f) for f in rest))

@@ -252,10 +252,12 @@ class Supervisor:
             self._settling.append(failure)
             return
         if self.root is not None:
-            if failure.kind in SILENT_KINDS and self.root.kind not in SILENT_KINDS:
+            if (failure.kind in SILENT_KINDS and self.root.kind not in SILENT_KINDS) or \
+                    (self.root.knock_on and not failure.knock_on):
                 # A death that was not ours, seen only after a peer's report was taken as the
                 # cause: a dying worker closes its sockets before anyone can notice, so it is
-                # the cause after all (its exit status can lag its death).
+                # the cause after all (its exit status can lag its death). Likewise any failure
+                # seen after one that said it was a knock-on (the run had ended).
                 self.root.consequence = True
                 self._record(self.root)  # recorded again: now a consequence
                 self.root = failure

@@ -27,7 +27,7 @@ from ..core.stall import is_runner_file
 from . import context, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
-from .peers import await_peers
+from .peers import RunEndedError, await_peers
 from .spawn_store import join_notebook_store
 
 __all__ = ["Where", "execute", "error_event", "flush_std", "warm_up", "install_stack_dump", "remove_stack_dump"]
@@ -160,6 +160,7 @@ def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
         "exc_type": type(exc).__qualname__,
         "message": str(exc),
         "traceback": "".join(tb.format()),
+        "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
     })
 
 

@@ -13,7 +13,11 @@ from typing import Optional
 
 from ..core.rundir import RunDir
 
-__all__ = ["await_peers"]
+__all__ = ["await_peers", "RunEndedError"]
+
+
+class RunEndedError(RuntimeError):
+    """The run ended (a peer failed) while this rank waited for its peers: a knock-on, never a cause."""
 
 
 def await_peers(folder: str, directory: RunDir, rank: int, world_size: int, timeout: Optional[float] = None) -> None:
@@ -27,7 +31,7 @@ def await_peers(folder: str, directory: RunDir, rank: int, world_size: int, time
         pass
     while len(os.listdir(folder)) < world_size:
         if directory.is_ended():
-            raise RuntimeError("the run ended before every rank got this far")
+            raise RunEndedError("the run ended before every rank got this far")
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"not every rank got this far within {timeout:.0f} s")
         time.sleep(0.01)

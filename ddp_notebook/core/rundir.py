@@ -45,6 +45,16 @@ def _who(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _unsafe_because(st: os.stat_result, me: int, sticky_protects: bool) -> Optional[str]:
+    """Why another user could change what ``st`` describes (None: they cannot): it is theirs, or
+    they may write to it (unless ``sticky_protects`` and a sticky bit keeps them off others' files)."""
+    if st.st_uid not in (me, 0):
+        return f"belongs to {_who(st.st_uid)}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_protects and st.st_mode & stat.S_ISVTX):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def check_private_folder(path: str, what: str = "the runs folder") -> None:
     """Refuse ``path`` when another user could replace what is inside it: it and every folder
     above it must belong to this user (or to root) and be writable by no one else, unless a
@@ -64,10 +74,8 @@ def check_private_folder(path: str, what: str = "the runs folder") -> None:
         if st is not None:
             if stat.S_ISLNK(st.st_mode):
                 st = os.stat(current)  # a link: what it points to must be safe
-            open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
-            if st.st_uid not in (me, 0) or open_to_others:
-                why = (f"belongs to {_who(st.st_uid)}" if st.st_uid not in (me, 0)
-                       else f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
+            why = _unsafe_because(st, me, sticky_protects=True)
+            if why is not None:
                 raise UnsafeRunDirError(
                     f"{what} {path!r} cannot be used: {current!r} {why}, so another user could replace a "
                     "run's files and have your workers load their code. Use a folder only you can write to "
@@ -84,11 +92,9 @@ def check_private_file(path: str, what: str) -> str:
     for a file to be unpickled that the caller named (``fit(resume_from=...)``)."""
     real = os.path.realpath(path)
     check_private_folder(os.path.dirname(real), f"the folder of {what}")
-    st = os.stat(real)
     me = os.getuid() if hasattr(os, "getuid") else None
-    if me is not None and (st.st_uid not in (me, 0) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
-        why = (f"belongs to {_who(st.st_uid)}" if st.st_uid not in (me, 0)
-               else f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
+    why = _unsafe_because(os.stat(real), me, sticky_protects=False) if me is not None else None
+    if why is not None:
         raise UnsafeRunDirError(f"{what} {path!r} cannot be used: {real!r} {why}, so another user could have "
                                 "written code into it that loading it would run as you")
     return real

@@ -71,21 +71,22 @@ def bound_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {cut(str(k), NAME_CHARS): cut(v, METRIC_CHARS) if isinstance(v, str) else v for k, v in items}
 
 
+def _bound_text(key: str, text: str) -> str:
+    """One text of an event cut to its limit: printed output keeps its head, a message or a
+    traceback its head and its end."""
+    return cut(text, OUTPUT_CHARS) if key == "text" else cut_middle(text, TEXT_CHARS)
+
+
 def bound_event(event: dict[str, Any]) -> dict[str, Any]:
     """``event`` with every text it carries cut to its limit (the event itself when nothing is
     too long, as almost always)."""
     metrics = event.get("metrics")
     small = bound_metrics(metrics) if isinstance(metrics, dict) else metrics
-    too_long = small is not metrics or any(
-        isinstance(event.get(key), str) and len(event[key]) > (OUTPUT_CHARS if key == "text" else TEXT_CHARS)
-        for key in ("text", "message", "traceback", "exc_type"))
-    if not too_long:
+    texts = {key: _bound_text(key, event[key]) for key in ("text", "message", "traceback", "exc_type")
+             if isinstance(event.get(key), str)}
+    if small is metrics and all(texts[key] is event[key] for key in texts):  # cut() returns a short text itself
         return event
-    bounded = dict(event, metrics=small) if isinstance(metrics, dict) else dict(event)
-    for key in ("text", "message", "traceback", "exc_type"):
-        if isinstance(event.get(key), str):
-            bounded[key] = cut(event[key], OUTPUT_CHARS) if key == "text" else cut_middle(event[key], TEXT_CHARS)
-    return bounded
+    return dict(event, **texts, **({"metrics": small} if isinstance(metrics, dict) else {}))
 
 
 def event_weight(event: dict[str, Any]) -> int:

@@ -12,7 +12,9 @@ SLOW = ("processes", "kernel", "engines", "browser", "quality")
 DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/engine/launch.py", "ddp_notebook/recipes/fit.py")
 NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)
 
-WORKER_MARK = "ddp_notebook.worker.process"
+# In the command line of every worker: a fresh one runs worker.process, a forked one keeps the fork
+# server's (worker.zygote).
+WORKER_MARK = "ddp_notebook.worker."
 # Workers inherit this: the leak check finds this session's workers even after they were
 # orphaned (re-parented away from us), and ignores those of another test session.
 SESSION = os.environ.setdefault("DDP_NOTEBOOK_TEST_SESSION", uuid.uuid4().hex)
@@ -30,19 +32,18 @@ def _workers() -> list[psutil.Process]:
     return found
 
 
-def _pool_pids() -> set:
-    from ddp_notebook import pool
+def _standing() -> set:
+    """Processes kept between runs: the pool's idle workers and their watchers, the fork server."""
+    from ddp_notebook.backends.local.backend import standing_processes
 
-    return set(pool.get_pool().idle_pids())
+    return standing_processes()
 
 
-def _pooled(p: psutil.Process, pool_pids: set) -> bool:
-    """An idle worker of this process's warm pool, or its watcher (the worker's child that ends
-    its process group once it is gone, ``worker.boot.guard``; forked as the worker boots)."""
+def _alive(p: psutil.Process) -> bool:
     try:
-        return p.pid in pool_pids or p.ppid() in pool_pids
+        return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
-        return True  # gone: nothing left behind
+        return False
 
 
 def _describe(p: psutil.Process) -> tuple:
@@ -71,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
 def no_leaked_processes(request):
     """Fail a test that leaves a worker (or any child process) running.
 
-    Idle workers of this process's warm pool are the pool's, not leaks. Notebook cells run
+    Idle workers of this process's warm pool, and its fork server, are kept between runs: not leaks. Notebook cells run
     by nbval are checked once their kernel is gone, at the end of the session."""
     if type(request.node).__name__ == "IPyNbCell":
         yield
@@ -80,10 +81,11 @@ def no_leaked_processes(request):
     before = {c.pid for c in me.children(recursive=True)}
     yield
     # A worker whose notebook process was just shut down exits on its own within moments.
-    _, alive = psutil.wait_procs([p for p in _workers() if not _pooled(p, _pool_pids())], timeout=5)
+    _, alive = psutil.wait_procs([p for p in _workers() if p.pid not in _standing()], timeout=5)
+    standing = _standing()
     leaked = list(alive)
     leaked += [c for c in me.children(recursive=True) if c.pid not in before and c not in leaked
-               and not _pooled(c, _pool_pids()) and c.status() != psutil.STATUS_ZOMBIE]
+               and c.pid not in standing and _alive(c)]
     described = [_describe(p) for p in leaked]
     for p in leaked:
         try:
@@ -111,9 +113,10 @@ def ipython_shell():
 
 def pytest_sessionfinish(session, exitstatus):
     """At the very end, after every kernel and pool is gone, no worker of this session may be left."""
-    from ddp_notebook import pool
+    from ddp_notebook import forkserver, pool
 
     pool.disable()
+    forkserver.stop()
     _, alive = psutil.wait_procs(_workers(), timeout=10)
     if alive:
         for p in alive:

@@ -19,7 +19,7 @@ This module is the public API and the IPython extension (``%load_ext ddp_noteboo
 """
 from typing import Any
 
-from .backends.local import pool
+from .backends.local import forkserver, pool
 from .core.devices import Device, parse_devices
 from .core.errors import (
     ArgumentsError,
@@ -56,7 +56,8 @@ from .ui.magics import unload_ipython_extension as _unload
 from .worker.context import WorkerContext, current_context
 
 __all__ = [
-    "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext", "LaunchOptions",
+    "forkserver", "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext",
+    "LaunchOptions",
     "last_run", "runs", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",

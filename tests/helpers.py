@@ -26,17 +26,17 @@ def wait_until(condition, timeout=60.0, every=0.05):
 
 
 def started_processes():
-    """The pids of this process's children and theirs, less the warm pool's idle workers and their
-    watchers (which come and go as the pool refills): what a test started."""
+    """The pids of this process's children and theirs, less the processes kept between runs (the
+    pool's idle workers and their watchers, the fork server): what a test started."""
     import psutil
 
-    from ddp_notebook import pool
+    from ddp_notebook.backends.local.backend import standing_processes
 
-    idle = set(pool.get_pool().idle_pids())
+    standing = standing_processes()
     found = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.pid not in idle and p.ppid() not in idle and p.status() != psutil.STATUS_ZOMBIE:
+            if p.pid not in standing and p.status() != psutil.STATUS_ZOMBIE:
                 found.add(p.pid)
         except psutil.NoSuchProcess:
             pass

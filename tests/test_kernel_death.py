@@ -10,7 +10,9 @@ kill (a few seconds of ``import torch``) test them all, and each case still pass
 - (c) a run whose rank started a subprocess and left it running;
 - (d) pool workers still importing torch when the kernel dies;
 - (e) a rank that started a subprocess and then failed, while a cell holds the GIL, so the
-  notebook's supervisor cannot end what the rank left before the kernel dies.
+  notebook's supervisor cannot end what the rank left before the kernel dies;
+- (f) a fork server still importing torch (the runs above were forked by another one, which
+  is "nothing else of the kernel").
 """
 from __future__ import annotations
 
@@ -76,13 +78,16 @@ run_e = ddp_notebook.launch(fails_leaving_a_subprocess, devices="cpu:0", args=({
 # (e): the rank fails while this cell holds the GIL (sum over a range never lets it go)
 HOLD = 'open({e!r} + ".go", "w").close(); sum(range(3 * 10**9))'
 
-# (d) the last cell: the pool starts two workers, and the kernel is killed the moment it replies.
-POOL = 'ddp_notebook.pool.enable(2); print(json.dumps({"pool": ddp_notebook.pool.get_pool().idle_pids(), ' \
-       '"kernel": os.getpid(), "helper": helper}))'
+# (d, f) the last cell: the pool starts two workers, a new fork server starts (the one that forked
+# the runs above ends once they do), and the kernel is killed the moment it replies.
+POOL = 'ddp_notebook.pool.enable(2); ddp_notebook.forkserver.stop(); ddp_notebook.forkserver.start(); ' \
+       'print(json.dumps({"pool": ddp_notebook.pool.get_pool().idle_pids(), ' \
+       '"server": ddp_notebook.forkserver.status()["pid"], "kernel": os.getpid(), "helper": helper}))'
 
 CASES = {"a": "a forked helper holds the lifeline open", "b": "a rank holds the GIL",
          "c": "a rank's subprocess", "d": "the pool is importing torch",
-         "e": "a failed rank's subprocess, the notebook holding the GIL"}
+         "e": "a failed rank's subprocess, the notebook holding the GIL",
+         "f": "a fork server importing torch"}
 
 
 def _running(p: psutil.Process) -> bool:
@@ -146,6 +151,7 @@ def killed(tmp_path_factory):
         kernel = psutil.Process(info["kernel"])
         tree = kernel.children(recursive=True)
         roots = {pids[case]["worker"]: case for case in "abce"} | {pid: "d" for pid in info["pool"]}
+        roots[info["server"]] = "f"
         roots[info["helper"]] = "helper"  # the user's own fork: not ours to end
         cases = {p.pid: _case_of(p, roots) for p in tree}  # before the kill: orphans have no ancestry
         assert cases.get(pids["c"]["child"]) == "c" and cases.get(pids["e"]["child"]) == "e", cases
@@ -216,6 +222,11 @@ def test_subprocesses_of_a_failed_rank_die_with_the_kernel(killed):
 
 
 @pytest.mark.kernel
+def test_a_fork_server_importing_torch_dies_with_the_kernel(killed):
+    _check(killed, "f")
+
+
+@pytest.mark.kernel
 def test_nothing_else_of_the_kernel_is_left(killed):
     went, left = killed.get("other", (0.0, []))
     assert not left, left
@@ -238,7 +249,7 @@ def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
         # Until the worker is tied to its parent (its watcher is forked), the thread's end is no test.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not tied:
-            tied.extend(psutil.Process(started[0].popen.pid).children())
+            tied.extend(psutil.Process(started[0].proc.pid).children())
             time.sleep(0.02)
 
     thread = threading.Thread(target=start)
@@ -251,7 +262,7 @@ def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
     finally:
         for p in started:
             try:
-                os.killpg(p.popen.pid, signal.SIGKILL)
+                os.killpg(p.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             p.discard()

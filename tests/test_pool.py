@@ -1,13 +1,22 @@
-"""The warm worker pool: runs take warm processes, each used once, refilled and resized after runs."""
+"""The warm worker pool: runs take warm processes, each used once, refilled and resized after runs.
+
+The pool is how workers start where there is no fork server: these tests turn the server off."""
 import psutil
 import pytest
 
 import ddp_notebook
-from ddp_notebook import pool
+from ddp_notebook import forkserver, pool
 
 import faults
 
 pytestmark = pytest.mark.processes
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_fork_server():
+    forkserver.disable()
+    yield
+    forkserver.enable()
 
 
 @pytest.fixture

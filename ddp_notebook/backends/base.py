@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 
 from ..core.devices import Device, DeviceSpec
 from ..core.events import RankConfig
+from ..core.failures import FailureKind
 from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.validation import ValidationReport
@@ -50,6 +51,7 @@ class Exited:
     signal: Optional[str] = None
     pid: Optional[int] = None
     lost: Optional[str] = None  # the place itself is gone ("engine 1 died"): the rank could not report
+    lost_kind: FailureKind = FailureKind.ENGINE  # what ``lost`` is (an engine, or the fork server)
 
 
 Observation = Union[WorkerEvent, Output, Exited]

@@ -32,11 +32,12 @@ class FailureKind(TextEnum):
     EXIT = "exit"  # exited with a code without reporting (os._exit, sys.exit in C code, ...)
     STALL = "stall"  # made no progress while its peers waited for it
     ENGINE = "engine"  # the ipyparallel engine running the rank died
+    SERVER = "server"  # the fork server that forked the worker died, and Linux ended the worker with it
 
 
 # Deaths without a report: the dead worker closed its sockets before any peer could notice, so
 # it is the cause even when a peer's knock-on error was read first.
-SILENT_KINDS = frozenset({FailureKind.SIGNAL, FailureKind.EXIT, FailureKind.ENGINE})
+SILENT_KINDS = frozenset({FailureKind.SIGNAL, FailureKind.EXIT, FailureKind.ENGINE, FailureKind.SERVER})
 
 
 class Phase(TextEnum):
@@ -128,6 +129,8 @@ class WorkerFailure:
         if kind == FailureKind.ENGINE:
             return (f"{self.message}{when}: the engine process ended (os._exit, a signal such as the out-of-memory "
                     "killer's SIGKILL, or a crash in native code)")
+        if kind == FailureKind.SERVER:
+            return f"{self.message}{when}, and Linux ended the workers it had forked with it"
         step = f" (last step {self.last_step})" if self.last_step is not None else ""
         if self.same_on:  # every rank waits in a collective for another: see core.stall
             return (f"deadlocked: each waits in a collective for another, no progress for "

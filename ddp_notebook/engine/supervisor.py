@@ -234,7 +234,7 @@ class Supervisor:
         if rank in self.reported or by_us:
             return
         if obs.lost is not None:
-            kind = FailureKind.ENGINE
+            kind = obs.lost_kind
         elif obs.signal is not None or (obs.code is not None and obs.code < 0):
             kind = FailureKind.SIGNAL
         else:

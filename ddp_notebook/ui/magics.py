@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..backends.local import pool
+from ..backends.local import forkserver, pool
 from ..core.devices import parse_devices
 from ..core.errors import (
     ArgumentsError,
@@ -333,11 +333,15 @@ class DDPMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext ddp_notebook``: the magics, the panel as a ``Run``'s display, and the default
-    device list's workers started now (they import torch in the background), so the first
-    ``%ddp_fit`` does not wait for them. ``ddp_notebook.pool.disable()`` turns the pool off."""
+    """``%load_ext ddp_notebook``: the magics, the panel as a ``Run``'s display, and the fork
+    server started now (it imports torch in the background), so the first ``%ddp_fit`` does not
+    wait for it. Where there is no fork server (off Linux, or ``forkserver.disable()``), the
+    default device list's workers are started and kept warm by the pool instead."""
     ipython.register_magics(DDPMagics)
     display.register(ipython)
+    if forkserver.status()["enabled"]:
+        forkserver.start()
+        return
     try:
         size = len(parse_devices(default_devices()))
     except DeviceSpecError:
@@ -347,9 +351,10 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext ddp_notebook``: the magics and the panel display removed, the pool's idle
-    workers ended. Runs in progress go on."""
+    workers and the fork server ended. Runs in progress go on."""
     magics = ipython.magics_manager.magics["line"]
     for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry"):
         magics.pop(name, None)
     display.unregister(ipython)
     pool.disable()
+    forkserver.stop()

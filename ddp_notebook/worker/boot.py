@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 
     Prctl = Callable[[int, int, int, int, int], int]
 
-__all__ = ["MODULE", "BOOT_ENV", "WATCHER_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE", "FLUSH",
-           "STACK_SIGNAL", "guard", "take_watcher", "dismiss_watcher"]
+__all__ = ["MODULE", "ZYGOTE_MODULE", "BOOT_ENV", "WATCHER_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE",
+           "FLUSH", "STACK_SIGNAL", "guard", "take_watcher", "dismiss_watcher", "set_name"]
 
 MODULE = "ddp_notebook.worker.process"
+ZYGOTE_MODULE = "ddp_notebook.worker.zygote"  # the fork server (``zygote``), run the same way
 BOOT_ENV = "DDP_NOTEBOOK_WORKER"
 WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``guard``), for ``process``
 EXIT_FAILED = 1  # the rank reported an error
@@ -39,12 +40,13 @@ STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SI
 FLUSH = b"f"  # on the control pipe: send the progress report held back by throttling, if any
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_NAME = 15
 # What the watcher is sent when the worker dies; any signal would do (it blocks them all and
 # checks its parent), this one is sent by nobody else.
 _WATCH_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
 
-def guard(parent: int) -> None:
+def guard(parent: int, watch: bool = True) -> None:
     """Tie this worker, and every process it will start, to the notebook process ``parent``.
 
     The OS kills the worker (SIGKILL) the moment its parent dies: no pipe a forked helper of the
@@ -54,8 +56,10 @@ def guard(parent: int) -> None:
     training function (which SIGKILL gives no chance to end) go too.
 
     Linux only (``PR_SET_PDEATHSIG``); elsewhere the lifeline pipe alone ends workers, as before.
-    Linux sends the signal when the parent *thread* ends: the backend starts every worker from one
-    thread that lives as long as the notebook process (``backends.local.spawner``).
+    Linux sends the signal when the parent *thread* ends: the backend starts every process from one
+    thread that lives as long as the notebook process (``backends.local.spawner``), and the fork
+    server, the parent of the workers it forks, has one thread. Without ``watch`` (the fork server,
+    whose group holds nothing else: each worker it forks leads its own), no watcher.
     """
     prctl = _prctl()
     if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -65,7 +69,7 @@ def guard(parent: int) -> None:
         os._exit(EXIT_ORPHANED)
     # Killing the process group is only right for a worker that leads its own (the backend
     # starts it in a new session); never reach the group of whoever ran this file otherwise.
-    if os.getpgid(0) == os.getpid():
+    if watch and os.getpgid(0) == os.getpid():
         os.environ[WATCHER_ENV] = str(_fork_watcher(prctl))
 
 
@@ -99,6 +103,17 @@ def _has_other_children(watcher: int) -> bool:
     except OSError:
         return True
     return False
+
+
+def set_name(name: bytes) -> None:
+    """The name ``ps``, ``top`` and ``/proc/PID/comm`` show for this process (Linux; at most 15
+    bytes): a forked worker keeps the fork server's command line, its name says what it is."""
+    prctl = _prctl()
+    if prctl is not None:
+        import ctypes
+
+        buf = ctypes.create_string_buffer(name[:15])
+        prctl(_PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0)
 
 
 def _prctl() -> Prctl | None:
@@ -147,7 +162,7 @@ def _main() -> None:
         sys.path.insert(0, package_parent)
     else:
         sys.path[0] = package_parent
-    guard(parent)
+    guard(parent, watch=module != ZYGOTE_MODULE)
     del sys.argv[1:]
     import runpy
 

@@ -1,4 +1,4 @@
-"""The local backend: one fresh worker process per rank on this machine.
+"""The local backend: one new worker process per rank on this machine.
 
 Ranks meet through a file rendezvous in the run directory; gloo and NCCL are bound to the
 loopback interface, so a local run opens no socket on a routable address. CPU runs see no GPU
@@ -15,11 +15,12 @@ from ...core.probes import Probe, cpu_count, default_probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
 from ..base import Backend, StartSpec, Transport, rank_configs
+from . import forkserver
 from .pool import get_pool
-from .processes import WorkerProcess, start_worker
+from .processes import Prestarted, WorkerProcess, start_worker
 from .transport import LocalTransport
 
-__all__ = ["LocalBackend", "default_devices", "set_default_devices"]
+__all__ = ["LocalBackend", "default_devices", "set_default_devices", "standing_processes"]
 
 _default_spec: Optional[DeviceSpec] = None
 
@@ -42,8 +43,34 @@ def default_devices(probe: Optional[Probe] = None) -> DeviceSpec:
     return "cuda" if probe.cuda_count() > 0 else "cpu*2"
 
 
+def standing_processes() -> set[int]:
+    """The pids of the processes kept between runs: the pool's idle workers and their watchers,
+    and the fork server (whose forked workers belong to runs). A leak check leaves these alone."""
+    pids = set(get_pool().idle_pids())
+    for pid in list(pids):
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                pids.update(int(child) for child in f.read().split())
+        except OSError:
+            pass
+    server = forkserver.status()["pid"]
+    if isinstance(server, int):
+        pids.add(server)
+    return pids
+
+
+def _prestarted(n: int) -> list[Optional[Prestarted]]:
+    """Processes for a run's ``n`` ranks: warm ones from the pool while it is on, else forked by the
+    fork server; None for each one to start cold (the server is disabled or cannot fork)."""
+    pool = get_pool()
+    if pool.enabled:
+        return pool.take(n)
+    forked = forkserver.fork_workers(n)
+    return list(forked) if forked is not None else [None] * n
+
+
 class LocalBackend(Backend):
-    """Worker processes on this machine (warm ones from the pool when it has them)."""
+    """Worker processes on this machine: forked by the fork server, or fresh interpreters."""
 
     name = "local"
 
@@ -62,7 +89,7 @@ class LocalBackend(Backend):
         for config in configs:  # as the notebook's is now, whenever the worker was started
             config["environ"] = dict(os.environ)
         workers: list[WorkerProcess] = []
-        warm = get_pool().take(n)
+        warm = _prestarted(n)
         try:
             for rank, device in enumerate(spec.devices):
                 workers.append(start_worker(rank, device, configs[rank], spec.payload, warm[rank]))

@@ -80,7 +80,7 @@ class WorkerPool:
 
     def idle_pids(self) -> list[int]:
         with self._lock:
-            return [p.popen.pid for p in self._idle]
+            return [p.proc.pid for p in self._idle]
 
     def _drop_dead(self) -> None:
         dead = [p for p in self._idle if not p.alive()]

@@ -1,12 +1,14 @@
 """One worker OS process and its pipes: start, poll, signal, close.
 
-Workers are fresh interpreters (``python .../worker/boot.py ddp_notebook.worker.process``),
-never forks of the notebook: a notebook process may hold a CUDA context, and a forked child of it
-cannot use CUDA. Each worker leads its own process group so that terminating it also ends
-anything it started (DataLoader workers), and is handed exactly two inherited pipe ends: one to
-report events, one to hear from the supervisor (whose EOF means the notebook is gone). On Linux
-the OS also kills it when the notebook process dies (``worker.boot.guard``), which is why every
-worker is started from the spawner thread.
+Workers are never forks of the notebook: a notebook process may hold a CUDA context, and a forked
+child of it cannot use CUDA. A worker is either forked by the fork server (``forkserver``: a clean
+interpreter that imported torch and never touches CUDA) or a fresh interpreter started here
+(``python .../worker/boot.py ddp_notebook.worker.process``); a ``ProcessHandle`` is what the
+supervisor sees of either. Each worker leads its own process group so that terminating it also
+ends anything it started (DataLoader workers), and is handed exactly two pipe ends: one to report
+events, one to hear from the supervisor (whose EOF means the notebook is gone). On Linux the OS
+also kills it when its parent dies (``worker.boot.guard``), which is why every process started
+here is started from the spawner thread.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Optional
+from typing import IO, Optional, Protocol
 
 from ...core.devices import Device
 from ...core.events import RankConfig, encode, write_all
@@ -26,19 +28,68 @@ from ...worker import boot
 from ...worker.boot import BOOT_ENV, MODULE
 from .spawner import in_spawner_thread
 
-__all__ = ["WorkerProcess", "Prestarted", "spawn_process", "start_worker"]
+__all__ = ["ProcessHandle", "SpawnedProcess", "WorkerProcess", "Prestarted", "spawn_process", "start_interpreter",
+           "start_worker"]
 
 # The directory holding the ddp_notebook package: workers must import this very copy.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+class ProcessHandle(Protocol):
+    """What the supervisor needs of a worker process, whoever started it (after ``Popen``)."""
+
+    pid: int
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    lost: Optional[str]  # set when it died because the process that started it did (the fork server)
+
+    def poll(self) -> Optional[int]:
+        """The exit status once collected (``Popen``'s: -N for signal N), else None."""
+
+    def ended(self) -> bool:
+        """Whether it has exited, without collecting it: the zombie keeps its pid (and process
+        group id) from being reused until ``wait``."""
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Collect it (``subprocess.TimeoutExpired`` after ``timeout``); its exit status."""
+
+    def kill(self) -> None:
+        """SIGKILL it, unless it was collected."""
+
+
+class SpawnedProcess:
+    """A fresh interpreter started here: our child, a ``Popen``."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        assert popen.stdout is not None and popen.stderr is not None
+        self.popen, self.pid, self.stdout, self.stderr = popen, popen.pid, popen.stdout, popen.stderr
+        self.lost: Optional[str] = None
+
+    def poll(self) -> Optional[int]:
+        return self.popen.poll()
+
+    def ended(self) -> bool:
+        if self.popen.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True  # collected elsewhere
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        return self.popen.wait(timeout)
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+
 @dataclass
 class WorkerProcess:
-    """A started worker: its Popen, the supervisor's ends of its pipes, and what we did to it."""
+    """A started worker: its process, the supervisor's ends of its pipes, and what we did to it."""
 
     rank: int
     device: Device
-    popen: subprocess.Popen
+    proc: ProcessHandle
     event_fd: int  # read end: frames from the worker
     control_fd: Optional[int]  # write end: boot.STOP, boot.RELEASE; closing it = lifeline cut
     pidfd: Optional[int]
@@ -51,17 +102,15 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        return self.proc.pid
 
     @property
     def stdout(self) -> IO[bytes]:
-        assert self.popen.stdout is not None
-        return self.popen.stdout
+        return self.proc.stdout
 
     @property
     def stderr(self) -> IO[bytes]:
-        assert self.popen.stderr is not None
-        return self.popen.stderr
+        return self.proc.stderr
 
     def send_control(self, byte: bytes) -> None:
         with self._control_lock:
@@ -93,18 +142,21 @@ class WorkerProcess:
         if self.signalled is None:
             self.signalled = signum
         try:
-            os.killpg(self.popen.pid, signum)
+            os.killpg(self.proc.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def ended(self) -> bool:
+        return self.returncode is not None or self.proc.ended()
 
     def reap(self) -> int:
         """Collect the exit status of an exited worker, after ending its leftover children."""
         # The zombie still holds the pid, so the group id cannot have been reused yet.
         try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.returncode = self.popen.wait()
+        self.returncode = self.proc.wait()
         return self.returncode
 
     def close(self) -> None:
@@ -131,7 +183,7 @@ def _close_fds(*fds: Optional[int]) -> None:
                 pass
 
 
-def _pidfd(pid: int) -> Optional[int]:
+def pidfd_of(pid: int) -> Optional[int]:
     # A pidfd becomes readable the moment the process exits: exits are seen without polling.
     try:
         return os.pidfd_open(pid)
@@ -141,15 +193,16 @@ def _pidfd(pid: int) -> Optional[int]:
 
 @dataclass
 class Prestarted:
-    """A worker interpreter that imports torch and waits for its assignment on the control pipe."""
+    """A worker process that imports torch (or has it: forked) and waits for its assignment on the
+    control pipe."""
 
-    popen: subprocess.Popen
+    proc: ProcessHandle
     event_fd: int
     control_fd: int
     pidfd: Optional[int]
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.proc.poll() is None
 
     def warm(self) -> bool:
         """True once it has imported torch (its "warm" report waits in the event pipe)."""
@@ -159,13 +212,12 @@ class Prestarted:
         """Close the control pipe (the process exits on EOF) and collect it."""
         _close_fds(self.control_fd, self.event_fd, self.pidfd)
         try:
-            self.popen.wait(timeout=5)
+            self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        for stream in (self.popen.stdout, self.popen.stderr):
-            if stream is not None:
-                stream.close()
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
 
 
 # The first code a worker runs, as a script: ``python -m`` would run the package's __init__
@@ -174,22 +226,23 @@ class Prestarted:
 _BOOT_SCRIPT = os.path.abspath(boot.__file__)
 
 
-def spawn_process(pooled: bool = False) -> Prestarted:
-    """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run.
-    A ``pooled`` one also imports what DDP loads lazily, since it has time while idle."""
-    event_r, event_w = os.pipe()
-    control_r, control_w = os.pipe()
+def start_interpreter(module: str, boot_info: dict[str, object], pass_fds: tuple[int, ...]) -> subprocess.Popen:
+    """Start ``python .../worker/boot.py MODULE`` from the spawner thread, tied to this process:
+    ``boot_info`` reaches it in ``BOOT_ENV``, ``pass_fds`` are the pipe ends it inherits; its
+    stdout and stderr are pipes, non-blocking on our side. An interrupt of the caller never loses
+    a started process."""
     env = dict(os.environ)
-    env[BOOT_ENV] = json.dumps({"event_fd": event_w, "control_fd": control_r, "pooled": pooled})
+    env[BOOT_ENV] = json.dumps(boot_info)
     env["PYTHONUNBUFFERED"] = "1"
     # The worker must import this very copy of the package, wherever it was imported from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
+
     def start() -> subprocess.Popen:
-        # The worker checks that its parent is still this process once it is tied to it.
+        # The process checks that its parent is still this process once it is tied to it.
         return subprocess.Popen(
-            [sys.executable, _BOOT_SCRIPT, MODULE, str(os.getpid())],
+            [sys.executable, _BOOT_SCRIPT, module, str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(event_w, control_r), env=env, start_new_session=True,
+            pass_fds=pass_fds, env=env, start_new_session=True,
         )
 
     def undo(popen: subprocess.Popen) -> None:
@@ -199,17 +252,28 @@ def spawn_process(pooled: bool = False) -> Prestarted:
             if stream is not None:
                 stream.close()
 
+    popen = in_spawner_thread(start, undo)
+    assert popen.stdout is not None and popen.stderr is not None
+    for fd in (popen.stdout.fileno(), popen.stderr.fileno()):
+        os.set_blocking(fd, False)
+    return popen
+
+
+def spawn_process(pooled: bool = False) -> Prestarted:
+    """Start a worker interpreter; it warms up (imports torch) and waits to be assigned a run.
+    A ``pooled`` one also imports what DDP loads lazily, since it has time while idle."""
+    event_r, event_w = os.pipe()
+    control_r, control_w = os.pipe()
     try:
-        popen = in_spawner_thread(start, undo)
+        popen = start_interpreter(MODULE, {"event_fd": event_w, "control_fd": control_r, "pooled": pooled},
+                                  (event_w, control_r))
     except BaseException:
         _close_fds(event_r, event_w, control_r, control_w)
         raise
     os.close(event_w)
     os.close(control_r)
-    assert popen.stdout is not None and popen.stderr is not None
-    for fd in (event_r, popen.stdout.fileno(), popen.stderr.fileno()):
-        os.set_blocking(fd, False)
-    return Prestarted(popen=popen, event_fd=event_r, control_fd=control_w, pidfd=_pidfd(popen.pid))
+    os.set_blocking(event_r, False)
+    return Prestarted(proc=SpawnedProcess(popen), event_fd=event_r, control_fd=control_w, pidfd=pidfd_of(popen.pid))
 
 
 def start_worker(rank: int, device: Device, config: RankConfig, payload: bytes,
@@ -221,7 +285,7 @@ def start_worker(rank: int, device: Device, config: RankConfig, payload: bytes,
     (closing the worker's end meanwhile cannot redirect the write to a reused descriptor)."""
     frame = encode(dict(config), payload)  # before a process exists: a config that cannot be sent leaves nothing
     process = process or spawn_process()
-    worker = WorkerProcess(rank=rank, device=device, popen=process.popen, event_fd=process.event_fd,
+    worker = WorkerProcess(rank=rank, device=device, proc=process.proc, event_fd=process.event_fd,
                            control_fd=process.control_fd, pidfd=process.pidfd)
     fd = os.dup(process.control_fd)
 

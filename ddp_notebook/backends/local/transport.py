@@ -19,7 +19,7 @@ from typing import Optional
 import psutil
 
 from ...core.events import FrameDecoder
-from ...core.failures import signal_name
+from ...core.failures import FailureKind, signal_name
 from ...worker.boot import FLUSH, RELEASE, STACK_SIGNAL, STOP
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .processes import WorkerProcess
@@ -112,7 +112,7 @@ class LocalTransport(Transport):
                 if w.pidfd is not None:
                     if select.select([w.pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]:
                         break
-                elif os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                elif w.ended():
                     break
                 else:
                     time.sleep(0.005)
@@ -121,11 +121,7 @@ class LocalTransport(Transport):
         for rank, w in self.workers.items():
             if rank in self._exited:
                 continue
-            try:
-                ended = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-            except ChildProcessError:
-                ended = True  # already reaped
-            if ended:
+            if w.ended():
                 self._on_exit(rank, out)
 
     def _on_exit(self, rank: int, out: list[Observation]) -> None:
@@ -138,7 +134,8 @@ class LocalTransport(Transport):
         for kind in _STREAMS:
             self._drain(rank, kind, out)  # whatever it wrote before dying
         rc = w.reap()
-        out.append(Exited(rank, code=rc, signal=signal_name(-rc) if rc < 0 else None, pid=w.pid))
+        out.append(Exited(rank, code=rc, signal=signal_name(-rc) if rc < 0 else None, pid=w.pid, lost=w.proc.lost,
+                          lost_kind=FailureKind.SERVER))
 
     # ---- reading pipes --------------------------------------------------------------------------
     def _read(self, rank: int, kind: str, out: list[Observation]) -> None:

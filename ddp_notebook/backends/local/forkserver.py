@@ -1,0 +1,379 @@
+"""The fork server, seen from the notebook: workers forked in milliseconds, CUDA-safely.
+
+A run's workers are forked by a server process (``worker/zygote.py``) that imported torch once and
+never touches CUDA, so running a cell again costs a fork per rank, not an interpreter and
+``import torch`` per rank. Every run still gets brand-new processes. The server starts on the
+first launch (``%load_ext ddp_notebook`` starts it at once), lives as long as the notebook
+process, and is replaced when a variable that torch reads at import changes in the notebook
+(``TORCH_*``, ``CUDA_*``, ``OMP_*``...: see ``READ_AT_IMPORT``); every other variable, the working
+directory and ``sys.path`` reach each worker at launch, with its assignment.
+
+Linux only (it relies on ``PR_SET_PDEATHSIG`` to end everything with the notebook). Elsewhere,
+after ``disable()``, or with ``DDP_NOTEBOOK_FORKSERVER=0`` in the environment, workers are fresh
+interpreters (warmed ahead by ``pool.enable()``, which takes precedence while it is on).
+
+>>> from ddp_notebook import forkserver
+>>> forkserver.start()         # doctest: +SKIP
+>>> forkserver.status()        # doctest: +SKIP
+{'enabled': True, 'running': True, 'ready': True, 'pid': 4242, 'error': None, 'threads': 1}
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import IO, Any, Optional
+
+from ...core.errors import LaunchOptionError
+from ...core.failures import signal_name
+from ...worker.boot import ZYGOTE_MODULE
+from ...worker.zygote import EXITED, FAILED, FORKED, READY
+from .processes import Prestarted, pidfd_of, start_interpreter
+
+__all__ = ["ForkedProcess", "READ_AT_IMPORT", "enable", "disable", "start", "stop", "status", "supported",
+           "fork_workers"]
+
+# Variables that torch, its libraries or Python read when torch is imported: the server's copy was
+# read when it started, so a change in the notebook replaces the server. Others are read later,
+# and each worker gets the notebook's environment as it is at launch.
+READ_AT_IMPORT = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "OPENBLAS", "GOTO",
+                  "LD_", "PYTHON", "NVIDIA", "HIP", "ROCM", "HSA_", "CUBLAS", "CUDNN", "XLA", "DNNL", "ONEDNN")
+# How long a launch waits for a server that is still importing torch (a busy machine takes long):
+# forking from it then is still sooner than starting every rank's interpreter on the same cores.
+START_TIMEOUT = 120.0
+_ENV_SWITCH = "DDP_NOTEBOOK_FORKSERVER"
+_TAIL = 8192  # what is kept of the server's own stderr, to say why it failed
+
+
+class Unavailable(Exception):
+    """The server cannot fork now (it failed to start, or died): the run starts cold workers."""
+
+
+def _import_env(environ: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.startswith(READ_AT_IMPORT) and k not in ("PYTHONUNBUFFERED",)}
+
+
+class ForkedProcess:
+    """A worker the server forked (a ``ProcessHandle``): its exit is reported by the server, which
+    keeps it a zombie until ``wait`` collects it, as the OS does for a ``Popen`` child."""
+
+    def __init__(self, server: _Server, pid: int, out_fd: int, err_fd: int) -> None:
+        self.pid = pid
+        self.stdout: IO[bytes] = open(out_fd, "rb", buffering=0)
+        self.stderr: IO[bytes] = open(err_fd, "rb", buffering=0)
+        self.returncode: Optional[int] = None
+        self.lost: Optional[str] = None
+        self._server = server
+        self._status: Optional[int] = None
+        self._exit = threading.Event()
+        self._lock = threading.Lock()
+
+    def _exited(self, rc: int) -> None:
+        self._status = rc
+        self._exit.set()
+
+    def ended(self) -> bool:
+        return self._exit.is_set()
+
+    def poll(self) -> Optional[int]:
+        return self.wait(0) if self.ended() else None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._exit.wait(timeout):
+            raise subprocess.TimeoutExpired(["ddp-worker", str(self.pid)], timeout or 0)
+        with self._lock:
+            if self.returncode is None:
+                assert self._status is not None
+                self.returncode = self._status
+                self._server.reap(self.pid)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class _Server:
+    """One fork server process, and the thread that reads what it sends."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.import_env = _import_env(dict(os.environ))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.popen = start_interpreter(ZYGOTE_MODULE, {"socket_fd": theirs.fileno()}, (theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.threads: Optional[int] = None
+        self.error: Optional[str] = None
+        self.ready = threading.Event()  # set once it can fork, or once it never will
+        self.dead = False
+        self.retiring = False
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._next = 0
+        self._pending: dict[int, tuple[Future[ForkedProcess], int, int]] = {}
+        self._procs: dict[int, ForkedProcess] = {}
+        self._stderr = b""
+        threading.Thread(target=self._read, name="ddp-forkserver", daemon=True).start()
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def fork(self, timeout: float) -> Prestarted:
+        """A new worker, waiting for its assignment like a warm pooled one."""
+        if not self.ready.wait(timeout) or self.error is not None or self.dead:
+            raise Unavailable(self.error or "the fork server did not start in time")
+        pipes = [os.pipe() for _ in range(4)]  # event, control, stdout, stderr
+        (event_r, event_w), (control_r, control_w), (out_r, out_w), (err_r, err_w) = pipes
+        future: Future[ForkedProcess] = Future()
+        with self._lock:
+            request, self._next = self._next, self._next + 1
+            self._pending[request] = (future, out_r, err_r)
+        try:
+            with self._send_lock:
+                socket.send_fds(self.sock, [json.dumps({"op": "fork", "id": request}).encode()],
+                                [event_w, control_r, out_w, err_w])
+        except OSError as exc:
+            with self._lock:
+                self._pending.pop(request, None)
+            for fd in (event_r, control_w, out_r, err_r):
+                os.close(fd)
+            raise Unavailable(f"the fork server is gone ({exc})") from None
+        finally:
+            for fd in (event_w, control_r, out_w, err_w):  # the server has its own copies now
+                os.close(fd)
+        try:
+            proc = future.result()  # answered in milliseconds, or failed by the reader at the server's death
+        except BaseException:
+            # Given up (an interrupt, or the fork failed): a worker forked anyway sees EOF on its
+            # control pipe and leaves; it is collected when its exit is reported.
+            os.close(event_r)
+            os.close(control_w)
+            future.add_done_callback(_collect_when_done)
+            raise
+        os.set_blocking(event_r, False)
+        os.set_blocking(proc.stdout.fileno(), False)
+        os.set_blocking(proc.stderr.fileno(), False)
+        return Prestarted(proc=proc, event_fd=event_r, control_fd=control_w, pidfd=pidfd_of(proc.pid))
+
+    def reap(self, pid: int) -> None:
+        with self._lock:
+            self._procs.pop(pid, None)
+            close = self.retiring and not self._procs and not self._pending
+        self._send({"op": "reap", "pid": pid})
+        if close:
+            self._close()
+
+    def retire(self) -> None:
+        """End the server once no worker of it is running (its workers die with it)."""
+        with self._lock:
+            self.retiring = True
+            close = not self._procs and not self._pending
+        if close:
+            self._close()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            with self._send_lock:
+                self.sock.send(json.dumps(message).encode())
+        except OSError:  # gone: the reader has seen, or will see, its end
+            pass
+
+    def _close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # EOF for the server; the reader then collects it
+        except OSError:
+            pass
+
+    # ---- what it says -----------------------------------------------------------------------------
+    def _read(self) -> None:
+        assert self.popen.stderr is not None and self.popen.stdout is not None
+        streams = [self.popen.stdout.fileno(), self.popen.stderr.fileno()]
+        sock = self.sock.fileno()
+        while True:
+            ready = select.select([sock, *streams], [], [])[0]
+            for fd in streams[:]:
+                if fd in ready:
+                    data = _read_some(fd)
+                    if data == b"":
+                        streams.remove(fd)
+                    elif data and fd == self.popen.stderr.fileno():
+                        self._stderr = (self._stderr + data)[-_TAIL:]
+            if sock in ready:
+                try:
+                    message = self.sock.recv(1 << 16)
+                except OSError:
+                    message = b""
+                if not message:
+                    break
+                self._dispatch(json.loads(message))
+        self._died()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        if READY in message:
+            self.threads = message.get("os_threads")
+            self.ready.set()
+        elif FORKED in message or FAILED in message:
+            key = message.get(FORKED, message.get(FAILED))
+            with self._lock:
+                pending = self._pending.pop(key, None) if key is not None else None
+                if pending is not None and FORKED in message:
+                    proc = self._procs[message["pid"]] = ForkedProcess(self, message["pid"], pending[1], pending[2])
+            if pending is None:  # the server could not start at all
+                self.error = f"the fork server could not start: {message.get('error')}"
+                self.ready.set()
+            elif FORKED in message:
+                pending[0].set_result(proc)
+            else:
+                os.close(pending[1])
+                os.close(pending[2])
+                pending[0].set_exception(Unavailable(f"the fork server could not fork: {message.get('error')}"))
+        elif EXITED in message:
+            with self._lock:
+                found = self._procs.get(message[EXITED])
+            if found is not None:
+                found._exited(int(message["rc"]))
+
+    def _died(self) -> None:
+        """The server exited: its workers died with it (Linux kills them)."""
+        rc = self.popen.wait()
+        with self._lock:
+            self.dead = True
+            pending, self._pending = list(self._pending.values()), {}
+            procs = list(self._procs.values())
+        if not self.ready.is_set() or (self.error is None and not self.retiring):
+            why = f"signal {-rc}" if rc < 0 else f"status {rc}"
+            tail = self._stderr.decode(errors="replace").strip()
+            self.error = self.error or f"the fork server exited ({why})" + (f": {tail[-2000:]}" if tail else "")
+        self.ready.set()
+        for future, out_fd, err_fd in pending:
+            os.close(out_fd)
+            os.close(err_fd)
+            future.set_exception(Unavailable(self.error or "the fork server is gone"))
+        death = signal_name(-rc) if rc < 0 else f"status {rc}"
+        for proc in procs:
+            proc.lost = f"the fork server (pid {self.popen.pid}) that started it ended ({death})"
+            proc._exited(-signal.SIGKILL)
+        self.sock.close()
+        for stream in (self.popen.stdout, self.popen.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _read_some(fd: int) -> Optional[bytes]:
+    """What a pipe has (b"" at EOF), None when nothing is there after all."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def _collect_when_done(future: Future[ForkedProcess]) -> None:
+    if future.exception() is None:
+        proc = future.result()
+        threading.Thread(target=proc.wait, name="ddp-forkserver-collect", daemon=True).start()
+
+
+def supported() -> bool:
+    """Whether workers can be forked by a server here (Linux, with descriptor passing)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds") and hasattr(os, "fork")
+
+
+_lock = threading.Lock()
+_enabled = supported() and os.environ.get(_ENV_SWITCH, "1") != "0"
+_server: Optional[_Server] = None
+
+
+def _current() -> Optional[_Server]:
+    """The server launches use now, started if needed (or replaced: see ``READ_AT_IMPORT``)."""
+    global _server
+    with _lock:
+        if not _enabled:
+            return None
+        server = _server
+        if server is not None and server.owner != os.getpid():
+            server = _server = None  # a forked copy of the notebook process: its own server
+        if server is not None and (server.dead or server.import_env != _import_env(dict(os.environ))):
+            server.retire()
+            server = _server = None
+        if server is None:
+            server = _server = _Server()
+        return server
+
+
+def start() -> None:
+    """Start the fork server now, in the background (it imports torch): the next launch forks at
+    once. Nothing happens when it runs already or is disabled."""
+    _current()
+
+
+def fork_workers(n: int, timeout: float = START_TIMEOUT) -> Optional[list[Prestarted]]:
+    """``n`` new workers from the fork server; None when it is disabled or cannot fork (then the
+    caller starts cold ones). Waits for a server that is still importing torch."""
+    server = _current()
+    if server is None:
+        return None
+    forked: list[Prestarted] = []
+    try:
+        for _ in range(n):
+            forked.append(server.fork(timeout))
+    except Unavailable:
+        for p in forked:
+            p.discard()
+        return None
+    except BaseException:
+        for p in forked:
+            p.discard()
+        raise
+    return forked
+
+
+def stop() -> None:
+    """End the fork server once no worker of it runs; the next launch starts a new one."""
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None and server.owner == os.getpid():
+        server.retire()
+
+
+def enable() -> None:
+    """Fork workers from the server (the default where it is supported)."""
+    global _enabled
+    if not supported():
+        raise LaunchOptionError("the fork server needs Linux: workers here are fresh interpreters "
+                                "(ddp_notebook.pool.enable() keeps some warm)")
+    _enabled = True
+
+
+def disable() -> None:
+    """Start every worker as a fresh interpreter (warmed by ``pool.enable()`` when it is on), and
+    end the server."""
+    global _enabled
+    _enabled = False
+    stop()
+
+
+def status() -> dict[str, object]:
+    """Whether it is enabled and running, its pid, an error that made launches start cold workers,
+    and how many OS threads it held when it was ready to fork (1 or the BLAS pool's)."""
+    with _lock:
+        server = _server if _server is not None and _server.owner == os.getpid() else None
+    running = server is not None and not server.dead
+    return {"enabled": _enabled, "running": running, "ready": running and server is not None and server.ready.is_set()
+            and server.error is None, "pid": server.popen.pid if server else None,
+            "error": server.error if server else None, "threads": server.threads if server else None}

@@ -1,0 +1,154 @@
+"""The fork server: a clean interpreter that has imported torch and forks a worker for each rank.
+
+Run as ``__main__`` by ``boot`` (``python .../worker/boot.py ddp_notebook.worker.zygote PID``),
+tied to the notebook process like any worker, and started by ``backends.local.forkserver``. It
+imports what a run needs (torch, torch.distributed, what DDP loads on first use, the worker's own
+modules) and then only waits, on one thread, for requests on a Unix socket (``SOCK_SEQPACKET``,
+one JSON message each):
+
+- ``{"op": "fork", "id": N}`` with four descriptors (the event pipe's write end, the control
+  pipe's read end, stdout, stderr): fork a worker; the answer is ``{"forked": N, "pid": PID}``.
+- ``{"op": "reap", "pid": PID}``: collect the worker, whose exit was reported.
+
+When a worker exits, ``{"exited": PID, "rc": RC}`` (``Popen``'s convention) is sent while the
+worker is still a zombie: its pid, and so its process group id, stay its own until the notebook
+asks for the reap, as for a ``Popen`` child. EOF on the socket ends the server.
+
+Why it is safe to fork: the server never initialises CUDA, and holds no thread that forks badly
+(the BLAS library's threads are stopped by its own fork handler). Each forked worker leads a new
+session, is killed by Linux when the server dies (which the server is when the notebook dies), and
+runs ``process`` as ``__main__``, exactly as a fresh interpreter would from there on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+
+from .boot import BOOT_ENV, EXIT_FAILED, MODULE, guard, set_name
+from .execute import warm_up
+
+READY, FORKED, FAILED, EXITED = "ready", "forked", "failed", "exited"
+_MAX_MESSAGE = 1 << 16
+
+
+def _send(sock: socket.socket, message: dict[str, object]) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:  # the notebook is gone: the loop sees EOF next
+        pass
+
+
+def _exit_status(pid: int) -> int | None:
+    """The exit status of child ``pid`` once it has exited, leaving it a zombie (``WNOWAIT``)."""
+    try:
+        found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return -signal.SIGKILL  # collected already: cannot happen, but never wait on it forever
+    if found is None:
+        return None
+    return found.si_status if found.si_code == os.CLD_EXITED else -found.si_status
+
+
+def _become_worker(fds: list[int], server: int, close: tuple[int, ...]) -> None:
+    """In the forked child: a fresh session, the given pipes as its own, tied to the server, then
+    the worker's ``main``. Never returns into the server's loop."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in close:
+            os.close(fd)
+        os.setsid()  # its own process group: the supervisor's signals reach it and what it starts
+        event_fd, control_fd, out_fd, err_fd = fds
+        null = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((null, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(source, target)
+            os.close(source)
+        set_name(b"ddp-worker")
+        guard(server)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            # A fresh interpreter seeds NumPy's global generator from the OS; forked, every worker
+            # (and every run) would draw the server's numbers. Python's ``random`` reseeds itself.
+            numpy.random.seed()
+        os.environ[BOOT_ENV] = json.dumps({"event_fd": event_fd, "control_fd": control_fd, "pooled": True})
+        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    finally:
+        os._exit(EXIT_FAILED)
+
+
+def _serve(sock: socket.socket) -> None:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to wake_w
+    running: set[int] = set()  # forked, exit not reported yet
+    _send(sock, {READY: os.getpid(), "threads": threading.active_count(),
+                 "os_threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None})
+    listen = sock.fileno()
+    while True:
+        ready = select.select([listen, wake_r], [], [])[0]
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        for pid in sorted(running):
+            rc = _exit_status(pid)
+            if rc is not None:
+                running.discard(pid)
+                _send(sock, {EXITED: pid, "rc": rc})
+        if listen not in ready:
+            continue
+        message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
+        if not message:
+            return  # the notebook closed the server (it does once no worker of it is running)
+        request = json.loads(message)
+        if request["op"] == "reap":
+            try:
+                os.waitpid(int(request["pid"]), 0)
+            except ChildProcessError:
+                pass
+            continue
+        try:
+            if len(fds) != 4:
+                raise ValueError(f"a fork request carries 4 descriptors, not {len(fds)}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            server = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(fds, server, (sock.fileno(), wake_r, wake_w))
+            running.add(pid)
+            _send(sock, {FORKED: request["id"], "pid": pid})
+        except Exception as exc:  # noqa: BLE001 - the notebook starts the rank another way
+            _send(sock, {FAILED: request["id"], "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def main() -> None:
+    boot = json.loads(os.environ.pop(BOOT_ENV))
+    sock = socket.socket(fileno=boot["socket_fd"])
+    try:
+        warm_up(True)
+        # What a worker imports next, paid here once rather than in every rank.
+        from . import channel, context, training  # noqa: F401
+    except BaseException as exc:  # noqa: BLE001 - the notebook starts its workers cold, and says why
+        _send(sock, {FAILED: None, "error": f"{type(exc).__name__}: {exc}"})
+        os._exit(EXIT_FAILED)
+    set_name(b"ddp-forkserver")
+    _serve(sock)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The fork server: every run's workers are new processes forked from one clean, torch-importing
+server; the notebook's environment reaches them; its death, or its failure to start, costs no run
+more than it must, and leaves nothing behind."""
+import os
+import signal
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+import ddp_notebook
+from ddp_notebook import forkserver
+
+import faults
+from helpers import wait_for, wait_until
+
+pytestmark = [pytest.mark.processes,
+              pytest.mark.skipif(not forkserver.supported(), reason="the fork server is Linux's")]
+
+
+def _server() -> psutil.Process:
+    forkserver.start()
+    wait_until(lambda: forkserver.status()["ready"], timeout=120)
+    return psutil.Process(forkserver.status()["pid"])
+
+
+def worker_facts(ctx):
+    import numpy as np
+    import torch
+
+    with open("/proc/self/comm") as f:
+        name = f.read().strip()
+    return {"pid": os.getpid(), "parent": os.getppid(), "group": os.getpgid(0), "name": name,
+            "numpy": float(np.random.rand()), "cuda": torch.cuda.is_initialized(),
+            "path": list(sys.path), "rank": ctx.rank}
+
+
+def facts_of_every_rank(ctx):
+    import torch.distributed as dist
+
+    facts = [None] * ctx.world_size
+    dist.all_gather_object(facts, worker_facts(ctx))
+    return facts
+
+
+def test_every_run_gets_new_processes_forked_by_one_server():
+    server = _server()
+    first = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=60)
+    second = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=60)
+    pids = [f["pid"] for f in first + second]
+    assert len(set(pids)) == 4, pids  # nothing of a run reaches the next
+    for f in first + second:
+        assert f["parent"] == server.pid and f["group"] == f["pid"] and f["name"] == "ddp-worker", f
+        assert f["cuda"] is False
+    # A fresh interpreter draws its own NumPy numbers; forked ones must too (per rank, per run).
+    assert len({f["numpy"] for f in first + second}) == 4
+    assert forkserver.status()["pid"] == server.pid and server.is_running()
+    assert server.name() == "ddp-forkserver" and forkserver.status()["threads"] is not None
+
+
+def test_the_notebooks_environment_directory_and_path_at_launch_reach_forked_workers(monkeypatch, tmp_path):
+    server = _server()
+    monkeypatch.setenv("DDP_NB_SET_LATER", "in a later cell")
+    monkeypatch.delenv("DDP_NB_REMOVED_LATER", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "added_later"))
+    run = ddp_notebook.launch(faults.environment, devices="cpu*2", args=(("DDP_NB_SET_LATER", "DDP_NB_REMOVED_LATER"),))
+    assert run.wait(timeout=60) == ({"DDP_NB_SET_LATER": "in a later cell", "DDP_NB_REMOVED_LATER": None},
+                                    str(tmp_path))
+    assert ddp_notebook.launch(worker_facts, devices="cpu:0").wait(timeout=60)["path"][0] == str(tmp_path / "added_later")
+    assert forkserver.status()["pid"] == server.pid  # none of these is read when torch is imported
+
+
+def read_at_import(ctx):
+    with open(f"/proc/{os.getppid()}/environ", "rb") as f:  # the server's, as it was started
+        server_env = dict(line.split(b"=", 1) for line in f.read().split(b"\0") if b"=" in line)
+    return os.environ.get("TORCH_DDP_NB_PROBE"), server_env.get(b"TORCH_DDP_NB_PROBE")
+
+
+def test_a_variable_torch_reads_at_import_replaces_the_server(monkeypatch):
+    old = _server()
+    monkeypatch.setenv("TORCH_DDP_NB_PROBE", "set after the server started")
+    seen = ddp_notebook.launch(read_at_import, devices="cpu:0").wait(timeout=120)
+    assert seen == ("set after the server started", b"set after the server started")
+    assert forkserver.status()["pid"] != old.pid
+    wait_until(lambda: not old.is_running() or old.status() == psutil.STATUS_ZOMBIE, timeout=30)
+
+
+def test_faults_on_either_rank_are_blamed_on_that_rank():
+    _server()
+    for fault in ("raise", "exit", "sigkill", "segfault"):
+        for bad in (0, 1):
+            run = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"fault": fault, "bad_rank": bad})
+            with pytest.raises(ddp_notebook.WorkerFailedError) as err:
+                run.wait(timeout=60)
+            assert err.value.failure.rank == bad, (fault, bad, err.value.failure)
+    assert forkserver.status()["ready"]
+
+
+def test_a_killed_server_fails_its_runs_at_once_and_the_next_launch_starts_another():
+    server = _server()
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    wait_for(run, lambda s: all(w.step for w in s.workers.values()), timeout=60)
+    server.send_signal(signal.SIGKILL)
+    with pytest.raises(ddp_notebook.WorkerFailedError, match=rf"the fork server \(pid {server.pid}\) that started "
+                       r"it ended \(SIGKILL\), and Linux ended the workers it had forked with it") as err:
+        run.wait(timeout=60)
+    assert err.value.failure.kind == "server"
+    assert all(not psutil.pid_exists(w.pid) or psutil.Process(w.pid).status() == psutil.STATUS_ZOMBIE
+               for w in run.workers)
+    assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
+    assert forkserver.status()["pid"] != server.pid
+
+
+def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monkeypatch, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "torch.py").write_text(textwrap.dedent("""
+        raise ImportError("no torch in this environment")
+    """))
+    monkeypatch.setenv("PYTHONPATH", f"{broken}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    run = ddp_notebook.launch(faults.environment, devices="cpu*2", args=((),))
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="no torch in this environment"):
+        run.wait(timeout=120)
+    assert "no torch in this environment" in forkserver.status()["error"]
+    monkeypatch.undo()
+    assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
+    assert forkserver.status()["error"] is None
+
+
+def test_disabled_every_worker_is_a_fresh_interpreter():
+    forkserver.disable()
+    try:
+        assert forkserver.status() == {"enabled": False, "running": False, "ready": False, "pid": None,
+                                       "error": None, "threads": None}
+        facts = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)
+        assert all(f["parent"] == os.getpid() and f["name"] == "python" for f in facts), facts
+    finally:
+        forkserver.enable()
+
+
+def test_stop_waits_for_the_runs_it_forked():
+    server = _server()
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    wait_for(run, lambda s: all(w.step for w in s.workers.values()), timeout=60)
+    forkserver.stop()
+    assert server.is_running()  # its workers are still running
+    run.stop()
+    run.wait(timeout=60)
+    wait_until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, timeout=30)

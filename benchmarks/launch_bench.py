@@ -154,7 +154,8 @@ def trial(launcher: str) -> dict:
     import ddp_notebook  # imported before timing, like torch.multiprocessing (a notebook's %load_ext)
 
     if launcher == "ddp_notebook-pool":
-        ddp_notebook.pool.enable(2)  # what %load_ext does
+        ddp_notebook.forkserver.disable()  # the pool is how workers start without a fork server
+        ddp_notebook.pool.enable(2)  # what %load_ext does then
         ddp_notebook.pool.get_pool().wait_warm()  # the user writes the next cell meanwhile
     once = _ours_once if launcher.startswith("ddp_notebook") else (lambda: _mp_once(launcher.split("-")[1]))
     first, done = once()
@@ -197,7 +198,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     notes = {"ddp_notebook": ("yes", "yes"), "ddp_notebook-pool": ("yes", "yes"), "mp-fork": ("no", "yes"),
              "mp-spawn": ("yes", "no")}
-    names = {"ddp_notebook": "ddp_notebook, pool off", "ddp_notebook-pool": "ddp_notebook, warm pool (%load_ext)",
+    names = {"ddp_notebook": "ddp_notebook, fork server started by the launch",
+             "ddp_notebook-pool": "ddp_notebook, warm pool, fork server off",
              "mp-fork": "torch.multiprocessing fork", "mp-spawn": "torch.multiprocessing spawn"}
     for launcher in LAUNCHERS:
         med = {k: statistics.median(r[k] for r in results[launcher]) for k in results[launcher][0]}

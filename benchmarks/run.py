@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SUITE = ("launch_bench.py", "fit_bench.py", "overhead_bench.py", "reliability_bench.py", "engines_bench.py")
+SUITE = ("launch_bench.py", "fit_bench.py", "overhead_bench.py", "reliability_bench.py", "engines_bench.py",
+         "relaunch_bench.py")
 
 if __name__ == "__main__":
     failed = 0

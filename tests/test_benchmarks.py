@@ -14,9 +14,9 @@ def test_benchmark_suite_quick_mode_prints_every_table():
     out = subprocess.run([sys.executable, RUN, "--quick"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     tables = [block for block in out.stdout.split("\n\n") if block.startswith("| ")]
-    assert len(tables) == 5, out.stdout
-    launch, fit, overhead, reliability, engines = tables
-    assert launch.splitlines()[2].startswith("| ddp_notebook, pool off |")
+    assert len(tables) == 6, out.stdout
+    launch, fit, overhead, reliability, engines, relaunch = tables
+    assert launch.splitlines()[2].startswith("| ddp_notebook, fork server started by the launch |")
     assert all(len(row.split("|")) == 9 for row in launch.splitlines())
     assert fit.splitlines()[-1].endswith("| 1.00x |")
     assert overhead.splitlines()[2].startswith("| none |") and "ctx.log itself costs" in out.stdout
@@ -24,3 +24,7 @@ def test_benchmark_suite_quick_mode_prints_every_table():
     assert [row.split("|")[1].strip() for row in engines.splitlines()[2:]] == [
         "ipyparallel engines (warm), ddp_notebook", "local workers, ddp_notebook warm pool",
         "torch.multiprocessing fork", "torch.multiprocessing spawn"]
+    assert [row.split("|")[1].strip() for row in relaunch.splitlines()[2:]] == [
+        "ddp_notebook, fork server (default)", "ddp_notebook, fork server started by `%load_ext`",
+        "ddp_notebook, warm pool, fork server off", "torch.multiprocessing fork", "torch.multiprocessing spawn"]
+    assert all(row.endswith("| 0 of 20 |") for row in relaunch.splitlines()[2:4]), relaunch  # no hang

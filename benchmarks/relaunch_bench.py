@@ -139,7 +139,7 @@ def _busy_thread() -> None:
     def work() -> None:
         x = torch.ones(256, 256)
         while not stop.is_set():
-            x @ x  # noqa: B018 - work in torch's thread pool, the state a fork copies
+            torch.mm(x, x)  # work in torch's thread pool: the state a fork copies
 
     threading.Thread(target=work, daemon=True).start()
 
@@ -214,12 +214,14 @@ def main() -> None:
               + f" | {hung} of {sum(r['clean'] for r in rows)} |")
     server = results["forkserver"][-1]
     print()
-    print(f"Idle fork server: {server['server_pss'] / 2**20:.0f} MB proportional ({server['server_uss'] / 2**20:.0f} MB "
-          f"its own, {server['server_rss'] / 2**20:.0f} MB resident), {server['server_threads']} OS threads when "
+    mb = {k: server[f"server_{k}"] / 2**20 for k in ("pss", "uss", "rss")}
+    print(f"Idle fork server: {mb['pss']:.0f} MB proportional ({mb['uss']:.0f} MB its own, {mb['rss']:.0f} MB "
+          f"resident), {server['server_threads']} OS threads when "
           "ready to fork (the BLAS pool's, stopped by its own fork handler).")
     lost = {NAMES[k]: sum(r["misreported"] for r in results[k]) for k in LAUNCHERS}
     if any(lost.values()):
-        print("Clean runs reported as failed (exit-time crash): " + ", ".join(f"{k}: {v}" for k, v in lost.items() if v))
+        print("Clean runs reported as failed (exit-time crash): "
+              + ", ".join(f"{k}: {v}" for k, v in lost.items() if v))
 
 
 if __name__ == "__main__":

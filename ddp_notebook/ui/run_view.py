@@ -106,8 +106,10 @@ class RunView(FullText, widgets.VBox):
         self._plotted_points = -1
         self._lock = threading.Lock()
         run.subscribe(lambda _event: self._dirty.set())
-        self.refresh()
-        if live if live is not None else not getattr(run, "done", True):
+        # Followed unless what was drawn is final: a run may end between the drawing and this
+        # check (a forked run takes a tenth of a second), and its end would never be drawn.
+        drawn_final = self.refresh()
+        if live if live is not None else not drawn_final:
             threading.Thread(target=self._follow, name="ddp-panel", daemon=True).start()
 
     # ---- rendering -------------------------------------------------------------------------
@@ -121,10 +123,12 @@ class RunView(FullText, widgets.VBox):
                 return
             time.sleep(REFRESH_S)  # throttle: one redraw per period, however many events came
 
-    def refresh(self, force_plot: bool = False) -> None:
-        """Bring every widget in line with the run state (thread-safe)."""
+    def refresh(self, force_plot: bool = False) -> bool:
+        """Bring every widget in line with the run state (thread-safe); whether the state drawn
+        was the run's final one."""
         with self._lock:
             state: RunState = self.run.state
+            final = state.finished  # before drawing: nothing changes once the run has finished
             now = time.time()
             end = state.ended_at or now
             elapsed = f"{end - state.started_at:.1f} s" if state.started_at else ""
@@ -153,6 +157,7 @@ class RunView(FullText, widgets.VBox):
             self._render_card(state)
             self.note.value = self._note(state)
             self._render_plot(state, now, force_plot)
+            return final
 
     def _note(self, state: RunState) -> str:
         if state.supervisor_error is not None:

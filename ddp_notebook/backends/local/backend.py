@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from typing import Optional
 
 from ...core.devices import Device, DeviceSpec, parse_devices
+from ...core.events import RankConfig
 from ...core.probes import Probe, cpu_count, default_probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
 from ..base import Backend, StartSpec, Transport, rank_configs
 from . import forkserver
+from .deferred import DeferredTransport
 from .pool import get_pool
 from .processes import Prestarted, WorkerProcess, start_worker
 from .transport import LocalTransport
@@ -59,14 +61,27 @@ def standing_processes() -> set[int]:
     return pids
 
 
-def _prestarted(n: int) -> list[Optional[Prestarted]]:
-    """Processes for a run's ``n`` ranks: warm ones from the pool while it is on, else forked by the
-    fork server; None for each one to start cold (the server is disabled or cannot fork)."""
-    pool = get_pool()
-    if pool.enabled:
-        return pool.take(n)
+def _forked_or_cold(n: int) -> list[Optional[Prestarted]]:
+    """``n`` workers forked by the fork server; None for each one to start cold (the server is
+    disabled or cannot fork)."""
     forked = forkserver.fork_workers(n)
     return list(forked) if forked is not None else [None] * n
+
+
+def _start_ranks(spec: StartSpec, configs: list[RankConfig], processes: list[Optional[Prestarted]]) -> LocalTransport:
+    """Assign each rank to its process (a new one where it is None); nothing is left if one fails."""
+    workers: list[WorkerProcess] = []
+    try:
+        for rank, device in enumerate(spec.devices):
+            workers.append(start_worker(rank, device, configs[rank], spec.payload, processes[rank]))
+    except BaseException:
+        for w in workers:
+            w.discard()
+        for process in processes[len(workers):]:  # those not assigned yet
+            if process is not None:
+                process.discard()
+        raise
+    return LocalTransport(workers)
 
 
 class LocalBackend(Backend):
@@ -88,19 +103,13 @@ class LocalBackend(Backend):
         configs = rank_configs(spec, ["localhost"] * n, [cpu_count()] * n, env)
         for config in configs:  # as the notebook's is now, whenever the worker was started
             config["environ"] = dict(os.environ)
-        workers: list[WorkerProcess] = []
-        warm = _prestarted(n)
-        try:
-            for rank, device in enumerate(spec.devices):
-                workers.append(start_worker(rank, device, configs[rank], spec.payload, warm[rank]))
-        except BaseException:
-            for w in workers:
-                w.discard()
-            for process in warm[len(workers):]:  # warm ones not assigned yet
-                if process is not None:
-                    process.discard()
-            raise
-        return LocalTransport(workers)
+        pool = get_pool()
+        if pool.enabled:
+            return _start_ranks(spec, configs, pool.take(n))
+        if forkserver.warming():
+            # The server imports torch: the run starts now, its ranks once the server can fork.
+            return DeferredTransport(lambda: _start_ranks(spec, configs, _forked_or_cold(n)))
+        return _start_ranks(spec, configs, _forked_or_cold(n))
 
     def held(self, devices: Sequence[Device]) -> list[str]:
         return [str(d) for d in devices if d.kind == "cuda"]

@@ -315,6 +315,12 @@ def _current() -> Optional[_Server]:
         return server
 
 
+def warming() -> bool:
+    """Whether the fork server is enabled and still importing torch (started now if it was not)."""
+    server = _current()
+    return server is not None and not server.ready.is_set()
+
+
 def start() -> None:
     """Start the fork server now, in the background (it imports torch): the next launch forks at
     once. Nothing happens when it runs already or is disabled."""

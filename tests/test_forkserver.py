@@ -149,3 +149,14 @@ def test_stop_waits_for_the_runs_it_forked():
     run.stop()
     run.wait(timeout=60)
     wait_until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, timeout=30)
+
+
+def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stopped():
+    forkserver.stop()
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    assert not forkserver.status()["ready"] and run.status == "starting"  # launch did not wait for it
+    run.stop()
+    assert run.wait(timeout=120) == "stopped at step 0"  # the stop reached the ranks once forked
+    assert run.status == "stopped"
+    assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=60)[0]["parent"] == \
+        forkserver.status()["pid"]

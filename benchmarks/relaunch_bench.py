@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 LAUNCHERS = ("forkserver", "forkserver-early", "pool", "mp-fork", "mp-spawn")
 NAMES = {"forkserver": "ddp_notebook, fork server (default)",
@@ -129,7 +130,7 @@ class Launcher:
 MISREPORTED: list[str] = []
 
 
-def _busy_thread() -> None:
+def _busy_thread() -> Callable[[], None]:
     """A notebook process has threads (the kernel's, a data loader's): one computes all along, as
     fork-after-threads would meet it."""
     import torch
@@ -141,7 +142,14 @@ def _busy_thread() -> None:
         while not stop.is_set():
             torch.mm(x, x)  # work in torch's thread pool: the state a fork copies
 
-    threading.Thread(target=work, daemon=True).start()
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+
+    def end() -> None:  # before the interpreter exits: torch aborts on a thread still in an op
+        stop.set()
+        thread.join()
+
+    return end
 
 
 def trial(kind: str, started: float, clean_runs: int, pauses: tuple[int, ...]) -> dict:
@@ -158,13 +166,14 @@ def trial(kind: str, started: float, clean_runs: int, pauses: tuple[int, ...]) -
         time.sleep(pause)
         out[f"pause_{pause}"] = launcher.once()
     out["raise"] = min(launcher.once(fail=True) for _ in range(3))
-    _busy_thread()
+    end_busy = _busy_thread()
     hangs, times = 0, []
     for _ in range(clean_runs):
         try:
             times.append(launcher.once(timeout=HANG))
         except TimeoutError:
             hangs += 1
+    end_busy()
     out.update(clean=clean_runs, hangs=hangs, clean_median=statistics.median(times) if times else None,
                misreported=len(MISREPORTED))
     if kind.startswith("forkserver"):

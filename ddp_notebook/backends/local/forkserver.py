@@ -265,11 +265,25 @@ class _Server:
         death = signal_name(-rc) if rc < 0 else f"status {rc}"
         for proc in procs:
             proc.lost = f"the fork server (pid {self.popen.pid}) that started it ended ({death})"
+            _await_death(proc.pid)
             proc._exited(-signal.SIGKILL)
         self.sock.close()
         for stream in (self.popen.stdout, self.popen.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _await_death(pid: int, timeout: float = 10.0) -> None:
+    """Wait until a worker of a dead server has exited (Linux killed it with the server, but a large
+    process takes a moment to go): its run must not end while it is still there."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already (or no pidfd here: nothing better than its death signal)
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def _read_some(fd: int) -> Optional[bytes]:

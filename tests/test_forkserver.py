@@ -2,6 +2,7 @@
 server; the notebook's environment reaches them; its death, or its failure to start, costs no run
 more than it must, and leaves nothing behind."""
 import os
+import resource
 import signal
 import sys
 import textwrap
@@ -31,9 +32,16 @@ def worker_facts(ctx):
 
     with open("/proc/self/comm") as f:
         name = f.read().strip()
+    import resource
+    import tempfile
+    import time
+
+    mask = os.umask(0)
+    os.umask(mask)
     return {"pid": os.getpid(), "parent": os.getppid(), "group": os.getpgid(0), "name": name,
-            "numpy": float(np.random.rand()), "cuda": torch.cuda.is_initialized(),
-            "path": list(sys.path), "rank": ctx.rank}
+            "numpy": float(np.random.rand()), "torch": float(torch.rand(1)), "cuda": torch.cuda.is_initialized(),
+            "path": list(sys.path), "rank": ctx.rank, "umask": mask, "tz": time.tzname[0],
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "tmp": tempfile.gettempdir()}
 
 
 def facts_of_every_rank(ctx):
@@ -53,8 +61,8 @@ def test_every_run_gets_new_processes_forked_by_one_server():
     for f in first + second:
         assert f["parent"] == server.pid and f["group"] == f["pid"] and f["name"] == "ddp-worker", f
         assert f["cuda"] is False
-    # A fresh interpreter draws its own NumPy numbers; forked ones must too (per rank, per run).
-    assert len({f["numpy"] for f in first + second}) == 4
+    # A fresh interpreter draws its own torch and NumPy numbers; forked ones must too (per rank, per run).
+    assert len({f["numpy"] for f in first + second}) == 4 and len({f["torch"] for f in first + second}) == 4
     assert forkserver.status()["pid"] == server.pid and server.is_running()
     assert server.name() == "ddp-forkserver" and forkserver.status()["threads"] is not None
 
@@ -68,7 +76,19 @@ def test_the_notebooks_environment_directory_and_path_at_launch_reach_forked_wor
     run = ddp_notebook.launch(faults.environment, devices="cpu*2", args=(("DDP_NB_SET_LATER", "DDP_NB_REMOVED_LATER"),))
     assert run.wait(timeout=60) == ({"DDP_NB_SET_LATER": "in a later cell", "DDP_NB_REMOVED_LATER": None},
                                     str(tmp_path))
-    assert ddp_notebook.launch(worker_facts, devices="cpu:0").wait(timeout=60)["path"][0] == str(tmp_path / "added_later")
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    mask = os.umask(0o077)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile[0], 1000), nofile[1]))
+        facts = ddp_notebook.launch(worker_facts, devices="cpu:0").wait(timeout=60)
+    finally:
+        os.umask(mask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+    assert facts["path"][0] == str(tmp_path / "added_later")
+    assert (facts["umask"], facts["nofile"], facts["tz"], facts["tmp"]) == (0o077, min(nofile[0], 1000), "IST",
+                                                                          str(tmp_path))
     assert forkserver.status()["pid"] == server.pid  # none of these is read when torch is imported
 
 
@@ -123,7 +143,12 @@ def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monk
     run = ddp_notebook.launch(faults.environment, devices="cpu*2", args=((),))
     with pytest.raises(ddp_notebook.WorkerFailedError, match="no torch in this environment"):
         run.wait(timeout=120)
-    assert "no torch in this environment" in forkserver.status()["error"]
+    failed = forkserver.status()
+    assert "no torch in this environment" in failed["error"]
+    # Nothing changed: the next launch does not start a server that would fail the same way.
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="no torch in this environment"):
+        ddp_notebook.launch(faults.environment, devices="cpu:0", args=((),)).wait(timeout=120)
+    assert forkserver.status()["pid"] == failed["pid"]
     monkeypatch.undo()
     assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
     assert forkserver.status()["error"] is None
@@ -160,3 +185,21 @@ def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stop
     assert run.status == "stopped"
     assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=60)[0]["parent"] == \
         forkserver.status()["pid"]
+
+
+def test_a_frozen_server_holds_up_neither_the_runs_it_forked_nor_the_next_launch(monkeypatch):
+    server = _server()
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    wait_for(run, lambda s: all(w.step for w in s.workers.values()), timeout=60)
+    server.suspend()  # a debugger stops it: it answers nothing
+    try:
+        run.stop()
+        assert run.wait(timeout=60).startswith("stopped at step")  # its exits read from /proc
+        monkeypatch.setattr(forkserver, "FORK_TIMEOUT", 3.0)
+        after = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)
+        assert all(f["parent"] == os.getpid() for f in after)  # started fresh, without the frozen server
+        assert f"(pid {server.pid}) did not answer in 3 s" in forkserver.status()["error"]
+    finally:
+        server.resume()
+    assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)[0]["parent"] != os.getpid()
+    wait_until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, timeout=30)

@@ -165,13 +165,25 @@ class Run:
         except BaseException:
             self._release_start()
             raise
-        self._supervisor = Supervisor(
-            transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
-            SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
-                              stall_timeout=self.options.stall_timeout, stall_floor=floor),
-            self.stream.emit)
-        _live_runs.add(self)
-        threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True).start()
+        thread = threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True)
+        try:
+            self._supervisor = Supervisor(
+                transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
+                SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
+                                  stall_timeout=self.options.stall_timeout, stall_floor=floor),
+                self.stream.emit)
+            _live_runs.add(self)
+            thread.start()
+        except BaseException:
+            if thread.ident is None:  # interrupted before anyone watches the ranks: end them here
+                _live_runs.discard(self)
+                transport.abandon()
+                transport.close()
+                self._release_start()
+                self.stream.emit({"kind": EventKind.RUN_FINISHED, "time": time.time(), "status": RunStatus.STOPPED})
+                self.stream.close()
+                self._end(None)
+            raise
         return self
 
     def _supervise(self) -> None:

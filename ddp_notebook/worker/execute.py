@@ -14,6 +14,7 @@ import linecache
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import IO, Any, Optional
@@ -78,6 +79,8 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
             os.environ.clear()
             os.environ.update(cfg["environ"])
         os.environ.update(cfg.get("env", {}))
+        if hasattr(time, "tzset"):
+            time.tzset()  # TZ as the notebook has it (a pooled or forked worker read it earlier)
         for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": cfg.get("local_rank", rank),
                            "LOCAL_WORLD_SIZE": cfg.get("local_world_size", world_size)}.items():
             os.environ[key] = str(value)

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import runpy
 import select
 import signal
 import socket
 import sys
+import tempfile
 import threading
+from typing import Any
 
 from .boot import BOOT_ENV, EXIT_FAILED, MODULE, guard, set_name
 from .execute import warm_up
@@ -55,9 +58,38 @@ def _exit_status(pid: int) -> int | None:
     return found.si_status if found.si_code == os.CLD_EXITED else -found.si_status
 
 
-def _become_worker(fds: list[int], server: int, close: tuple[int, ...]) -> None:
-    """In the forked child: a fresh session, the given pipes as its own, tied to the server, then
-    the worker's ``main``. Never returns into the server's loop."""
+def _take_process_state(state: dict[str, Any]) -> None:
+    """The notebook's umask, resource limits and CPU affinity as they are at launch (a fresh
+    interpreter would inherit them; this process has the server's). Best effort: a limit above
+    the server's hard one cannot be raised without privilege."""
+    os.umask(int(state.get("umask", 0o022)))
+    for name, (soft, hard) in state.get("rlimits", {}).items():
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (AttributeError, ValueError, OSError):
+            pass
+    if state.get("affinity") and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, state["affinity"])
+        except OSError:
+            pass
+
+
+def _reseed() -> None:
+    """A fresh interpreter seeds torch's and NumPy's global generators from the OS; forked, every
+    worker (and every run) would draw the server's numbers. Python's ``random`` reseeds itself."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()  # CUDA's generators too, once CUDA is initialised in this worker
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    tempfile.tempdir = None  # found again from the environment this worker gets (TMPDIR)
+
+
+def _become_worker(fds: list[int], server: int, close: tuple[int, ...], state: dict[str, Any]) -> None:
+    """In the forked child: a fresh session, the given pipes as its own, tied to the server, the
+    notebook's process state, then the worker's ``main``. Never returns into the server's loop."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -71,11 +103,8 @@ def _become_worker(fds: list[int], server: int, close: tuple[int, ...]) -> None:
             os.close(source)
         set_name(b"ddp-worker")
         guard(server)
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            # A fresh interpreter seeds NumPy's global generator from the OS; forked, every worker
-            # (and every run) would draw the server's numbers. Python's ``random`` reseeds itself.
-            numpy.random.seed()
+        _take_process_state(state)
+        _reseed()
         os.environ[BOOT_ENV] = json.dumps({"event_fd": event_fd, "control_fd": control_fd, "pooled": True})
         runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
     finally:
@@ -125,7 +154,7 @@ def _serve(sock: socket.socket) -> None:
             server = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _become_worker(fds, server, (sock.fileno(), wake_r, wake_w))
+                _become_worker(fds, server, (sock.fileno(), wake_r, wake_w), request.get("state", {}))
             running.add(pid)
             _send(sock, {FORKED: request["id"], "pid": pid})
         except Exception as exc:  # noqa: BLE001 - the notebook starts the rank another way
@@ -139,12 +168,16 @@ def main() -> None:
     boot = json.loads(os.environ.pop(BOOT_ENV))
     sock = socket.socket(fileno=boot["socket_fd"])
     try:
-        warm_up(True)
+        warm_up(False)
         # What a worker imports next, paid here once rather than in every rank.
         from . import channel, context, training  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - the notebook starts its workers cold, and says why
         _send(sock, {FAILED: None, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_FAILED)
+    try:
+        warm_up(True)  # what DDP imports on first use: a worker that needs it and lacks it fails there
+    except Exception:  # noqa: BLE001 - a broken optional dependency of torch._dynamo: as a cold worker would
+        pass
     set_name(b"ddp-forkserver")
     _serve(sock)
     os._exit(0)

@@ -74,6 +74,7 @@ def _start_ranks(spec: StartSpec, configs: list[RankConfig], processes: list[Opt
     try:
         for rank, device in enumerate(spec.devices):
             workers.append(start_worker(rank, device, configs[rank], spec.payload, processes[rank]))
+        return LocalTransport(workers)  # an interrupt before it watches them must not lose them
     except BaseException:
         for w in workers:
             w.discard()
@@ -81,7 +82,6 @@ def _start_ranks(spec: StartSpec, configs: list[RankConfig], processes: list[Opt
             if process is not None:
                 process.discard()
         raise
-    return LocalTransport(workers)
 
 
 class LocalBackend(Backend):

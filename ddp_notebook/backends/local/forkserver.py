@@ -24,29 +24,29 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from concurrent.futures import Future
-from typing import IO, Any, Optional
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Optional
 
 from ...core.errors import LaunchOptionError
 from ...core.failures import signal_name
 from ...worker.boot import ZYGOTE_MODULE
 from ...worker.zygote import EXITED, FAILED, FORKED, READY
+from .forked import READ_AT_IMPORT, ForkedProcess, process_state, staleness
 from .processes import Prestarted, pidfd_of, start_interpreter
+from .spawner import in_spawner_thread
 
 __all__ = ["ForkedProcess", "READ_AT_IMPORT", "enable", "disable", "start", "stop", "status", "supported",
-           "fork_workers"]
+           "fork_workers", "warming"]
 
-# Variables that torch, its libraries or Python read when torch is imported: the server's copy was
-# read when it started, so a change in the notebook replaces the server. Others are read later,
-# and each worker gets the notebook's environment as it is at launch.
-READ_AT_IMPORT = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "OPENBLAS", "GOTO",
-                  "LD_", "PYTHON", "NVIDIA", "HIP", "ROCM", "HSA_", "CUBLAS", "CUDNN", "XLA", "DNNL", "ONEDNN")
 # How long a launch waits for a server that is still importing torch (a busy machine takes long):
 # forking from it then is still sooner than starting every rank's interpreter on the same cores.
 START_TIMEOUT = 120.0
+# A server answers a fork request in milliseconds; one that does not in this long (stopped by a
+# debugger, say) is given up on: the run starts cold workers and the next launch a new server.
+FORK_TIMEOUT = 30.0
 _ENV_SWITCH = "DDP_NOTEBOOK_FORKSERVER"
 _TAIL = 8192  # what is kept of the server's own stderr, to say why it failed
 
@@ -55,59 +55,12 @@ class Unavailable(Exception):
     """The server cannot fork now (it failed to start, or died): the run starts cold workers."""
 
 
-def _import_env(environ: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k.startswith(READ_AT_IMPORT) and k not in ("PYTHONUNBUFFERED",)}
-
-
-class ForkedProcess:
-    """A worker the server forked (a ``ProcessHandle``): its exit is reported by the server, which
-    keeps it a zombie until ``wait`` collects it, as the OS does for a ``Popen`` child."""
-
-    def __init__(self, server: _Server, pid: int, out_fd: int, err_fd: int) -> None:
-        self.pid = pid
-        self.stdout: IO[bytes] = open(out_fd, "rb", buffering=0)
-        self.stderr: IO[bytes] = open(err_fd, "rb", buffering=0)
-        self.returncode: Optional[int] = None
-        self.lost: Optional[str] = None
-        self._server = server
-        self._status: Optional[int] = None
-        self._exit = threading.Event()
-        self._lock = threading.Lock()
-
-    def _exited(self, rc: int) -> None:
-        self._status = rc
-        self._exit.set()
-
-    def ended(self) -> bool:
-        return self._exit.is_set()
-
-    def poll(self) -> Optional[int]:
-        return self.wait(0) if self.ended() else None
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        if not self._exit.wait(timeout):
-            raise subprocess.TimeoutExpired(["ddp-worker", str(self.pid)], timeout or 0)
-        with self._lock:
-            if self.returncode is None:
-                assert self._status is not None
-                self.returncode = self._status
-                self._server.reap(self.pid)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 class _Server:
     """One fork server process, and the thread that reads what it sends."""
 
     def __init__(self) -> None:
         self.owner = os.getpid()
-        self.import_env = _import_env(dict(os.environ))
+        self.key = staleness()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.popen = start_interpreter(ZYGOTE_MODULE, {"socket_fd": theirs.fileno()}, (theirs.fileno(),))
@@ -121,6 +74,7 @@ class _Server:
         self.error: Optional[str] = None
         self.ready = threading.Event()  # set once it can fork, or once it never will
         self.dead = False
+        self.started_ok = False  # it said it was ready (an error later is not a failure to start)
         self.retiring = False
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -132,9 +86,14 @@ class _Server:
 
     # ---- requests ---------------------------------------------------------------------------------
     def fork(self, timeout: float) -> Prestarted:
-        """A new worker, waiting for its assignment like a warm pooled one."""
+        """A new worker, waiting for its assignment like a warm pooled one. Sent and answered on the
+        spawner thread: an interrupt of the caller never loses a forked worker (it is discarded)."""
         if not self.ready.wait(timeout) or self.error is not None or self.dead:
             raise Unavailable(self.error or "the fork server did not start in time")
+        state = process_state()
+        return in_spawner_thread(lambda: self._fork(state), lambda forked: forked.discard())
+
+    def _fork(self, state: dict[str, Any]) -> Prestarted:
         pipes = [os.pipe() for _ in range(4)]  # event, control, stdout, stderr
         (event_r, event_w), (control_r, control_w), (out_r, out_w), (err_r, err_w) = pipes
         future: Future[ForkedProcess] = Future()
@@ -143,7 +102,7 @@ class _Server:
             self._pending[request] = (future, out_r, err_r)
         try:
             with self._send_lock:
-                socket.send_fds(self.sock, [json.dumps({"op": "fork", "id": request}).encode()],
+                socket.send_fds(self.sock, [json.dumps({"op": "fork", "id": request, "state": state}).encode()],
                                 [event_w, control_r, out_w, err_w])
         except OSError as exc:
             with self._lock:
@@ -155,13 +114,16 @@ class _Server:
             for fd in (event_w, control_r, out_w, err_w):  # the server has its own copies now
                 os.close(fd)
         try:
-            proc = future.result()  # answered in milliseconds, or failed by the reader at the server's death
-        except BaseException:
-            # Given up (an interrupt, or the fork failed): a worker forked anyway sees EOF on its
+            proc = future.result(FORK_TIMEOUT)  # milliseconds, or failed by the reader at the server's death
+        except BaseException as exc:
+            # Given up (no answer, or the fork failed): a worker forked anyway sees EOF on its
             # control pipe and leaves; it is collected when its exit is reported.
             os.close(event_r)
             os.close(control_w)
             future.add_done_callback(_collect_when_done)
+            if isinstance(exc, FutureTimeout):
+                self.error = f"the fork server (pid {self.popen.pid}) did not answer in {FORK_TIMEOUT:.0f} s"
+                raise Unavailable(self.error) from None
             raise
         os.set_blocking(event_r, False)
         os.set_blocking(proc.stdout.fileno(), False)
@@ -224,13 +186,15 @@ class _Server:
     def _dispatch(self, message: dict[str, Any]) -> None:
         if READY in message:
             self.threads = message.get("os_threads")
+            self.started_ok = True
             self.ready.set()
         elif FORKED in message or FAILED in message:
             key = message.get(FORKED, message.get(FAILED))
             with self._lock:
                 pending = self._pending.pop(key, None) if key is not None else None
                 if pending is not None and FORKED in message:
-                    proc = self._procs[message["pid"]] = ForkedProcess(self, message["pid"], pending[1], pending[2])
+                    proc = self._procs[message["pid"]] = ForkedProcess(self.reap, message["pid"], pending[1],
+                                                                       pending[2])
             if pending is None:  # the server could not start at all
                 self.error = f"the fork server could not start: {message.get('error')}"
                 self.ready.set()
@@ -244,7 +208,7 @@ class _Server:
             with self._lock:
                 found = self._procs.get(message[EXITED])
             if found is not None:
-                found._exited(int(message["rc"]))
+                found.exited(int(message["rc"]))
 
     def _died(self) -> None:
         """The server exited: its workers died with it (Linux kills them)."""
@@ -264,9 +228,10 @@ class _Server:
             future.set_exception(Unavailable(self.error or "the fork server is gone"))
         death = signal_name(-rc) if rc < 0 else f"status {rc}"
         for proc in procs:
-            proc.lost = f"the fork server (pid {self.popen.pid}) that started it ended ({death})"
-            _await_death(proc.pid)
-            proc._exited(-signal.SIGKILL)
+            if not proc.reported():  # an exit reported before the server's death stays the worker's
+                _await_death(proc.pid)
+                proc.exited(-signal.SIGKILL, lost=f"the fork server (pid {self.popen.pid}) that started it ended "
+                                                  f"({death})")
         self.sock.close()
         for stream in (self.popen.stdout, self.popen.stderr):
             if stream is not None:
@@ -310,22 +275,32 @@ def supported() -> bool:
 _lock = threading.Lock()
 _enabled = supported() and os.environ.get(_ENV_SWITCH, "1") != "0"
 _server: Optional[_Server] = None
+_failed: Optional[_Server] = None  # the last server that could not start, kept for its error and key
 
 
 def _current() -> Optional[_Server]:
-    """The server launches use now, started if needed (or replaced: see ``READ_AT_IMPORT``)."""
-    global _server
+    """The server launches use now, started if needed, or replaced when it is stale (a variable of
+    ``READ_AT_IMPORT`` or the installed packages changed), dead or unresponsive. None when it is
+    disabled, or when it failed to start with what the notebook has now (launches start cold
+    workers until something changes, or ``start()`` tries again)."""
+    global _server, _failed
     with _lock:
         if not _enabled:
             return None
         server = _server
         if server is not None and server.owner != os.getpid():
             server = _server = None  # a forked copy of the notebook process: its own server
-        if server is not None and (server.dead or server.import_env != _import_env(dict(os.environ))):
+        key = staleness()
+        if server is not None and (server.dead or server.error is not None or server.key != key):
+            if server.error is not None and not server.started_ok and server.key == key:
+                _failed = server  # it could not start: starting it again the same way would not help
             server.retire()
             server = _server = None
         if server is None:
-            server = _server = _Server()
+            if _failed is not None and _failed.key == key and _failed.owner == os.getpid():
+                return None
+            server, _server, _failed = _Server(), None, None
+            _server = server
         return server
 
 
@@ -337,7 +312,11 @@ def warming() -> bool:
 
 def start() -> None:
     """Start the fork server now, in the background (it imports torch): the next launch forks at
-    once. Nothing happens when it runs already or is disabled."""
+    once. Nothing happens when it runs already or is disabled; one that failed to start is tried
+    again."""
+    global _failed
+    with _lock:
+        _failed = None
     _current()
 
 
@@ -383,8 +362,9 @@ def enable() -> None:
 def disable() -> None:
     """Start every worker as a fresh interpreter (warmed by ``pool.enable()`` when it is on), and
     end the server."""
-    global _enabled
+    global _enabled, _failed
     _enabled = False
+    _failed = None
     stop()
 
 
@@ -393,6 +373,8 @@ def status() -> dict[str, object]:
     and how many OS threads it held when it was ready to fork (1 or the BLAS pool's)."""
     with _lock:
         server = _server if _server is not None and _server.owner == os.getpid() else None
+        if server is None and _failed is not None and _failed.owner == os.getpid():
+            server = _failed
     running = server is not None and not server.dead
     return {"enabled": _enabled, "running": running, "ready": running and server is not None and server.ready.is_set()
             and server.error is None, "pid": server.popen.pid if server else None,

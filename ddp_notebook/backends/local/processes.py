@@ -151,11 +151,13 @@ class WorkerProcess:
 
     def reap(self) -> int:
         """Collect the exit status of an exited worker, after ending its leftover children."""
-        # The zombie still holds the pid, so the group id cannot have been reused yet.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # The zombie still holds the pid, so the group id cannot have been reused yet; unless the
+        # worker was lost with the fork server (then init collected it, and its group went with it).
+        if self.proc.lost is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.returncode = self.proc.wait()
         return self.returncode
 

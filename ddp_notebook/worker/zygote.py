@@ -168,16 +168,15 @@ def main() -> None:
     boot = json.loads(os.environ.pop(BOOT_ENV))
     sock = socket.socket(fileno=boot["socket_fd"])
     try:
-        warm_up(False)
+        # What DDP imports on first use (torch._dynamo) included: a failed import can leave modules
+        # half-imported, and forked workers would inherit that. The server does not start then; the
+        # notebook starts fresh workers, which import only what each run needs.
+        warm_up(True)
         # What a worker imports next, paid here once rather than in every rank.
         from . import channel, context, training  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - the notebook starts its workers cold, and says why
         _send(sock, {FAILED: None, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_FAILED)
-    try:
-        warm_up(True)  # what DDP imports on first use: a worker that needs it and lacks it fails there
-    except Exception:  # noqa: BLE001 - a broken optional dependency of torch._dynamo: as a cold worker would
-        pass
     set_name(b"ddp-forkserver")
     _serve(sock)
     os._exit(0)

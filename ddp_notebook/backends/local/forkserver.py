@@ -46,7 +46,7 @@ __all__ = ["ForkedProcess", "READ_AT_IMPORT", "enable", "disable", "start", "sto
 START_TIMEOUT = 120.0
 # A server answers a fork request in milliseconds; one that does not in this long (stopped by a
 # debugger, say) is given up on: the run starts cold workers and the next launch a new server.
-FORK_TIMEOUT = 30.0
+FORK_TIMEOUT = 15.0
 _ENV_SWITCH = "DDP_NOTEBOOK_FORKSERVER"
 _TAIL = 8192  # what is kept of the server's own stderr, to say why it failed
 
@@ -110,6 +110,11 @@ class _Server:
             for fd in (event_r, control_w, out_r, err_r):
                 os.close(fd)
             raise Unavailable(f"the fork server is gone ({exc})") from None
+        except BaseException:  # the request may have gone out: a worker forked for it is collected
+            os.close(event_r)
+            os.close(control_w)
+            future.add_done_callback(_collect_when_done)
+            raise
         finally:
             for fd in (event_w, control_r, out_w, err_w):  # the server has its own copies now
                 os.close(fd)
@@ -262,9 +267,17 @@ def _read_some(fd: int) -> Optional[bytes]:
 
 
 def _collect_when_done(future: Future[ForkedProcess]) -> None:
+    """A worker forked for a request given up on: it leaves at EOF on its control pipe (closed
+    already); collect it and close its output."""
     if future.exception() is None:
         proc = future.result()
-        threading.Thread(target=proc.wait, name="ddp-forkserver-collect", daemon=True).start()
+
+        def collect() -> None:
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+
+        threading.Thread(target=collect, name="ddp-forkserver-collect", daemon=True).start()
 
 
 def supported() -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import runpy
 import select
 import signal
@@ -62,6 +61,8 @@ def _take_process_state(state: dict[str, Any]) -> None:
     """The notebook's umask, resource limits and CPU affinity as they are at launch (a fresh
     interpreter would inherit them; this process has the server's). Best effort: a limit above
     the server's hard one cannot be raised without privilege."""
+    import resource  # POSIX only, as the server is
+
     os.umask(int(state.get("umask", 0o022)))
     for name, (soft, hard) in state.get("rlimits", {}).items():
         try:

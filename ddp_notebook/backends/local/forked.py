@@ -7,7 +7,6 @@ cannot answer), and the state of the notebook process a server captured when it 
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import site
 import subprocess
@@ -50,6 +49,8 @@ def process_state() -> dict[str, Any]:
     """What a forked worker takes from the notebook process as it is at launch, besides the
     environment, directory and path that every worker gets: its umask, resource limits and CPU
     affinity (a fresh interpreter inherits them; a forked one would have the server's)."""
+    import resource  # POSIX only: the fork server's platforms
+
     mask = os.umask(0o077)
     os.umask(mask)
     limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource)

@@ -123,10 +123,11 @@ def test_a_killed_server_fails_its_runs_at_once_and_the_next_launch_starts_anoth
     run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
     wait_for(run, lambda s: all(w.step for w in s.workers.values()), timeout=60)
     server.send_signal(signal.SIGKILL)
-    with pytest.raises(ddp_notebook.WorkerFailedError, match=rf"the fork server \(pid {server.pid}\) that started "
-                       r"it ended \(SIGKILL\), and Linux ended the workers it had forked with it") as err:
+    with pytest.raises(ddp_notebook.WorkerFailedError, match=r"Every distributed data parallel worker \(cpu:0, cpu:1\) "
+                       rf"failed the same way: the fork server \(pid {server.pid}\) that started it ended "
+                       r"\(SIGKILL\), and Linux ended the workers it had forked with it") as err:
         run.wait(timeout=60)
-    assert err.value.failure.kind == "server"
+    assert err.value.failure.kind == "server"  # the run's failure, not one rank's
     assert all(not psutil.pid_exists(w.pid) or psutil.Process(w.pid).status() == psutil.STATUS_ZOMBIE
                for w in run.workers)
     assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
@@ -157,7 +158,7 @@ def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monk
 def test_disabled_every_worker_is_a_fresh_interpreter():
     forkserver.disable()
     try:
-        assert forkserver.status() == {"enabled": False, "running": False, "ready": False, "pid": None,
+        assert forkserver.status() == {"enabled": False, "used": False, "running": False, "ready": False, "pid": None,
                                        "error": None, "threads": None}
         facts = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)
         assert all(f["parent"] == os.getpid() and f["name"] == "python" for f in facts), facts

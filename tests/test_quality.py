@@ -82,10 +82,10 @@ def test_the_core_imports_no_heavy_or_front_end_library_at_import_time():
     assert not found, found
 
 
-def test_nothing_imports_the_worker_process_module():
-    # boot.py runs it as __main__ with runpy: imported first, runpy warns on every worker.
+def test_nothing_imports_the_worker_process_or_fork_server_module():
+    # boot.py runs them as __main__ with runpy: imported first, runpy warns in every worker.
     found = [f"{m}:{line}" for m, p in modules() for name, line, _ in imported(m, p)
-             if name.startswith("ddp_notebook.worker.process")]
+             if name.startswith(("ddp_notebook.worker.process", "ddp_notebook.worker.zygote"))]
     assert not found, found
 
 

@@ -164,7 +164,10 @@ class WorkerFailure:
 
     def same_error_as(self, other: WorkerFailure) -> bool:
         """Both workers reported the same error from the same place (compared whole, never by parts of
-        the text). Deaths without a report are never "the same": nothing says why they died."""
+        the text). Deaths without a report are never "the same": nothing says why they died, unless
+        the fork server they came from died (its death, named in ``message``, ended them all)."""
+        if self.kind == FailureKind.SERVER:
+            return (self.kind, self.message) == (other.kind, other.message)
         return (self.kind not in SILENT_KINDS and self.kind != FailureKind.STALL
                 and (self.kind, self.phase, self.exc_type, self.message, self.traceback)
                 == (other.kind, other.phase, other.exc_type, other.message, other.traceback))

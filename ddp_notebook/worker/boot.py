@@ -22,11 +22,15 @@ if TYPE_CHECKING:
 
     Prctl = Callable[[int, int, int, int, int], int]
 
-__all__ = ["MODULE", "ZYGOTE_MODULE", "BOOT_ENV", "WATCHER_ENV", "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE",
+__all__ = ["MODULE", "ZYGOTE_MODULE", "READY", "FORKED", "FAILED", "EXITED", "BOOT_ENV", "WATCHER_ENV",
+           "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE",
            "FLUSH", "STACK_SIGNAL", "guard", "take_watcher", "dismiss_watcher", "set_name"]
 
 MODULE = "ddp_notebook.worker.process"
 ZYGOTE_MODULE = "ddp_notebook.worker.zygote"  # the fork server (``zygote``), run the same way
+# The keys of the fork server's messages to the notebook (``zygote``; nothing may import that module,
+# which runs as ``__main__``).
+READY, FORKED, FAILED, EXITED = "ready", "forked", "failed", "exited"
 BOOT_ENV = "DDP_NOTEBOOK_WORKER"
 WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``guard``), for ``process``
 EXIT_FAILED = 1  # the rank reported an error

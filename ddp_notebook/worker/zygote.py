@@ -32,10 +32,9 @@ import tempfile
 import threading
 from typing import Any
 
-from .boot import BOOT_ENV, EXIT_FAILED, MODULE, guard, set_name
+from .boot import BOOT_ENV, EXIT_FAILED, EXITED, FAILED, FORKED, MODULE, READY, guard, set_name
 from .execute import warm_up
 
-READY, FORKED, FAILED, EXITED = "ready", "forked", "failed", "exited"
 _MAX_MESSAGE = 1 << 16
 
 

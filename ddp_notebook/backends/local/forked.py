@@ -101,7 +101,8 @@ class ForkedProcess:
         return self._exit.is_set()
 
     def ended(self) -> bool:
-        return self._exit.is_set() or _zombie_status(self.pid) is not None
+        # Gone from /proc altogether: its server died and init collected it (the report follows).
+        return self._exit.is_set() or _zombie_status(self.pid) is not None or not os.path.exists(f"/proc/{self.pid}")
 
     def poll(self) -> Optional[int]:
         return self.wait(0) if self.ended() else None

@@ -15,7 +15,7 @@ interpreters (warmed ahead by ``pool.enable()``, which takes precedence while it
 >>> from ddp_notebook import forkserver
 >>> forkserver.start()         # doctest: +SKIP
 >>> forkserver.status()        # doctest: +SKIP
-{'enabled': True, 'running': True, 'ready': True, 'pid': 4242, 'error': None, 'threads': 1}
+{'enabled': True, 'used': True, 'running': True, 'ready': True, 'pid': 4242, 'error': None, 'threads': 2}
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from typing import Any, Optional
 
 from ...core.errors import LaunchOptionError
 from ...core.failures import signal_name
-from ...worker.boot import ZYGOTE_MODULE
-from ...worker.zygote import EXITED, FAILED, FORKED, READY
+from ...worker.boot import EXITED, FAILED, FORKED, READY, ZYGOTE_MODULE
 from .forked import READ_AT_IMPORT, ForkedProcess, process_state, staleness
+from .pool import get_pool
 from .processes import Prestarted, pidfd_of, start_interpreter
 from .spawner import in_spawner_thread
 
@@ -382,13 +382,19 @@ def disable() -> None:
 
 
 def status() -> dict[str, object]:
-    """Whether it is enabled and running, its pid, an error that made launches start cold workers,
-    and how many OS threads it held when it was ready to fork (1 or the BLAS pool's)."""
+    """``enabled``; ``used``: whether the next launch forks from it (the pool, while it is on,
+    takes precedence); ``running``, ``ready`` (done importing torch) and its ``pid``; the
+    ``error`` that made launches start fresh workers instead; and ``threads``, the OS threads it
+    held once ready to fork (its own, and the BLAS library's pool, which stops itself at a fork;
+    None until ready)."""
     with _lock:
         server = _server if _server is not None and _server.owner == os.getpid() else None
         if server is None and _failed is not None and _failed.owner == os.getpid():
             server = _failed
-    running = server is not None and not server.dead
-    return {"enabled": _enabled, "running": running, "ready": running and server is not None and server.ready.is_set()
-            and server.error is None, "pid": server.popen.pid if server else None,
-            "error": server.error if server else None, "threads": server.threads if server else None}
+    if server is None:
+        return {"enabled": _enabled, "used": _enabled and not get_pool().enabled, "running": False, "ready": False,
+                "pid": None, "error": None, "threads": None}
+    running = not server.dead
+    return {"enabled": _enabled, "used": _enabled and not get_pool().enabled, "running": running,
+            "ready": running and server.ready.is_set() and server.error is None, "pid": server.popen.pid,
+            "error": server.error, "threads": server.threads}

@@ -109,11 +109,11 @@ def test_failure_card_and_one_click_retry_in_jupyterlab(lab, tmp_path):
 README = os.path.join(HERE, "..", "README.md")
 TRAIN = '''import time, ddp_notebook
 
-def train(ctx, epochs):                      # what the README's block launches
-    for epoch in range(epochs):
+def train(ctx, steps):                       # what the README's block launches (slowed down: the
+    for epoch in range(steps):                # block's %ddp_stop must find it running)
         if ctx.should_stop:
             return "stopped"
-        ctx.log(step=epoch + 1, total=epochs, epoch=epoch, loss=1.0 / (epoch + 1))
+        ctx.log(step=epoch + 1, total=steps, epoch=epoch, loss=1.0 / (epoch + 1))
         time.sleep(0.2)
     return "done"
 

@@ -28,11 +28,11 @@ def test_readme_notebook_block_runs_verbatim_in_ipython(ipython_shell):
     block = re.search(r"## In a notebook\n\n```python\n(.*?)```", text, re.S).group(1)
     ip = ipython_shell
     assert ip.run_cell("import time\n"
-                       "def train(ctx, epochs):\n"
-                       "    for epoch in range(epochs):\n"
+                       "def train(ctx, steps):\n"
+                       "    for epoch in range(steps):\n"
                        "        if ctx.should_stop:\n"
                        "            return 'stopped'\n"
-                       "        ctx.log(step=epoch + 1, total=epochs, epoch=epoch, loss=1.0 / (epoch + 1))\n"
+                       "        ctx.log(step=epoch + 1, total=steps, epoch=epoch, loss=1.0 / (epoch + 1))\n"
                        "        time.sleep(0.2)\n"
                        "    return 'done'\n").success
     try:

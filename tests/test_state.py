@@ -43,3 +43,16 @@ def test_failure_and_stopped_peer():
     assert s.root_failure.rank == 1 and s.workers[1].status == "failed"
     s2 = feed(START, {"kind": "exited", "time": 2, "rank": 0, "exit_code": -15, "by_supervisor": True})
     assert s2.workers[0].status == "stopped"
+
+
+def test_the_text_view_says_a_run_is_stopping_and_gives_no_eta_meanwhile():
+    from ddp_notebook.ui.text import format_run
+
+    progress = [{"kind": "started", "time": 0.1, "rank": r, "pid": 10 + r} for r in (0, 1)] + \
+        [{"kind": "ready", "time": 0.15, "rank": r} for r in (0, 1)] + \
+        [{"kind": "progress", "time": 0.2 + t, "rank": r, "step": t + 1, "total": 100} for t in range(3) for r in (0, 1)]
+    running = feed(START, *progress)
+    assert "running" in format_run(running, now=3.0).splitlines()[0] and "ETA" in format_run(running, now=3.0)
+    stopping = feed(START, *progress, {"kind": "stopping", "time": 3.0, "reason": "stopped by the user"})
+    head = format_run(stopping, now=3.5).splitlines()[0]
+    assert head.startswith("Run r stopping (stopped by the user) after 3.5 s") and "ETA" not in head

@@ -320,6 +320,8 @@ class DDPMagics(Magics):
         if not run.done and not run.stop_requested:
             raise UsageError(f"%ddp_retry: run {run.id} is still {run.status}; stop it first (%ddp_stop)")
         if not run.done:  # stopping: retry once it has ended (within its grace period)
+            print(f"Waiting for run {run.id} to stop before the retry (workers that ignore the stop are ended "
+                  f"after {run.options.stop_grace:g} s)...", flush=True)
             run.stop(wait=True)
         if run.status == "succeeded":
             raise UsageError(f"%ddp_retry: run {run.id} succeeded: there is nothing to retry (%ddp_fit runs it again)")

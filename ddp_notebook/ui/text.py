@@ -80,9 +80,11 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     now = time.time() if now is None else now
     end = state.ended_at or now
     elapsed = f" after {end - state.started_at:.1f} s" if state.started_at is not None else ""
+    stopping = state.stop_reason is not None and not state.finished
     etas = [e for e in (w.eta() for w in state.workers.values()) if e is not None]
-    left = f", ETA {format_duration(max(etas))}" if etas and not state.finished else ""
-    lines = [f"Run {state.run_id} {state.status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
+    left = f", ETA {format_duration(max(etas))}" if etas and not state.finished and not stopping else ""
+    status = f"stopping ({state.stop_reason})" if stopping else str(state.status)
+    lines = [f"Run {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
     lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
     root = state.root_failure
     if root is not None:

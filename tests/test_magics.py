@@ -232,3 +232,11 @@ def test_runs_are_listed_and_addressable_by_id(ip):
         ip.run_line_magic("ddp_stop", f"{current.id} --grace 20")
     current.wait(timeout=60)
     assert current.status == "stopped" and ddp_notebook.Run.load(older.id).result() == 4.0
+
+
+def test_a_misspelled_option_is_named_with_the_nearest_one(ip):
+    with pytest.raises(UsageError, match=r"^%ddp_fit: unrecognized arguments: --devcies cpu\*2 \(did you mean "
+                                         r"--devices\?\); %ddp_fit\? lists them$"):
+        ip.run_line_magic("ddp_fit", "train --devcies cpu*2")
+    with pytest.raises(UsageError, match=r"^%ddp_stop: argument --grace: "):
+        ip.run_line_magic("ddp_stop", "--grace")

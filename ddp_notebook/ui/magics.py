@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import inspect
 import math
 import re
@@ -56,7 +57,17 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
         words = shlex.split(line, comments=True)
     except ValueError as e:  # "No closing quotation"
         raise UsageError(f"%{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
-    return magic.parser.parse_args(words)
+    try:
+        args, extra = magic.parser.parse_known_args(words)
+    except UsageError as e:  # argparse's own message, said by the magic like every other
+        raise UsageError(f"%{name}: {e}") from None
+    if extra:
+        options = [o for action in magic.parser._actions for o in action.option_strings]
+        close = [match for word in extra if word.startswith("-")
+                 for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UsageError(f"%{name}: unrecognized arguments: {' '.join(extra)}{hint}; %{name}? lists them")
+    return args
 
 
 def _seconds(text: str, positive: bool) -> Optional[float]:

@@ -145,6 +145,7 @@ def _fork_watcher(prctl: Prctl) -> int:
     try:
         # Signals sent to the group (the supervisor's SIGTERM, the user's) must not end it early.
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        set_name(b"ddp-watcher")
         os.closerange(0, 1 << 16)  # no pipe of the worker's kept open: their EOF is how it is seen to die
         prctl(_PR_SET_PDEATHSIG, _WATCH_SIGNAL, 0, 0, 0)
         # A parent thread of the worker may end before the worker does (the signal comes then too):

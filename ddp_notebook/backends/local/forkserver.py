@@ -100,6 +100,14 @@ class _Server:
         with self._lock:
             request, self._next = self._next, self._next + 1
             self._pending[request] = (future, out_r, err_r)
+
+        def give_up() -> None:
+            # A worker forked anyway sees EOF on its control pipe and leaves; it is collected
+            # when its exit is reported.
+            os.close(event_r)
+            os.close(control_w)
+            future.add_done_callback(_collect_when_done)
+
         try:
             with self._send_lock:
                 socket.send_fds(self.sock, [json.dumps({"op": "fork", "id": request, "state": state}).encode()],
@@ -110,22 +118,16 @@ class _Server:
             for fd in (event_r, control_w, out_r, err_r):
                 os.close(fd)
             raise Unavailable(f"the fork server is gone ({exc})") from None
-        except BaseException:  # the request may have gone out: a worker forked for it is collected
-            os.close(event_r)
-            os.close(control_w)
-            future.add_done_callback(_collect_when_done)
+        except BaseException:  # the request may have gone out
+            give_up()
             raise
         finally:
             for fd in (event_w, control_r, out_w, err_w):  # the server has its own copies now
                 os.close(fd)
         try:
             proc = future.result(FORK_TIMEOUT)  # milliseconds, or failed by the reader at the server's death
-        except BaseException as exc:
-            # Given up (no answer, or the fork failed): a worker forked anyway sees EOF on its
-            # control pipe and leaves; it is collected when its exit is reported.
-            os.close(event_r)
-            os.close(control_w)
-            future.add_done_callback(_collect_when_done)
+        except BaseException as exc:  # no answer, or the fork failed
+            give_up()
             if isinstance(exc, FutureTimeout):
                 self.error = f"the fork server (pid {self.popen.pid}) did not answer in {FORK_TIMEOUT:.0f} s"
                 raise Unavailable(self.error) from None
@@ -391,10 +393,8 @@ def status() -> dict[str, object]:
         server = _server if _server is not None and _server.owner == os.getpid() else None
         if server is None and _failed is not None and _failed.owner == os.getpid():
             server = _failed
-    if server is None:
-        return {"enabled": _enabled, "used": _enabled and not get_pool().enabled, "running": False, "ready": False,
-                "pid": None, "error": None, "threads": None}
-    running = not server.dead
+    running = server is not None and not server.dead
     return {"enabled": _enabled, "used": _enabled and not get_pool().enabled, "running": running,
-            "ready": running and server.ready.is_set() and server.error is None, "pid": server.popen.pid,
-            "error": server.error, "threads": server.threads}
+            "ready": running and server is not None and server.ready.is_set() and server.error is None,
+            "pid": server.popen.pid if server else None, "error": server.error if server else None,
+            "threads": server.threads if server else None}

@@ -41,3 +41,14 @@ def started_processes():
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+def has_ended(pid):
+    """Whether process ``pid`` has exited: gone, or a zombie waiting to be reaped. A zombie can be
+    reaped between two looks, so a vanished pid counts as ended at any point of the check."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

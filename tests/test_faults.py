@@ -1,12 +1,11 @@
 """Fault injection on the main and on a secondary rank, with real processes and gloo."""
-import psutil
 import pytest
 
 import ddp_notebook
 from ddp_notebook import NotPicklableError, WorkerFailedError
 
 import faults
-from helpers import started_processes
+from helpers import has_ended, started_processes
 
 pytestmark = pytest.mark.processes
 
@@ -30,7 +29,7 @@ def assert_peers_stopped(run, bad_rank):
             # a peer either was stopped, or failed first as a consequence (e.g. "Connection reset by peer")
             assert w.status == "stopped" or (w.status == "failed" and w.rank in knock_on), (w.rank, w.status)
         assert w.exit_code is not None
-        assert not psutil.pid_exists(w.pid) or psutil.Process(w.pid).status() == psutil.STATUS_ZOMBIE
+        assert has_ended(w.pid)
 
 
 @pytest.mark.parametrize("bad_rank", [0, 1])
@@ -130,4 +129,4 @@ def test_an_error_every_rank_raises_is_the_runs_said_once():
     assert run.state.healthy_devices == []
     for w in run.workers:
         assert w.status == "failed" and w.exit_code is not None
-        assert not psutil.pid_exists(w.pid) or psutil.Process(w.pid).status() == psutil.STATUS_ZOMBIE
+        assert has_ended(w.pid)

@@ -14,7 +14,7 @@ import ddp_notebook
 from ddp_notebook import forkserver
 
 import faults
-from helpers import wait_for, wait_until
+from helpers import has_ended, wait_for, wait_until
 
 pytestmark = [pytest.mark.processes,
               pytest.mark.skipif(not forkserver.supported(), reason="the fork server is Linux's")]
@@ -104,7 +104,7 @@ def test_a_variable_torch_reads_at_import_replaces_the_server(monkeypatch):
     seen = ddp_notebook.launch(read_at_import, devices="cpu:0").wait(timeout=120)
     assert seen == ("set after the server started", b"set after the server started")
     assert forkserver.status()["pid"] != old.pid
-    wait_until(lambda: not old.is_running() or old.status() == psutil.STATUS_ZOMBIE, timeout=30)
+    wait_until(lambda: has_ended(old.pid), timeout=30)
 
 
 def test_faults_on_either_rank_are_blamed_on_that_rank():
@@ -128,8 +128,7 @@ def test_a_killed_server_fails_its_runs_at_once_and_the_next_launch_starts_anoth
                        r"\(SIGKILL\), and Linux ended the workers it had forked with it") as err:
         run.wait(timeout=60)
     assert err.value.failure.kind == "server"  # the run's failure, not one rank's
-    assert all(not psutil.pid_exists(w.pid) or psutil.Process(w.pid).status() == psutil.STATUS_ZOMBIE
-               for w in run.workers)
+    assert all(has_ended(w.pid) for w in run.workers)
     assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
     assert forkserver.status()["pid"] != server.pid
 
@@ -174,7 +173,7 @@ def test_stop_waits_for_the_runs_it_forked():
     assert server.is_running()  # its workers are still running
     run.stop()
     run.wait(timeout=60)
-    wait_until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, timeout=30)
+    wait_until(lambda: has_ended(server.pid), timeout=30)
 
 
 def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stopped():
@@ -203,4 +202,4 @@ def test_a_frozen_server_holds_up_neither_the_runs_it_forked_nor_the_next_launch
     finally:
         server.resume()
     assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)[0]["parent"] != os.getpid()
-    wait_until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, timeout=30)
+    wait_until(lambda: has_ended(server.pid), timeout=30)

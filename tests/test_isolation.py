@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -13,7 +14,7 @@ import ddp_notebook
 
 import faults
 import tutorial_ddp
-from helpers import wait_for
+from helpers import has_ended, wait_for
 
 pytestmark = pytest.mark.processes
 
@@ -51,13 +52,6 @@ ORPHAN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_workers_exit_when_the_notebook_process_dies():
     script = ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__))
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -68,11 +62,11 @@ def test_workers_exit_when_the_notebook_process_dies():
     pids += pooled
     kernel.send_signal(signal.SIGKILL)
     kernel.wait()
-    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
-    gone, alive = psutil.wait_procs(procs, timeout=5)
     # An orphan that exited stays a zombie until its new parent (init, or a subreaper) reaps it:
     # it has exited all the same.
-    alive = [p for p in alive if _running(p)]
+    deadline = time.monotonic() + 5
+    while (alive := [p for p in pids if not has_ended(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not alive, f"workers outlived their notebook: {alive}"
     kernel.stdout.close()
 

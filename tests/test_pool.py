@@ -8,6 +8,7 @@ import ddp_notebook
 from ddp_notebook import forkserver, pool
 
 import faults
+from helpers import has_ended
 
 pytestmark = pytest.mark.processes
 
@@ -32,7 +33,7 @@ def test_runs_take_warm_workers_and_the_pool_refills(warm_pool):
     run = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2")
     assert run.wait(timeout=60) == [32.0, 32.0]
     assert sorted(w.pid for w in run.workers) == sorted(idle)  # the warm ones ran it
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in idle)
+    assert all(has_ended(p) for p in idle)
     refilled = warm_pool.idle_pids()
     assert len(refilled) == 2 and not set(refilled) & set(idle)  # fresh processes: nothing of a run survives
 
@@ -50,7 +51,7 @@ def test_disable_ends_idle_workers():
     procs = [psutil.Process(p) for p in pool.get_pool().idle_pids()]
     pool.disable()
     assert pool.status()["idle"] == 0
-    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
+    assert all(has_ended(p.pid) for p in procs)
 
 
 @pytest.mark.kernel

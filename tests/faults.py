@@ -238,3 +238,16 @@ def prints_text(ctx, text: str, times: int):
         sys.stdout.write(text)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def data_steps(ctx, data, **kwargs):
+    """``ddp_steps`` after reading every page of ``data`` (a tensor the call shares)."""
+    assert float(data.sum()) == data.numel()
+    return ddp_steps(ctx, **kwargs)
+
+
+def hold_data(ctx, data):
+    """Read ``data`` (a tensor the call shares), say so, and stay until ended."""
+    float(data.sum())
+    ctx.log(step=1)
+    time.sleep(3600)

@@ -41,6 +41,7 @@ from ddp_notebook.core.events import EventKind
 from ddp_notebook.core.failures import FailureKind, WorkerFailure
 from ddp_notebook.core.pickling import dumps
 from ddp_notebook.core.rundir import RunDir
+from ddp_notebook.core.shared_data import Packed, Received
 from ddp_notebook.core.stream import EventStream
 from ddp_notebook.core.validation import CPU_WORKERS_PER_CORE, ValidationReport
 from ddp_notebook.engine import launch as launch_module
@@ -119,13 +120,13 @@ def a_run(run_id, status="failed", finished=True, restart=None, runs_on=None, de
     run = Run(RunDir(os.path.join(NOWHERE, run_id)), EventStream.replay(events), parse_devices(list(devices)), runs_on=runs_on,
               restart=restart)
     if finished:
-        run._end(dumps(4.0) if status == "succeeded" else None)
+        run._end(Received(dumps(4.0)) if status == "succeeded" else None)
     return run
 
 
 def restart(devices, options, settings, parent):
     """How a run's retry starts (``start_run`` with its call bound)."""
-    return launch_module.start_run(b"", devices, options, settings, parent=parent)
+    return launch_module.start_run(Packed(b""), devices, options, settings, parent=parent)
 
 
 STARTED = a_run("20260101-000009-started", status="succeeded")

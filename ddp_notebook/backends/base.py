@@ -19,6 +19,7 @@ from ..core.events import RankConfig
 from ..core.failures import FailureKind
 from ..core.probes import Probe
 from ..core.rundir import RunDir
+from ..core.shared_data import DataTable, Received
 from ..core.validation import ValidationReport
 
 __all__ = ["Backend", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs"]
@@ -30,7 +31,7 @@ class WorkerEvent:
 
     rank: int
     event: dict[str, Any]
-    blob: Optional[bytes] = None  # rank 0's pickled return value, on its ``done`` event
+    result: Optional[Received] = None  # rank 0's return value, on its ``done`` event
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class StartSpec:
     config: RankConfig
     threads_per_worker: Optional[int] = None  # None: the cores of the rank's host shared by its ranks
     env: dict[str, str] = field(default_factory=dict)  # the user's, wins over the backend's defaults
+    data: Optional[DataTable] = None  # where the payload's shared tensors and arrays are (maps_memory only)
 
 
 def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], env: dict[str, str],
@@ -157,6 +159,9 @@ class Backend(ABC):
     """Where a run's ranks execute: validated there, placed there, started there."""
 
     name: str
+    # Whether the ranks can map this process's shared memory (``core.shared_data``): then a call's
+    # large tensors and arrays reach them by reference (``StartSpec.data``), else by value.
+    maps_memory: bool = False
 
     @abstractmethod
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],

@@ -42,6 +42,7 @@ class EventKind(TextEnum):
     ERROR = "error"  # the rank's outcome: an exception (phase, type, message, traceback)
 
     RUN_STARTED = "run_started"  # run id, devices, backend, directory, parent, places
+    DATA = "data"  # the call's tensors and arrays being placed for the ranks: bytes sent of total, files
     OUTPUT = "output"  # text a rank printed (stream: stdout or stderr)
     EXITED = "exited"  # a rank ended (exit code, signal, whether the supervisor ended it)
     FAILURE = "failure"  # a WorkerFailure record
@@ -79,6 +80,8 @@ class RankConfig(TypedDict, total=False):
     resume_from: Optional[str]  # a checkpoint file to resume from (or a folder: its latest)
     mode: str  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group
     meet_in_python: bool  # wait for every peer in Python before and after the function (engines)
+    data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (core.shared_data)
+    share_result: bool  # put the main worker's result in shared memory too (a local worker)
 
 
 def encode(event: dict[str, Any], blob: Optional[bytes] = None) -> bytes:
@@ -129,16 +132,17 @@ def read_frame(fd: int) -> Optional[dict[str, Any]]:
     """Block until one whole frame has arrived on ``fd``; its JSON (None at EOF). An attachment
     (see ``encode``) is read too, and put under ``"blob"`` as bytes."""
     def exact(n: int) -> Optional[bytes]:
-        buf = b""
-        while len(buf) < n:
+        buf = bytearray(n)  # filled in place: appending chunk by chunk is quadratic in the size
+        view, got = memoryview(buf), 0
+        while got < n:
             try:
-                chunk = os.read(fd, n - len(buf))
+                k = os.readv(fd, [view[got:]])
             except OSError:
                 return None
-            if not chunk:
+            if not k:
                 return None
-            buf += chunk
-        return buf
+            got += k
+        return bytes(buf)
 
     head = exact(_LEN.size)
     body = exact(_LEN.unpack(head)[0]) if head else None

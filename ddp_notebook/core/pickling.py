@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "Pickler", "PROTOCOL"]
 
 loads = cloudpickle.loads
 
@@ -32,7 +32,12 @@ def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
     return ctor, tuple(args)
 
 
-class _Pickler(cloudpickle.Pickler):
+PROTOCOL = cloudpickle.DEFAULT_PROTOCOL
+
+
+class Pickler(cloudpickle.Pickler):
+    """cloudpickle's Pickler, keeping the real file names of code objects."""
+
     if _code_reduce is not None:
         _dispatch_table = dict(cloudpickle.Pickler._dispatch_table)
         _dispatch_table[types.CodeType] = _code_reduce_keeping_filename
@@ -42,5 +47,5 @@ class _Pickler(cloudpickle.Pickler):
 def dumps(obj: Any) -> bytes:
     """cloudpickle.dumps with real file names in code objects."""
     buf = io.BytesIO()
-    _Pickler(buf, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    Pickler(buf, protocol=PROTOCOL).dump(obj)
     return buf.getvalue()

@@ -21,7 +21,7 @@ from .bounds import LINE_CHARS, METRICS_KEPT, cut
 from .events import EventKind
 from .failures import WorkerFailure
 
-__all__ = ["RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT"]
+__all__ = ["DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT"]
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
 LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
@@ -145,6 +145,21 @@ class WorkerState:
 
 
 @dataclass
+class DataState:
+    """The call's large tensors and arrays on their way to the ranks (``core.shared_data``): bytes
+    copied into shared memory so far, of ``total``; files mapped by path; ``seconds`` once done."""
+
+    total: int = 0
+    sent: int = 0
+    files: list[str] = field(default_factory=list)
+    seconds: Optional[float] = None  # None: still being sent
+
+    @property
+    def sending(self) -> bool:
+        return self.seconds is None
+
+
+@dataclass
 class RunState:
     """A run's status, its workers, its failures, folded from events in order."""
 
@@ -163,6 +178,7 @@ class RunState:
     failures: list[WorkerFailure] = field(default_factory=list)
     events_seen: int = 0
     log_truncated: bool = False  # the log on disk reached its limit: later progress and output are not in it
+    data: Optional[DataState] = None  # the call's shared tensors and arrays, when it has some
 
     @property
     def world_size(self) -> int:
@@ -211,6 +227,9 @@ class RunState:
             self.supervisor_error = event.get("message")
         elif kind == EventKind.LOG_TRUNCATED:
             self.log_truncated = True
+        elif kind == EventKind.DATA:
+            self.data = DataState(int(event.get("total") or 0), int(event.get("sent") or 0),
+                                  [str(f) for f in event.get("files") or []], event.get("seconds"))
         elif kind == EventKind.FAILURE:
             failure = WorkerFailure.from_dict(event["failure"])
             same = [i for i, f in enumerate(self.failures)

@@ -17,6 +17,7 @@ from ..backends.local.backend import LocalBackend, default_devices, set_default_
 from ..core.devices import DeviceSpec
 from ..core.probes import Probe
 from ..core.rundir import RunDir
+from ..core.shared_data import Packed
 from ..core.stream import EventStream
 from ..core.validation import InvalidDevicesError, ValidationReport
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
@@ -91,7 +92,7 @@ def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Opt
     return report
 
 
-def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings = RunSettings(),
+def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings = RunSettings(),
               parent: Optional[Run] = None, probe: Optional[Probe] = None,
               report: Optional[ValidationReport] = None) -> Run:
     """Start a run of an already packed call; ``devices`` are validated here unless ``report``
@@ -108,11 +109,11 @@ def start_run(payload: bytes, devices: DeviceSpec, options: LaunchOptions, setti
     return run
 
 
-def _restart(payload: bytes, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
+def _restart(payload: Packed, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
     return start_run(payload, devices, options, settings, parent=parent)
 
 
-restart_loaded_runs_with(lambda payload: functools.partial(_restart, payload))
+restart_loaded_runs_with(lambda payload: functools.partial(_restart, Packed(payload)))
 
 
 def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tuple[Any, ...], kwargs: dict[str, Any],

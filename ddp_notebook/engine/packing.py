@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..core.errors import ArgumentsError, NotPicklableError
 from ..core.pickling import dumps
+from ..core.shared_data import Packed, pack
 
 __all__ = ["pack_call", "first_unpicklable", "check_arguments", "call_parts"]
 
@@ -92,11 +93,13 @@ def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], k
         raise ArgumentsError(f"{name}({first}, ...) cannot take these arguments: {e}") from None
 
 
-def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """cloudpickle the call; on failure, find the piece that cannot be pickled and say which.
+def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Packed:
+    """cloudpickle the call, its large tensors and arrays by reference (``core.shared_data``: they
+    are placed in shared memory when the run starts); on failure, find the piece that cannot be
+    pickled and say which.
 
     >>> from ddp_notebook.core.pickling import loads
-    >>> loads(pack_call(len, ([1, 2],), {}))["args"]
+    >>> loads(pack_call(len, ([1, 2],), {}).data)["args"]
     ([1, 2],)
     """
     # Cell sources are only in this process's linecache: ship them so tracebacks raised in the
@@ -104,7 +107,7 @@ def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     sources = {name: entry for name, entry in list(linecache.cache.items())
                if len(entry) == 4 and entry[1] is None}
     try:
-        return dumps({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
+        return pack({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
     except Exception as whole:  # noqa: BLE001 - pickling raises many types
         parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
         parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from ..core import pickling
 from ..core.errors import NoCheckpointError
 from ..core.rundir import RunDir, check_private_file, check_private_folder, default_run_root, latest_checkpoint
+from ..core.shared_data import Packed
 from .options import LaunchOptions, RunSettings
 
 __all__ = ["KeptCall", "keep_call", "read_call", "checkpoint_to_resume", "KEEP_LIMIT"]
@@ -41,12 +42,13 @@ class KeptCall:
     on_engines: bool
 
 
-def keep_call(directory: RunDir, payload: bytes, options: LaunchOptions, settings: RunSettings) -> bool:
-    """Keep the call of the run in ``directory`` for a retry after the notebook is gone; False when
-    it is larger than ``KEEP_LIMIT`` or cannot be kept (a recipe setting that does not pickle)."""
-    if len(payload) > KEEP_LIMIT:
+def keep_call(directory: RunDir, payload: Packed, options: LaunchOptions, settings: RunSettings) -> bool:
+    """Keep the call of the run in ``directory`` for a retry after the notebook is gone, its tensors
+    and arrays by value; False when it is larger than ``KEEP_LIMIT`` or cannot be kept (a recipe
+    setting that does not pickle)."""
+    if len(payload.data) + payload.shared_bytes > KEEP_LIMIT:
         return False
-    kept = KeptCall(payload, replace(options, engines=None), settings, options.engines is not None)
+    kept = KeptCall(payload.inline(), replace(options, engines=None), settings, options.engines is not None)
     try:
         data = pickling.dumps(kept)
     except Exception:  # noqa: BLE001 - a postprocess that cannot be pickled: the run just cannot be resumed later

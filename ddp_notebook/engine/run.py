@@ -39,11 +39,13 @@ from ..core.events import EventKind, RankConfig
 from ..core.failures import FailureKind, Phase, WorkerFailure
 from ..core.probes import Probe
 from ..core.rundir import RunDir
+from ..core.shared_data import Packed, Received
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_flag, check_option_names, check_seconds
 from .resume import KEEP_LIMIT, checkpoint_to_resume
+from .sending import send_data
 from .stored import read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
@@ -116,7 +118,7 @@ class Run:
         self._finished = threading.Event()
         self._stop_requested = False
         self._supervisor: Optional[Supervisor] = None
-        self._result: Optional[bytes] = None
+        self._result: Optional[Received] = None
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
         self._release_start: Callable[[], None] = _nothing  # what this start holds until the run ends
 
@@ -137,12 +139,14 @@ class Run:
         run = cls(stored.directory, stored.stream, stored.devices, options=kept.options if kept else None,
                   runs_on=LocalBackend() if kept is not None and not kept.on_engines else None,
                   settings=kept.settings if kept else None, restart=restart)
-        run._end(stored.result)
+        run._end(Received(stored.result) if stored.result is not None else None)
         return run
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def start(self, payload: bytes) -> Run:
-        """Start the ranks of this run (once) on its backend, and the thread that supervises them."""
+    def start(self, payload: Packed) -> Run:
+        """Start the ranks of this run (once) on its backend, and the thread that supervises them.
+        The call's large tensors and arrays are placed for the ranks here, once (see
+        ``core.shared_data``), or sent by value to ranks that cannot map them."""
         assert self.runs_on is not None and self._supervisor is None
         # Read before anything starts (a bad value is refused with nothing running), and only when used.
         floor = auto_floor() if self.options.stall_timeout == AUTO else DEFAULT_FLOOR
@@ -159,9 +163,13 @@ class Run:
                           "places": self.runs_on.places(n)})
         env, self._release_start = self.settings.per_start(n) if self.settings.per_start else ({}, _nothing)
         try:
-            transport = self.runs_on.start(StartSpec(self.dir, self.devices, payload, config,
+            data, placement = send_data(payload, self.runs_on.maps_memory, self.stream.emit)
+            if placement is not None:
+                self._release_start = _both(self._release_start, placement.release)
+            transport = self.runs_on.start(StartSpec(self.dir, self.devices, data, config,
                                                      threads_per_worker=self.options.threads_per_worker,
-                                                     env={**self.options.env, **env}))
+                                                     env={**self.options.env, **env},
+                                                     data=placement.table if placement else None))
         except BaseException:
             self._release_start()
             raise
@@ -191,9 +199,10 @@ class Run:
         outcome = Outcome(RunStatus.FAILED, None, "the supervisor did not return")
         try:
             outcome = self._supervisor.supervise()
-            if outcome.result is not None:  # kept so the run can be reloaded after a restart
-                self.dir.write_private(RunDir.RESULT, outcome.result)
-                if not self._load_result(outcome.result):
+            if outcome.result is not None:
+                if self._load_result(outcome.result):
+                    self._keep_result(outcome.result)
+                else:
                     outcome = replace(outcome, status=RunStatus.FAILED)
             self.stream.emit({"kind": EventKind.RUN_FINISHED, "time": time.time(), "status": outcome.status})
             self.dir.remove(RunDir.RENDEZVOUS)
@@ -203,11 +212,12 @@ class Run:
             self._release_start()
             self._end(outcome.result)
 
-    def _load_result(self, result: bytes) -> bool:
-        """Unpickle the main worker's return value here, once: a value the notebook cannot load
-        (a class only the workers can import) is the run's failure, reported as one."""
+    def _load_result(self, result: Received) -> bool:
+        """Unpickle the main worker's return value here, once (its tensors mapped from the shared
+        memory it came in): a value the notebook cannot load (a class only the workers can
+        import) is the run's failure, reported as one."""
         try:
-            self._loaded = (pickling.loads(result),)
+            self._loaded = (result.load(),)
             return True
         except Exception as exc:  # noqa: BLE001 - whatever unpickling raises is the report
             failure = WorkerFailure(rank=0, device=str(self.devices[0]), kind=FailureKind.RESULT, time=time.time(),
@@ -217,7 +227,17 @@ class Run:
                               "failure": failure.to_dict()})
             return False
 
-    def _end(self, result: Optional[bytes]) -> None:
+    def _keep_result(self, result: Received) -> None:
+        """Keep the result in the run's directory, so the run can be reloaded after a restart: by
+        value, and only up to ``KEEP_LIMIT`` when it came with shared tensors (a large model's
+        weights are not written to disk a second time)."""
+        if result.table is None:
+            self.dir.write_private(RunDir.RESULT, result.data)
+        elif len(result.data) + result.shared_bytes <= KEEP_LIMIT and self._loaded is not None:
+            self.dir.write_private(RunDir.RESULT, pickling.dumps(self._loaded[0]))
+        result.release()  # what was loaded keeps its memory
+
+    def _end(self, result: Optional[Received]) -> None:
         self._result = result
         self._finished.set()
 
@@ -339,7 +359,7 @@ class Run:
                                       "worker returned a result")
             raise SupervisionError(f"run {self.id} ended without a result from the main worker; this is a bug in "
                                    f"ddp_notebook: the event log is {self.dir.events_path}")
-        value = self._loaded[0] if self._loaded is not None else pickling.loads(self._result)
+        value = self._loaded[0] if self._loaded is not None else self._result.load()
         return self.settings.postprocess(value, self) if self.settings.postprocess else value
 
     # ---- control --------------------------------------------------------------------------------
@@ -423,6 +443,15 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def release() -> None:
+        try:
+            first()
+        finally:
+            second()
+    return release
 
 
 def _nothing() -> None:

@@ -31,6 +31,7 @@ from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..core.bounds import LINE_CHARS, bound_event, cut
 from ..core.events import EventKind
 from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
+from ..core.shared_data import Received
 from ..core.state import RunStatus
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
@@ -58,7 +59,7 @@ class Outcome:
     """How a run ended, as the supervisor saw it."""
 
     status: RunStatus
-    result: Optional[bytes]  # the main worker's pickled return value
+    result: Optional[Received]  # the main worker's return value, as it arrived
     error: Optional[str] = None  # the supervisor's own failure, if it had one
 
 
@@ -86,7 +87,7 @@ class Supervisor:
         self.ready: set[int] = set()
         self.returned: set[int] = set()  # returned from the function, waiting for their peers
         self.reported: dict[int, str] = {}
-        self.result: Optional[bytes] = None
+        self.result: Optional[Received] = None
         self._stderr: dict[int, deque[str]] = {r: deque(maxlen=_STDERR_KEPT) for r in self.ranks}
         self.watchdog = Watchdog(options.stall_timeout, options.stall_floor, transport, stack_file)
         # what happened to them
@@ -173,13 +174,13 @@ class Supervisor:
         while self._pending:
             obs = self._pending.popleft()
             if isinstance(obs, WorkerEvent):
-                self._on_event(obs.rank, obs.event, obs.blob)
+                self._on_event(obs.rank, obs.event, obs.result)
             elif isinstance(obs, Output):
                 self._on_output(obs)
             else:
                 self._on_exited(obs)
 
-    def _on_event(self, rank: int, event: dict[str, Any], blob: Optional[bytes]) -> None:
+    def _on_event(self, rank: int, event: dict[str, Any], result: Optional[Received]) -> None:
         event = bound_event(event)  # whatever a worker sends, the notebook holds a bounded copy
         event["rank"] = rank
         event.pop("blob", None)
@@ -200,7 +201,7 @@ class Supervisor:
         elif kind == EventKind.DONE:
             self.reported[rank] = _DONE
             if rank == 0:
-                self.result = blob
+                self.result = result
         elif kind == EventKind.ERROR:
             # What a rank raises because we interrupted it (and says so) is a stop, not a failure.
             self.reported[rank] = _STOPPED if rank in self.forced and event.get("interrupted") else _ERROR

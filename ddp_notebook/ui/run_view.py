@@ -23,7 +23,7 @@ from ..core.errors import DDPNotebookError
 from ..core.state import RunState, RunStatus
 from .html import ORANGE, RED, badge, failure_card_html
 from .loss_plot import LossPlot
-from .text import format_duration, format_metric, format_rate, format_run
+from .text import format_data, format_duration, format_metric, format_rate, format_run
 
 __all__ = ["RunView", "FullText"]
 
@@ -139,6 +139,8 @@ class RunView(FullText, widgets.VBox):
             retry = f"retry of {state.parent} on {','.join(state.devices)}" if state.parent else ""
             subtitle = self.subtitle or retry
             sub = f" — {escape(subtitle)}" if subtitle else ""
+            if state.data is not None and (not state.data.sending or not state.finished):
+                elapsed += f" · {escape(format_data(state.data))}"
             self.title.value = (f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
                                 f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
             self.stop_button.layout.display = "none" if state.finished else ""

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..core.state import RunState, WorkerState
+from ..core.state import DataState, RunState, WorkerState
 
-__all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration"]
+__all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration", "format_bytes",
+           "format_data"]
 
 
 def format_metric(value: Any) -> str:
@@ -56,6 +57,35 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
+def format_bytes(n: float) -> str:
+    """``512 kB``, ``1.2 GB`` (powers of 1000, as people read sizes).
+
+    >>> format_bytes(999), format_bytes(524_288), format_bytes(1_234_567_890)
+    ('999 B', '524 kB', '1.2 GB')
+    """
+    for size, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= size:
+            return f"{n / size:.2g} {unit}" if n < 10 * size else f"{n / size:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_data(data: DataState) -> str:
+    """How the call's tensors and arrays reach the ranks: ``sending data 1.2 GB/4.0 GB`` while
+    they are copied into shared memory, then what was shared and how.
+
+    >>> format_data(DataState(total=4_000_000_000, sent=1_200_000_000))
+    'sending data 1.2 GB/4 GB'
+    >>> format_data(DataState(total=4_000_000_000, sent=4_000_000_000, files=["/data/x.npy"], seconds=0.9))
+    'data: 4 GB in shared memory (copied in 0.9 s), /data/x.npy mapped by path'
+    """
+    if data.sending:
+        return f"sending data {format_bytes(data.sent)}/{format_bytes(data.total)}"
+    parts = [f"{format_bytes(data.total)} in shared memory (copied in {data.seconds:.1f} s)"] if data.total else []
+    if data.files:
+        parts.append(f"{', '.join(data.files[:3])}{' …' if len(data.files) > 3 else ''} mapped by path")
+    return "data: " + ", ".join(parts)
+
+
 def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
     parts = [f"{name:<19} {w.status:<10}"]
@@ -84,7 +114,11 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     etas = [e for e in (w.eta() for w in state.workers.values()) if e is not None]
     left = f", ETA {format_duration(max(etas))}" if etas and not state.finished and not stopping else ""
     status = f"stopping ({state.stop_reason})" if stopping else str(state.status)
+    if state.data is not None and state.data.sending and not state.finished:
+        status = format_data(state.data)
     lines = [f"Run {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
+    if state.data is not None and not state.data.sending:
+        lines.append("  " + format_data(state.data))
     lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
     root = state.root_failure
     if root is not None:

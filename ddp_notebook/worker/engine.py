@@ -87,7 +87,8 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
             if saved.had_group:
                 raise EngineNotReady("this engine already holds a torch.distributed process group of its own; "
                                      "destroy it there (dist.destroy_process_group()) or choose other engines")
-            blob = execute(cfg, payload, out.send, stop, where)
+            result = execute(cfg, payload, out.send, stop, where)
+            blob = result.inline() if result is not None else None
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, the engine lives on
             armed.clear()
             # Peers waiting for this rank (to start, or to leave together) need not wait any more.

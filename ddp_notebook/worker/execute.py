@@ -19,11 +19,12 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
-from ..core import pickling
+from ..core import pickling, shared_data
 from ..core.bounds import bound_event
 from ..core.events import EventKind, RankConfig
 from ..core.failures import Phase
 from ..core.rundir import RunDir
+from ..core.shared_data import Packed
 from ..core.stall import is_runner_file
 from . import context, teardown
 from .boot import STACK_SIGNAL
@@ -67,10 +68,11 @@ def remove_stack_dump(stack_file: IO[str]) -> None:
 
 
 def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: threading.Event,
-            where: Where) -> Optional[bytes]:
+            where: Where) -> Optional[Packed]:
     """Set up the rank described by ``cfg``, run the packed call and return the main worker's
-    pickled result (None on other ranks). Raises whatever the set-up or the function raised,
-    with ``where.phase`` saying in which phase."""
+    packed result (None on other ranks): its large tensors and arrays by reference when
+    ``cfg["share_result"]``, else all by value. Raises whatever the set-up or the function
+    raised, with ``where.phase`` saying in which phase."""
     rank, world_size = cfg["rank"], cfg["world_size"]
     directory = RunDir(cfg["run_dir"])
     ctx = None
@@ -100,7 +102,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         # must bind the version that defers the group's destruction.
         teardown.hold()
         where.phase = Phase.UNPICKLE
-        call = pickling.loads(payload)
+        call = shared_data.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
         linecache.cache.update(call.get("sources", {}))
         fn, args, kwargs = call["fn"], call["args"], call["kwargs"]
@@ -141,7 +143,9 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)
         ctx.flush()
         where.phase = Phase.RESULT
-        return pickling.dumps(result) if rank == 0 else None
+        if rank != 0:
+            return None
+        return shared_data.pack(result) if cfg.get("share_result") else Packed(pickling.dumps(result))
     except BaseException:
         if ctx is not None:
             ctx.flush()  # the last progress before the failure, for the panel and the report

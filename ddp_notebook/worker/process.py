@@ -62,8 +62,12 @@ def main() -> None:
         # The packed call came with the assignment, over the control pipe: no file another user
         # could have written is ever unpickled.
         payload = cfg.pop("blob")
-        blob = execute(cfg, payload, channel.send, stop, where)
-        channel.send({"kind": EventKind.DONE}, blob)
+        result = execute(cfg, payload, channel.send, stop, where)
+        # The result's tensors go into shared memory this process holds until it exits: the
+        # notebook opens it (through /proc) on this event, before it releases the ranks.
+        placed = result.place() if result is not None else None
+        channel.send({"kind": EventKind.DONE, "data": placed.table if placed else None},
+                     result.data if result is not None else None)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
         channel.send(error_event(exc, where.phase))
         flush_std()

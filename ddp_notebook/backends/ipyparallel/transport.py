@@ -17,6 +17,7 @@ from typing import Any
 from ...core.events import EventKind, RankConfig
 from ...core.failures import Phase
 from ...core.rundir import RunDir
+from ...core.shared_data import Received
 from ...worker.boot import STACK_SIGNAL
 from ...worker.engine import run_rank
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
@@ -99,7 +100,8 @@ class EngineTransport(Transport):
             return
         if outcome.get("kind") == EventKind.DONE:
             out.append(WorkerEvent(rank, {"kind": EventKind.DONE, "time": outcome.get("time", time.time()),
-                                          "rank": rank}, outcome.get("blob")))
+                                          "rank": rank}, Received(outcome["blob"]) if outcome.get("blob") is not None
+                                      else None))
             out.append(Exited(rank, code=0, pid=pid))
         else:
             out.append(WorkerEvent(rank, dict(outcome, rank=rank)))

@@ -88,6 +88,7 @@ class LocalBackend(Backend):
     """Worker processes on this machine: forked by the fork server, or fresh interpreters."""
 
     name = "local"
+    maps_memory = True  # a call's tensors reach the ranks through shared memory (core.shared_data)
 
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
                  probe: Optional[Probe] = None) -> ValidationReport:
@@ -103,6 +104,8 @@ class LocalBackend(Backend):
         configs = rank_configs(spec, ["localhost"] * n, [cpu_count()] * n, env)
         for config in configs:  # as the notebook's is now, whenever the worker was started
             config["environ"] = dict(os.environ)
+            config["data"] = spec.data  # where the call's tensors and arrays are
+            config["share_result"] = True  # and where the main worker's result is put, the same way
         pool = get_pool()
         if pool.enabled:
             return _start_ranks(spec, configs, pool.take(n))

@@ -20,6 +20,7 @@ import psutil
 
 from ...core.events import FrameDecoder
 from ...core.failures import FailureKind, signal_name
+from ...core.shared_data import Received
 from ...worker.boot import FLUSH, RELEASE, STACK_SIGNAL, STOP
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .processes import WorkerProcess
@@ -153,7 +154,10 @@ class LocalTransport(Transport):
                 self._output(rank, kind, b"", out, final=True)
         elif kind == "event":
             for event, blob in self._decoders[rank].feed(data):
-                out.append(WorkerEvent(rank, event, blob))
+                # A result's tensors are in the worker's shared memory: opened now, while it waits
+                # to be released, so they outlive it.
+                table = event.pop("data", None)
+                out.append(WorkerEvent(rank, event, Received.adopt(blob, table) if blob is not None else None))
         else:
             self._output(rank, kind, data, out)
 

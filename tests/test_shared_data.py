@@ -1,0 +1,253 @@
+"""Tensors and arrays by reference (core.shared_data): packed, placed once, mapped copy-on-write.
+
+The unit tests pack, place and load in this process (its own /proc/PID/fd); the process tests
+check what real ranks map, what comes back, and that nothing is left when a worker or the
+notebook dies."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import ddp_notebook
+from ddp_notebook.core.shared_data import MIN_SHARED, SharedDataError, load, pack
+
+import faults
+from helpers import has_ended, wait_until
+
+BIG = MIN_SHARED // 4  # float32 elements: exactly MIN_SHARED bytes
+
+
+def roundtrip(obj):
+    packed = pack(obj)
+    placed = packed.place()
+    try:
+        return packed, load(packed.data, placed.table)
+    finally:
+        placed.release()
+
+
+def my_memfds():
+    """This process's open descriptors on shared data (memfds named by shared_data)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:ddp-notebook-data"):
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.unit
+def test_tensors_views_and_tied_weights_map_one_storage_each():
+    x = torch.randn(BIG, 4)
+    a, b = torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)
+    b.weight = a.weight  # tied
+    ds = torch.utils.data.TensorDataset(x, torch.arange(BIG))
+    packed, out = roundtrip({"x": x, "tail": x[10:], "a": a, "b": b, "ds": ds, "small": torch.ones(3)})
+    assert [p.nbytes for p in packed.pieces] == [x.nbytes, a.weight.nbytes, BIG * 8]  # each storage once
+    assert len(packed.data) < 10_000  # the pickle itself holds none of the data
+    assert torch.equal(out["x"], x) and torch.equal(out["tail"], x[10:]) and torch.equal(out["small"], torch.ones(3))
+    assert out["tail"].untyped_storage().data_ptr() == out["x"].untyped_storage().data_ptr()
+    assert out["ds"].tensors[0].untyped_storage().data_ptr() == out["x"].untyped_storage().data_ptr()
+    assert out["b"].weight is out["a"].weight and isinstance(out["a"].weight, torch.nn.Parameter)
+    out["x"][0, 0] = 1e9  # copy-on-write: the source is untouched
+    assert x[0, 0] != 1e9
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_every_dtype_travels(dtype):
+    x = (torch.rand(MIN_SHARED) * 10).to(dtype)
+    _, out = roundtrip([x])
+    assert out[0].dtype == dtype and torch.equal(out[0], x)
+
+
+@pytest.mark.unit
+def test_numpy_arrays_keep_order_dtype_and_read_only_flag():
+    c = np.arange(MIN_SHARED, dtype=np.float64).reshape(-1, 64)
+    f = np.asfortranarray(c)
+    ro = np.ones(MIN_SHARED, dtype=np.int32)
+    ro.flags.writeable = False
+    rec = np.zeros(MIN_SHARED // 8, dtype=[("a", "<i4"), ("b", "<f4")])
+    strided = c[:, ::2]  # not contiguous: by value
+    objects = np.array([{"k": i} for i in range(MIN_SHARED)], dtype=object)  # by value
+    packed, out = roundtrip([c, f, ro, rec, strided, objects])
+    assert len(packed.pieces) == 4
+    for got, want in zip(out, [c, f, ro, rec, strided, objects]):
+        assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
+    assert out[1].flags.f_contiguous and not out[2].flags.writeable and out[0].flags.writeable
+
+
+@pytest.mark.unit
+def test_a_clean_memmap_travels_by_path_and_a_written_one_by_value(tmp_path):
+    path = tmp_path / "x.f32"
+    np.arange(4 * MIN_SHARED, dtype=np.float32).tofile(path)
+    clean = np.memmap(path, dtype=np.float32, mode="r")
+    written = np.memmap(path, dtype=np.float32, mode="c", offset=4 * MIN_SHARED)
+    written[0] = -1.0  # only in this process's copy-on-write pages: the file does not say it
+    packed, out = roundtrip([clean[MIN_SHARED:], written])
+    assert [p.file is not None for p in packed.pieces] == [True, False]
+    assert packed.files[0].path == str(path) and packed.copied_bytes == written.nbytes
+    assert (out[0] == clean[MIN_SHARED:]).all() and not out[0].flags.writeable
+    assert out[1][0] == -1.0 and (out[1][1:] == written[1:]).all()
+
+
+@pytest.mark.unit
+def test_torch_from_file_and_mmap_load_travel_by_path(tmp_path):
+    x = torch.randn(MIN_SHARED)
+    torch.save({"w": x}, tmp_path / "ckpt.pt")
+    loaded = torch.load(tmp_path / "ckpt.pt", mmap=True)
+    packed, out = roundtrip(loaded)
+    assert packed.copied_bytes == 0 and packed.files[0].path == str(tmp_path / "ckpt.pt")
+    assert torch.equal(out["w"], x)
+    out["w"].add_(1)  # a private copy of the page, not the file
+    assert torch.equal(torch.load(tmp_path / "ckpt.pt")["w"], x)
+
+
+@pytest.mark.unit
+def test_a_replaced_file_is_refused_by_name(tmp_path):
+    path = tmp_path / "x.f32"
+    np.zeros(MIN_SHARED, dtype=np.float32).tofile(path)
+    packed = pack(np.memmap(path, dtype=np.float32, mode="r"))
+    placed = packed.place()
+    table = placed.table
+    table["segments"][0]["ino"] += 1  # as if another file were there now
+    with pytest.raises(SharedDataError, match=rf"{path} .*is not the file it was"):
+        load(packed.data, table)
+    placed.release()
+
+
+@pytest.mark.unit
+def test_inline_is_the_same_object_by_value():  # what an engine gets
+    x = torch.randn(BIG)
+    packed = pack({"x": x, "v": x[5:]})
+    plain = ddp_notebook.core.pickling.loads(packed.inline())
+    assert torch.equal(plain["x"], x) and torch.equal(plain["v"], x[5:])
+
+
+@pytest.mark.unit
+def test_release_closes_the_shared_memory_and_an_interrupted_copy_leaves_none():
+    before = my_memfds()
+    placed = pack(torch.zeros(BIG)).place()
+    assert len(my_memfds()) == len(before) + 1
+    placed.release()
+    assert my_memfds() == before
+
+    def interrupt(sent, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack([torch.zeros(BIG), torch.zeros(BIG)]).place(interrupt)
+    assert my_memfds() == before
+
+
+@pytest.mark.unit
+def test_another_user_cannot_open_the_shared_memory():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    placed = pack(torch.zeros(BIG)).place()
+    path = placed.table["segments"][0]["path"]
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                            f"open({path!r}, 'rb')"], capture_output=True, text=True)
+    placed.release()
+    assert probe.returncode != 0 and "PermissionError" in probe.stderr, probe.stderr
+
+
+# ---- real ranks -------------------------------------------------------------------------------
+def what_ranks_map(ctx, x, arr, mm, ds):
+    """Each rank: the values it sees, where they live, and that its writes stay its own."""
+    import torch.distributed as dist
+
+    maps = open("/proc/self/maps").read()
+    seen = (float(x.sum()), float(arr.sum()), float(mm.sum()), int(ds.tensors[1].sum()))
+    same_storage = ds.tensors[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    if ctx.rank == 1:
+        x.zero_()
+    dist.barrier()
+    return {ctx.rank: seen} if ctx.rank else {"seen": seen, "x0_after_peer_wrote": float(x[0, 0]),
+                                              "memfd": "/memfd:ddp-notebook-data" in maps, "file": "mm.f64" in maps,
+                                              "same_storage": same_storage,
+                                              "weights": {"w": torch.full((512, 512), 2.0), "b": torch.ones(512)}}
+
+
+@pytest.mark.processes
+def test_ranks_map_the_data_share_it_and_keep_their_writes(tmp_path):
+    x = torch.ones(512, 256)
+    arr = np.full((300, 300), 2.0)
+    path = tmp_path / "mm.f64"
+    np.full(70_000, 3.0).tofile(path)
+    mm = np.memmap(path, dtype=np.float64, mode="r")
+    ds = torch.utils.data.TensorDataset(x, torch.arange(512))
+    run = ddp_notebook.launch(lambda ctx, *a: what_ranks_map(ctx, *a), devices="cpu*2", args=(x, arr, mm, ds))
+    out = run.wait(timeout=120)
+    assert out["seen"] == (x.sum().item(), arr.sum(), 210_000.0, sum(range(512)))
+    assert out["memfd"] and out["file"] and out["same_storage"]
+    assert out["x0_after_peer_wrote"] == 1.0  # rank 1's zero_() stayed in rank 1
+    data = run.state.data
+    assert data.total == x.nbytes + arr.nbytes and data.files == [str(path)] and data.seconds is not None
+    # The result came back through the worker's shared memory: mapped here, not copied.
+    assert torch.equal(out["weights"]["w"], torch.full((512, 512), 2.0))
+    assert "/memfd:ddp-notebook-data" in open("/proc/self/maps").read()
+    out["weights"]["w"].add_(1)  # private pages, as any tensor
+    del out
+    run._loaded = None
+    gc.collect()  # once the result is dropped, nothing of the shared memory is left here
+    assert my_memfds() == [] and "/memfd:ddp-notebook-data" not in open("/proc/self/maps").read()
+    assert (run.dir.path and os.path.exists(os.path.join(run.dir.path, "result.pkl")))
+
+
+@pytest.mark.processes
+def test_a_worker_killed_with_data_mapped_leaves_nothing_held():
+    before = my_memfds()
+    run = ddp_notebook.launch(faults.data_steps, devices="cpu*2", args=(torch.ones(1024, 1024),),
+                              kwargs=dict(fault="sigkill", bad_rank=1))
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="worker 1 .*SIGKILL"):
+        run.wait(timeout=120)
+    assert my_memfds() == before and all(has_ended(w.pid) for w in run.workers)
+    retry = run.retry(devices=["cpu:0"])  # the same data, placed again from the tensor the run keeps
+    assert retry.wait(timeout=120) == [1.0, 1.0]
+    assert retry.state.data.total == 2**22 and my_memfds() == before
+
+
+NOTEBOOK = textwrap.dedent("""
+    import sys, time, torch
+    sys.path.insert(0, {tests!r})
+    import ddp_notebook, faults
+    run = ddp_notebook.launch(faults.hold_data, devices="cpu*2", args=(torch.ones(400 * 2**20 // 4),))
+    while run.state.status != "running":
+        time.sleep(0.05)
+    print(" ".join(str(w.pid) for w in run.workers), flush=True)
+    time.sleep(600)
+""")
+
+
+def shmem_bytes():
+    for line in open("/proc/meminfo"):
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no Shmem in /proc/meminfo")
+
+
+@pytest.mark.processes
+def test_the_notebook_dying_frees_the_shared_memory():
+    baseline = shmem_bytes()
+    nb = subprocess.Popen([sys.executable, "-c", NOTEBOOK.format(tests=os.path.dirname(__file__))],
+                          stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in nb.stdout.readline().split()]
+    assert len(pids) == 2 and shmem_bytes() > baseline + 300 * 2**20  # 400 MB placed once, not per rank
+    nb.send_signal(signal.SIGKILL)
+    nb.wait()
+    nb.stdout.close()
+    psutil.wait_procs([psutil.Process(p) for p in pids if not has_ended(p)], timeout=30)
+    assert all(has_ended(p) for p in pids)
+    gc.collect()
+    wait_until(lambda: shmem_bytes() < baseline + 100 * 2**20, timeout=30)  # nothing left in /dev/shm or anywhere
+

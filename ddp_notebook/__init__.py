@@ -42,6 +42,7 @@ from .core.errors import (
 )
 from .core.failures import WorkerFailure
 from .core.probes import Probe, StaticProbe
+from .core.shared_load import share
 from .core.state import RunState, RunStatus, WorkerState, WorkerStatus
 from .core.validation import Finding, InvalidDevicesError, ValidationReport, validate_devices
 from .core.version import __version__
@@ -57,7 +58,7 @@ from .worker.context import WorkerContext, current_context
 
 __all__ = [
     "forkserver", "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext",
-    "LaunchOptions",
+    "LaunchOptions", "share",
     "last_run", "runs", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
     "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
     "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",

@@ -14,8 +14,8 @@ def test_benchmark_suite_quick_mode_prints_every_table():
     out = subprocess.run([sys.executable, RUN, "--quick"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     tables = [block for block in out.stdout.split("\n\n") if block.startswith("| ")]
-    assert len(tables) == 6, out.stdout
-    launch, fit, overhead, reliability, engines, relaunch = tables
+    assert len(tables) == 8, out.stdout
+    launch, fit, overhead, reliability, engines, relaunch, data, result = tables
     assert launch.splitlines()[2].startswith("| ddp_notebook, fork server started by the launch |")
     assert all(len(row.split("|")) == 9 for row in launch.splitlines())
     assert fit.splitlines()[-1].endswith("| 1.00x |")
@@ -28,3 +28,7 @@ def test_benchmark_suite_quick_mode_prints_every_table():
         "ddp_notebook, fork server (default)", "ddp_notebook, fork server started by `%load_ext`",
         "ddp_notebook, warm pool, fork server off", "torch.multiprocessing fork", "torch.multiprocessing spawn"]
     assert all(row.endswith("| 0 of 20 |") for row in relaunch.splitlines()[2:4]), relaunch  # no hang
+    assert [row.split("|")[1].strip() for row in data.splitlines()[2:]] == [
+        "ddp_notebook (fork server warm)", "ddp_notebook, data from `ddp_notebook.share`", "torch.multiprocessing spawn",
+        "torch.multiprocessing fork"] * 2  # 1 MB, then 64 MB
+    assert "| ddp_notebook (fork server warm) | 2 | 64 MB |" in data and result.count("\n") == 4

@@ -41,7 +41,8 @@ from ddp_notebook.core.events import EventKind
 from ddp_notebook.core.failures import FailureKind, WorkerFailure
 from ddp_notebook.core.pickling import dumps
 from ddp_notebook.core.rundir import RunDir
-from ddp_notebook.core.shared_data import Packed, Received
+from ddp_notebook.core.shared_data import Packed
+from ddp_notebook.core.shared_load import Received
 from ddp_notebook.core.stream import EventStream
 from ddp_notebook.core.validation import CPU_WORKERS_PER_CORE, ValidationReport
 from ddp_notebook.engine import launch as launch_module

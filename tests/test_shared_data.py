@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook.core.shared_data import MIN_SHARED, SharedDataError, load, pack
+from ddp_notebook.core.shared_data import MIN_SHARED, SharedDataError, pack
+from ddp_notebook.core.shared_load import load
+from ddp_notebook.ui.text import format_run
 
 import faults
 from helpers import has_ended, wait_until
@@ -110,6 +112,24 @@ def test_torch_from_file_and_mmap_load_travel_by_path(tmp_path):
     assert torch.equal(out["w"], x)
     out["w"].add_(1)  # a private copy of the page, not the file
     assert torch.equal(torch.load(tmp_path / "ckpt.pt")["w"], x)
+
+
+@pytest.mark.unit
+def test_shared_data_is_sent_again_with_no_copy_until_it_is_written():
+    x, arr = torch.randn(4 * BIG), np.arange(MIN_SHARED, dtype=np.int64)
+    model = torch.nn.Linear(256, 256)
+    sx, sarr, smodel = ddp_notebook.share((x, arr, model))
+    assert torch.equal(sx, x) and (sarr == arr).all() and torch.equal(smodel.weight, model.weight)
+    packed = pack({"x": sx, "ds": torch.utils.data.TensorDataset(sx), "arr": sarr, "w": smodel.weight})
+    assert packed.copied_bytes == 0 and packed.in_place_bytes == x.nbytes + arr.nbytes + model.weight.nbytes
+    placed = packed.place()
+    out = load(packed.data, placed.table)
+    placed.release()
+    assert torch.equal(out["x"], x) and torch.equal(out["ds"].tensors[0], x) and (out["arr"] == arr).all()
+    sx[-1] = 7.0  # written here: that page is this process's own now, so x is copied again (its new value)
+    again = pack([sx, sarr])
+    assert again.copied_bytes == x.nbytes and again.in_place_bytes == arr.nbytes
+    assert ddp_notebook.share(3) == 3 and ddp_notebook.share(torch.ones(3)) is not None
 
 
 @pytest.mark.unit
@@ -251,3 +271,46 @@ def test_the_notebook_dying_frees_the_shared_memory():
     gc.collect()
     wait_until(lambda: shmem_bytes() < baseline + 100 * 2**20, timeout=30)  # nothing left in /dev/shm or anywhere
 
+
+
+@pytest.mark.processes
+def test_a_long_copy_shows_while_launch_makes_it(capsys):
+    from ddp_notebook.engine.sending import SHOWN_FROM, show_while_sending
+    from ddp_notebook.ui.display import show_sending
+
+    show_while_sending(show_sending)  # as the front end registers it (stderr outside a notebook)
+    try:
+        run = ddp_notebook.launch(faults.data_steps, devices="cpu*2", args=(torch.ones(SHOWN_FROM // 4),))
+        assert run.wait(timeout=120) == [32.0, 32.0]
+    finally:
+        show_while_sending(None)
+    err = capsys.readouterr().err
+    assert "\rsending data 0 B/268 MB" in err and "\rdata: 268 MB in shared memory (copied in " in err, err
+    assert "\n  data: 268 MB in shared memory (copied in " in format_run(run.state)  # the text view says it too
+
+
+def sum_of(ctx, x):
+    return float(x.sum())
+
+
+@pytest.mark.processes
+def test_a_result_goes_to_the_next_run_with_no_copy():
+    weights = ddp_notebook.launch(big_result, devices="cpu*2").wait(timeout=120)
+    run = ddp_notebook.launch(sum_of, devices="cpu*2", args=(weights,))
+    assert run.wait(timeout=120) == 17 * 2**20
+    assert (run.state.data.total, run.state.data.in_place) == (0, 68 * 2**20 // 4 * 4)
+    assert "data: 71 MB already in shared memory (no copy)" in format_run(run.state)
+
+
+def big_result(ctx):
+    return torch.ones(17 * 2**20) if ctx.rank == 0 else None
+
+
+@pytest.mark.processes
+def test_a_result_over_the_kept_limit_is_not_written_to_disk_and_a_reload_says_so():
+    run = ddp_notebook.launch(big_result, devices="cpu*2")
+    assert run.wait(timeout=120).sum() == 17 * 2**20  # in hand here, mapped from the worker's memfd
+    assert not os.path.exists(os.path.join(run.run_dir, "result.pkl"))
+    with pytest.raises(ddp_notebook.NoResultError, match=r"returned a result of 68 MB, which was not kept on disk "
+                                                         r"\(results over 64 MB with tensors are not\)"):
+        ddp_notebook.Run.load(run.run_dir).result()

@@ -19,7 +19,8 @@ from ..core.events import RankConfig
 from ..core.failures import FailureKind
 from ..core.probes import Probe
 from ..core.rundir import RunDir
-from ..core.shared_data import DataTable, Received
+from ..core.shared_data import DataTable
+from ..core.shared_load import Received
 from ..core.validation import ValidationReport
 
 __all__ = ["Backend", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs"]

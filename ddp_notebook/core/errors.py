@@ -142,7 +142,8 @@ class UnsafeRunDirError(DDPNotebookError, PermissionError):
 
 
 class NoResultError(DDPNotebookError):
-    """``Run.result()`` was called before the run finished."""
+    """``Run.result()`` was called before the run finished, or on a run loaded from disk whose
+    result was too large to be kept there."""
 
 
 class NoCheckpointError(DDPNotebookError):

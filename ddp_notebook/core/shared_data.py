@@ -21,6 +21,7 @@ holds or maps it ends, however it ends.
 >>> [p.nbytes for p in packed.pieces]
 [524288]
 >>> placed = packed.place()
+>>> from ddp_notebook.core.shared_load import load  # in the process that maps them
 >>> out = load(packed.data, placed.table)
 >>> float(out["x"][-1]), out["n"]
 (65535.0, 3)
@@ -35,22 +36,22 @@ import os
 import pickle
 import sys
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import pickling
+from .file_mappings import OURS, FileMappings
 
-__all__ = ["MIN_SHARED", "Piece", "Packed", "Placement", "SharedDataError", "pack", "load", "supported",
-           "open_table", "DataTable", "Received"]
+__all__ = ["MIN_SHARED", "Piece", "Packed", "Placement", "SharedDataError", "pack", "supported", "DataTable",
+           "close_all", "TAG", "PAGE"]
 
 MIN_SHARED = 64 * 1024
 """Smaller tensors and arrays are pickled by value: a reference costs more than it saves."""
 
-_TAG = "ddp-notebook-data"
-_PAGE = mmap.ALLOCATIONGRANULARITY
+TAG = "ddp-notebook-data"
+PAGE = mmap.ALLOCATIONGRANULARITY
 
 # What a process is told about the pieces of a call: where each segment is and, per piece, its
 # segment, offset, size and whether it is mapped writable (copy-on-write) or read-only. JSON.
@@ -62,8 +63,14 @@ class SharedDataError(OSError):
 
 
 def supported() -> bool:
-    """Whether pieces can be shared here (Linux: memfd and /proc/PID/fd)."""
-    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+    """Whether pieces can be shared here: Linux (memfd and /proc/PID/fd), in a process that other
+    processes of its user may look into (not made undumpable: then /proc/PID/fd is closed to them)."""
+    if not (hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(3, 0, 0, 0, 0) == 1  # PR_GET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass(eq=False)
@@ -83,7 +90,7 @@ class FileSegment:
     """A file pieces lie in, held open so the workers map that very file (not one since put there)."""
 
     fd: int
-    path: str
+    path: Optional[str]  # None: shared memory placed earlier (by ddp_notebook.share, or a result)
     dev: int
     ino: int
 
@@ -91,7 +98,7 @@ class FileSegment:
 @dataclass(eq=False)
 class Packed:
     """A pickle with its large tensors and arrays by reference. ``data`` alone unpickles nowhere:
-    ``place()`` makes the table that ``load`` needs."""
+    ``place()`` makes the table that ``shared_load.load`` needs."""
 
     data: bytes
     pieces: list[Piece] = field(default_factory=list)
@@ -100,6 +107,12 @@ class Packed:
     @property
     def shared_bytes(self) -> int:
         return sum(p.nbytes for p in self.pieces)
+
+    @property
+    def in_place_bytes(self) -> int:
+        """Bytes of pieces already in shared memory: sent with no copy."""
+        ours = {i for i, f in enumerate(self.files) if f.path is None}
+        return sum(p.nbytes for p in self.pieces if p.file is not None and p.file[0] in ours)
 
     @property
     def copied_bytes(self) -> int:
@@ -119,7 +132,7 @@ class Packed:
         return pickling.dumps(_LiveUnpickler(io.BytesIO(self.data), self).load())
 
 
-def _close_all(fds: list[int]) -> None:
+def close_all(fds: list[int]) -> None:
     for fd in fds:
         try:
             os.close(fd)
@@ -128,55 +141,6 @@ def _close_all(fds: list[int]) -> None:
 
 
 # ---- packing ----------------------------------------------------------------------------------
-class _Maps:
-    """This process's file mappings (/proc/self/maps), read once per pack, and whether a private
-    writable one holds pages that differ from its file (then it is not the file any more)."""
-
-    def __init__(self) -> None:
-        self._rows: Optional[list[tuple[int, int, str, int, int, int, str]]] = None
-
-    def find(self, address: int, nbytes: int) -> Optional[tuple[str, int, int, int, bool]]:
-        """(path, dev, ino, file offset, mapped writable) for memory wholly inside one clean mapping
-        of a regular file, else None."""
-        if self._rows is None:
-            self._rows = _read_maps()
-        for start, end, perms, offset, dev, ino, path in self._rows:
-            if start <= address and address + nbytes <= end:
-                if ino == 0 or not path.startswith("/") or path.endswith(" (deleted)") or path.startswith("/memfd:"):
-                    return None
-                if perms[1] == "w" and perms[3] == "p" and _dirty_private(start):
-                    return None  # copy-on-write pages written since: the file no longer says what it holds
-                return path, dev, ino, offset + address - start, perms[1] == "w"
-        return None
-
-
-def _read_maps() -> list[tuple[int, int, str, int, int, int, str]]:
-    rows = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6:
-                continue
-            lo, hi = parts[0].split("-")
-            major, minor = parts[3].split(":")
-            rows.append((int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), os.makedev(int(major, 16),
-                         int(minor, 16)), int(parts[4]), parts[5].rstrip("\n")))
-    return rows
-
-
-def _dirty_private(start: int) -> bool:
-    """Whether the mapping at ``start`` has private (copied-on-write) pages (smaps' Anonymous)."""
-    head = f"{start:x}-"
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            if line.startswith(head):
-                inside = True
-            elif inside and line.startswith("Anonymous:"):
-                return int(line.split()[1]) != 0
-    return True
-
-
 def _torch() -> Any:
     return sys.modules.get("torch")  # no tensor exists in a process that never imported torch
 
@@ -192,8 +156,9 @@ class _SharingPickler(pickling.Pickler):
         super().__init__(file, protocol=pickling.PROTOCOL)
         self.packed = packed
         self._index: dict[tuple[int, int, str], int] = {}
-        self._maps = _Maps()
+        self._maps = FileMappings()
         self._files: dict[tuple[int, int], int] = {}
+        self._by_path = supported()
 
     def persistent_id(self, obj: Any) -> Any:
         torch, np = _torch(), _numpy()
@@ -202,12 +167,12 @@ class _SharingPickler(pickling.Pickler):
             if storage.device.type != "cpu" or storage.nbytes() < MIN_SHARED:
                 return None
             index = self._piece(obj, storage.data_ptr(), storage.nbytes(), True, "storage")
-            return (_TAG, index, "storage", obj.dtype)
+            return (TAG, index, "storage", obj.dtype)
         if (np is not None and type(obj) in (np.ndarray, np.memmap) and obj.nbytes >= MIN_SHARED
                 and not obj.dtype.hasobject and (obj.flags.c_contiguous or obj.flags.f_contiguous)):
             order = "C" if obj.flags.c_contiguous else "F"
             index = self._piece(obj, obj.ctypes.data, obj.nbytes, bool(obj.flags.writeable), "array")
-            return (_TAG, index, "array", (obj.dtype, obj.shape, order, bool(obj.flags.writeable)))
+            return (TAG, index, "array", (obj.dtype, obj.shape, order, bool(obj.flags.writeable)))
         return None
 
     def _piece(self, obj: Any, address: int, nbytes: int, writable: bool, kind: str) -> int:
@@ -215,7 +180,7 @@ class _SharingPickler(pickling.Pickler):
         if key in self._index:
             return self._index[key]
         piece = Piece(obj, address, nbytes, writable)
-        found = self._maps.find(address, nbytes) if supported() else None
+        found = self._maps.find(address, nbytes) if self._by_path else None
         if found is not None:
             path, dev, ino, offset, mapped_writable = found
             segment = self._file_segment(path, dev, ino)
@@ -229,17 +194,34 @@ class _SharingPickler(pickling.Pickler):
     def _file_segment(self, path: str, dev: int, ino: int) -> Optional[int]:
         if (dev, ino) in self._files:
             return self._files[(dev, ino)]
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+        fd = _open_same(path, dev, ino)
+        if fd is None:  # gone or replaced since it was mapped: copy what is in memory
             return None
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (dev, ino):  # replaced since it was mapped: copy what is in memory
-            os.close(fd)
-            return None
-        self.packed.files.append(FileSegment(fd, path, dev, ino))
+        self.packed.files.append(FileSegment(fd, None if path.startswith(OURS) else path, dev, ino))
         self._files[(dev, ino)] = len(self.packed.files) - 1
         return self._files[(dev, ino)]
+
+
+def _open_same(path: str, dev: int, ino: int) -> Optional[int]:
+    """A read-only descriptor on the file mapped at ``path`` (dev, ino): by its path, or for shared
+    memory we placed, through a descriptor of this process that holds it (a mapping keeps one)."""
+    if path.startswith(OURS):
+        candidates = [f"/proc/self/fd/{n}" for n in os.listdir("/proc/self/fd")]
+    else:
+        candidates = [path]
+    for candidate in candidates:
+        try:
+            st = os.stat(candidate)
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                continue
+            fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            return fd
+        os.close(fd)
+    return None
 
 
 def pack(obj: Any) -> Packed:
@@ -249,7 +231,7 @@ def pack(obj: Any) -> Packed:
     try:
         _SharingPickler(buf, packed).dump(obj)
     finally:
-        weakref.finalize(packed, _close_all, [f.fd for f in packed.files])  # the files it holds open
+        weakref.finalize(packed, close_all, [f.fd for f in packed.files])  # the files it holds open
     packed.data = buf.getvalue()
     return packed
 
@@ -270,7 +252,7 @@ class Placement:
         self.table = table
         self._fds = fds
         self._keep = keep  # what must stay alive while the table is in use (the Packed)
-        self._closer = weakref.finalize(self, _close_all, fds)
+        self._closer = weakref.finalize(self, close_all, fds)
         self.seconds = 0.0
 
     @classmethod
@@ -285,11 +267,11 @@ class Placement:
             fds.append(arena)
         try:
             if arena is not None:
-                os.ftruncate(arena, _aligned(total + _PAGE * len(packed.pieces)))
+                os.ftruncate(arena, _aligned(total + PAGE * len(packed.pieces)))
                 segments.append(_describe(arena, None))
             rows = _copy_pieces(packed, arena, len(segments) - 1, progress)
         except BaseException:  # interrupted: nothing half-made stays held
-            _close_all(fds)
+            close_all(fds)
             raise
         placement = cls({"segments": segments, "pieces": rows}, fds, keep=packed)
         placement.seconds = time.monotonic() - t0
@@ -324,135 +306,13 @@ def _copy_pieces(packed: Packed, arena: Optional[int], segment: int,
 
 
 def _aligned(n: int) -> int:
-    return (n + _PAGE - 1) // _PAGE * _PAGE
+    return (n + PAGE - 1) // PAGE * PAGE
 
 
 def _describe(fd: int, path: Optional[str]) -> dict[str, Any]:
     st = os.fstat(fd)
     return {"path": f"/proc/{os.getpid()}/fd/{fd}", "dev": st.st_dev, "ino": st.st_ino,
             "name": path or "shared memory"}
-
-
-# ---- loading ----------------------------------------------------------------------------------
-def open_table(table: DataTable) -> list[int]:
-    """Open every segment of ``table`` here (read-only), checking each is the file it was; the
-    caller closes them. Raises ``SharedDataError`` naming the segment that cannot be opened."""
-    fds: list[int] = []
-    try:
-        for seg in table.get("segments", []):
-            try:
-                fd = os.open(seg["path"], os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as e:
-                raise SharedDataError(f"cannot open the data in {seg['name']} ({seg['path']}): "
-                                      f"{e.strerror or e}") from None
-            fds.append(fd)
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != (seg["dev"], seg["ino"]):
-                raise SharedDataError(f"{seg['name']} ({seg['path']}) is not the file it was when the data was "
-                                      "placed (it was replaced)")
-    except BaseException:
-        _close_all(fds)
-        raise
-    return fds
-
-
-class _Mapper:
-    """Maps each segment once, over the span its pieces cover (one descriptor per segment: Python's
-    mmap keeps a duplicate of it, and a model may have thousands of pieces). A segment is mapped
-    copy-on-write unless every piece in it is read-only (a huge read-only file then costs no
-    commit charge)."""
-
-    def __init__(self, table: DataTable, fds: list[int]) -> None:
-        self.rows = table.get("pieces", [])
-        self.fds = fds
-        self.memo: dict[int, Any] = {}
-        self._maps: dict[int, tuple[mmap.mmap, int]] = {}
-
-    def window(self, index: int) -> tuple[mmap.mmap, int, int, bool]:
-        """(the segment's mapping, the piece's offset in it, its size, whether it is writable)."""
-        segment, offset, nbytes, writable = self.rows[index]
-        if segment not in self._maps:
-            rows = [r for r in self.rows if r[0] == segment]
-            start = min(r[1] for r in rows)
-            start -= start % _PAGE
-            end = max(r[1] + r[2] for r in rows)
-            access = mmap.ACCESS_COPY if any(r[3] for r in rows) else mmap.ACCESS_READ
-            self._maps[segment] = (mmap.mmap(self.fds[segment], end - start, access=access, offset=start), start)
-        mm, start = self._maps[segment]
-        return mm, offset - start, nbytes, writable
-
-
-def _rebuild(mapper: _Mapper, index: int, kind: str, meta: Any) -> Any:
-    if index in mapper.memo:  # views of one storage stay views of one storage (tied weights)
-        return mapper.memo[index]
-    mm, delta, nbytes, _writable = mapper.window(index)
-    if kind == "storage":
-        torch = _torch() or __import__("torch")
-        with warnings.catch_warnings():  # a read-only file's tensors are read-only in the notebook too
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=delta).untyped_storage()
-        out = torch.storage.TypedStorage(wrap_storage=raw, dtype=meta, _internal=True)
-    else:
-        np = _numpy() or __import__("numpy")
-        dtype, shape, order, was_writable = meta
-        out = np.ndarray(shape, dtype=dtype, buffer=mm, offset=delta, order=order)
-        if not was_writable and out.flags.writeable:  # read-only where it came from, read-only here
-            out.flags.writeable = False
-    mapper.memo[index] = out
-    return out
-
-
-class Received:
-    """A pickle another process sent, with its pieces still in that process: ``adopt`` opens them
-    here at once (while the sender lives), so ``load`` can map them after it has gone.
-
-    >>> Received(pickling.dumps([1, 2])).load()
-    [1, 2]
-    """
-
-    def __init__(self, data: bytes, table: Optional[DataTable] = None, fds: Optional[list[int]] = None,
-                 error: Optional[str] = None) -> None:
-        self.data = data
-        self.table = table
-        self.error = error  # why the pieces could not be opened (load raises it)
-        self._fds = fds or []
-        self._closer = weakref.finalize(self, _close_all, self._fds)
-
-    @classmethod
-    def adopt(cls, data: bytes, table: Optional[DataTable]) -> Received:
-        if not table or not table.get("pieces"):
-            return cls(data)
-        try:
-            return cls(data, table, open_table(table))
-        except SharedDataError as e:
-            return cls(data, table, error=str(e))
-
-    @property
-    def shared_bytes(self) -> int:
-        return sum(row[2] for row in (self.table or {}).get("pieces", []))
-
-    def load(self) -> Any:
-        """The object, its pieces mapped copy-on-write (each call maps them anew)."""
-        if self.error is not None:
-            raise SharedDataError(self.error)
-        if not self.table or not self.table.get("pieces"):
-            return pickling.loads(self.data)
-        return _MappingUnpickler(io.BytesIO(self.data), _Mapper(self.table, self._fds)).load()
-
-    def release(self) -> None:
-        """Close what is held here; what ``load`` returned keeps its memory."""
-        self._closer()
-
-
-class _MappingUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, mapper: _Mapper) -> None:
-        super().__init__(file)
-        self.mapper = mapper
-
-    def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 4 and pid[0] == _TAG):
-            raise pickle.UnpicklingError(f"unknown reference {pid!r}")
-        return _rebuild(self.mapper, pid[1], pid[2], pid[3])
 
 
 class _LiveUnpickler(pickle.Unpickler):
@@ -464,15 +324,3 @@ class _LiveUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return self.packed.pieces[pid[1]].obj
-
-
-def load(data: bytes, table: Optional[DataTable]) -> Any:
-    """Unpickle ``data``, mapping its pieces as ``table`` (from ``Placement.table``) says."""
-    if not table or not table.get("pieces"):
-        return pickling.loads(data)
-    fds = open_table(table)
-    try:
-        return _MappingUnpickler(io.BytesIO(data), _Mapper(table, fds)).load()
-    finally:
-        _close_all(fds)  # the mappings hold the memory from here
-

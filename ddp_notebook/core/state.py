@@ -153,6 +153,7 @@ class DataState:
     sent: int = 0
     files: list[str] = field(default_factory=list)
     seconds: Optional[float] = None  # None: still being sent
+    in_place: int = 0  # bytes already in shared memory (ddp_notebook.share, a run's result): not copied
 
     @property
     def sending(self) -> bool:
@@ -179,6 +180,7 @@ class RunState:
     events_seen: int = 0
     log_truncated: bool = False  # the log on disk reached its limit: later progress and output are not in it
     data: Optional[DataState] = None  # the call's shared tensors and arrays, when it has some
+    result_not_kept: Optional[int] = None  # bytes of a result too large to be kept on disk
 
     @property
     def world_size(self) -> int:
@@ -221,6 +223,7 @@ class RunState:
         elif kind == EventKind.RUN_FINISHED:
             self.status = RunStatus(event["status"])
             self.ended_at = t
+            self.result_not_kept = event.get("result_not_kept")
         elif kind == EventKind.STOPPING:
             self.stop_reason = event.get("reason")
         elif kind == EventKind.SUPERVISOR_ERROR:
@@ -229,7 +232,8 @@ class RunState:
             self.log_truncated = True
         elif kind == EventKind.DATA:
             self.data = DataState(int(event.get("total") or 0), int(event.get("sent") or 0),
-                                  [str(f) for f in event.get("files") or []], event.get("seconds"))
+                                  [str(f) for f in event.get("files") or []], event.get("seconds"),
+                                  int(event.get("in_place") or 0))
         elif kind == EventKind.FAILURE:
             failure = WorkerFailure.from_dict(event["failure"])
             same = [i for i, f in enumerate(self.failures)

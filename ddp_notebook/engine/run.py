@@ -23,7 +23,6 @@ from typing import Any, Optional, Union
 
 from ..backends.base import Backend, StartSpec
 from ..backends.local.backend import LocalBackend
-from ..core import bounds, pickling
 from ..core.devices import Device, DeviceSpec, format_devices
 from ..core.errors import (
     ArgumentsError,
@@ -39,14 +38,15 @@ from ..core.events import EventKind, RankConfig
 from ..core.failures import FailureKind, Phase, WorkerFailure
 from ..core.probes import Probe
 from ..core.rundir import RunDir
-from ..core.shared_data import Packed, Received
+from ..core.shared_data import Packed
+from ..core.shared_load import Received
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_flag, check_option_names, check_seconds
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
-from .stored import read_run
+from .stored import keep_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
@@ -199,12 +199,13 @@ class Run:
         outcome = Outcome(RunStatus.FAILED, None, "the supervisor did not return")
         try:
             outcome = self._supervisor.supervise()
+            finished: dict[str, Any] = {"kind": EventKind.RUN_FINISHED, "status": outcome.status}
             if outcome.result is not None:
-                if self._load_result(outcome.result):
-                    self._keep_result(outcome.result)
-                else:
-                    outcome = replace(outcome, status=RunStatus.FAILED)
-            self.stream.emit({"kind": EventKind.RUN_FINISHED, "time": time.time(), "status": outcome.status})
+                if not self._load_result(outcome.result):
+                    finished["status"] = RunStatus.FAILED
+                elif not keep_result(self.dir, outcome.result, self._loaded):
+                    finished["result_not_kept"] = len(outcome.result.data) + outcome.result.shared_bytes
+            self.stream.emit({**finished, "time": time.time()})
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
             self.runs_on.finished(self.dir, len(self.devices))
@@ -226,16 +227,6 @@ class Run:
             self.stream.emit({"kind": EventKind.FAILURE, "time": failure.time, "rank": 0,
                               "failure": failure.to_dict()})
             return False
-
-    def _keep_result(self, result: Received) -> None:
-        """Keep the result in the run's directory, so the run can be reloaded after a restart: by
-        value, and only up to ``KEEP_LIMIT`` when it came with shared tensors (a large model's
-        weights are not written to disk a second time)."""
-        if result.table is None:
-            self.dir.write_private(RunDir.RESULT, result.data)
-        elif len(result.data) + result.shared_bytes <= KEEP_LIMIT and self._loaded is not None:
-            self.dir.write_private(RunDir.RESULT, pickling.dumps(self._loaded[0]))
-        result.release()  # what was loaded keeps its memory
 
     def _end(self, result: Optional[Received]) -> None:
         self._result = result
@@ -296,25 +287,7 @@ class Run:
         if stream not in (None, "stdout", "stderr"):
             raise ArgumentsError(f"output() takes stream='stdout', 'stderr' or None (both), not {stream!r}")
 
-        def wanted(e: dict[str, Any]) -> bool:
-            return e["kind"] == EventKind.OUTPUT and e.get("rank") == rank and stream in (None, e["stream"])
-
-        if not self.stream.dropped:  # all of it is still in memory
-            return "".join(e["text"] for e in self.stream.select(wanted))
-        parts: list[str] = []
-        cut_at = None
-        for e in self.dir.iter_events((EventKind.OUTPUT, EventKind.LOG_TRUNCATED)):
-            if e["kind"] == EventKind.LOG_TRUNCATED:
-                cut_at = e.get("time")
-            elif wanted(e):
-                parts.append(e["text"])
-        text = "".join(parts)
-        if cut_at is None:
-            return text
-        since = [e for e in self.stream.select(wanted) if (e.get("time") or 0) >= cut_at]
-        note = (f"\n[ddp_notebook: output not kept here: the log of run {self.id} reached its limit of "
-                f"{bounds.LOG_BYTES // 2**20} MB; what follows is the most recent output, kept in memory]\n")
-        return text + note + "".join(e["text"] for e in since)
+        return output_of(self.stream, self.dir, self.id, rank, stream)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the run ends; return the main worker's return value.
@@ -354,6 +327,10 @@ class Run:
                                    "workers were ended. This is a bug in ddp_notebook: the event log is "
                                    f"{self.dir.events_path}")
         if self._result is None:
+            if state.result_not_kept:
+                raise NoResultError(f"run {self.id} returned a result of {state.result_not_kept / 2**20:.0f} MB, which "
+                                    f"was not kept on disk (results over {KEEP_LIMIT // 2**20} MB with tensors are "
+                                    "not); it was only in the notebook process that ran it")
             if state.status == RunStatus.STOPPED:
                 raise RunStoppedError(f"run {self.id} was stopped ({state.stop_reason}) before the main "
                                       "worker returned a result")

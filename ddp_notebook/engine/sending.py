@@ -16,10 +16,24 @@ from ..core import shared_data
 from ..core.events import EventKind
 from ..core.shared_data import Packed, Placement
 
-__all__ = ["send_data", "PROGRESS_EVERY"]
+__all__ = ["send_data", "show_while_sending", "PROGRESS_EVERY", "SHOWN_FROM"]
 
 PROGRESS_EVERY = 0.25
 """Seconds between two ``data`` events while a copy goes on."""
+SHOWN_FROM = 256 * 2**20
+"""A copy of at least this many bytes is shown while it goes on (``show_while_sending``)."""
+
+# How a long copy shows while ``launch`` makes it, before any view of the run exists: set by the
+# front end (``ui.display``): a line in the cell's output, or on stderr. Called with the bytes to
+# copy, it returns what to call with (sent, total, seconds once done).
+ShowSending = Callable[[int], Callable[[int, int, Optional[float]], None]]
+_show_sending: Optional[ShowSending] = None
+
+
+def show_while_sending(hook: Optional[ShowSending]) -> None:
+    """Set how a long copy shows while it goes on (the front end calls this once)."""
+    global _show_sending
+    _show_sending = hook
 
 
 def send_data(payload: Packed, maps_memory: bool,
@@ -31,17 +45,23 @@ def send_data(payload: Packed, maps_memory: bool,
     if not (maps_memory and shared_data.supported()):
         return payload.inline(), None
     total = payload.copied_bytes
-    files = [f.path for f in payload.files]
+    files = [f.path for f in payload.files if f.path is not None]
+    base = {"kind": EventKind.DATA, "total": total, "files": files, "in_place": payload.in_place_bytes}
     last = [time.monotonic()]
+    shown = _show_sending(total) if _show_sending is not None and total >= SHOWN_FROM else None
 
     def progress(sent: int, _total: int) -> None:
         now = time.monotonic()
         if now - last[0] >= PROGRESS_EVERY:
             last[0] = now
-            emit({"kind": EventKind.DATA, "time": time.time(), "sent": sent, "total": total, "files": files})
+            emit({**base, "time": time.time(), "sent": sent})
+            if shown is not None:
+                shown(sent, total, None)
 
-    emit({"kind": EventKind.DATA, "time": time.time(), "sent": 0, "total": total, "files": files})
+    emit({**base, "time": time.time(), "sent": 0})
     placement = payload.place(progress)
-    emit({"kind": EventKind.DATA, "time": time.time(), "sent": total, "total": total, "files": files,
-          "seconds": round(placement.seconds, 3)})
+    seconds = round(placement.seconds, 3)
+    emit({**base, "time": time.time(), "sent": total, "seconds": seconds})
+    if shown is not None:
+        shown(total, total, seconds)
     return payload.data, placement

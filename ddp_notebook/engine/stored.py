@@ -13,15 +13,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..core import bounds, pickling
 from ..core.devices import Device, parse_devices
 from ..core.errors import RunLoadError
 from ..core.events import EventKind
 from ..core.rundir import RunDir, default_run_root
+from ..core.shared_load import Received
 from ..core.state import RunStatus
 from ..core.stream import EventStream
-from .resume import KeptCall, read_call
+from .resume import KEEP_LIMIT, KeptCall, read_call
 
-__all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF"]
+__all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF", "keep_result", "output_of"]
 
 
 @dataclass
@@ -110,3 +112,44 @@ def _checked_events(events: Iterable[Any]) -> Iterator[dict[str, Any]]:
         yield event
     if number == 0:
         raise ValueError("it holds no event")
+
+
+def keep_result(directory: RunDir, result: Received, loaded: Optional[tuple[Any]]) -> bool:
+    """Keep a run's result (``loaded``: its value, unpickled) in its directory, so the run can be
+    reloaded after a restart: by value, and only up to ``KEEP_LIMIT`` when it came with shared
+    tensors (a large model's weights are not written to disk a second time). False when it was
+    not kept. What this process holds of the result is released; the value keeps its memory."""
+    try:
+        if result.table is None:
+            directory.write_private(RunDir.RESULT, result.data)
+        elif len(result.data) + result.shared_bytes <= KEEP_LIMIT and loaded is not None:
+            directory.write_private(RunDir.RESULT, pickling.dumps(loaded[0]))
+        else:
+            return False
+        return True
+    finally:
+        result.release()
+
+
+def output_of(stream: EventStream, directory: RunDir, run_id: str, rank: int, which: Optional[str]) -> str:
+    """Everything ``rank`` printed (``which``: "stdout", "stderr" or None for both): from memory
+    while the stream holds all of it, else from the log, saying what the log's limit cut."""
+    def wanted(e: dict[str, Any]) -> bool:
+        return e["kind"] == EventKind.OUTPUT and e.get("rank") == rank and which in (None, e["stream"])
+
+    if not stream.dropped:  # all of it is still in memory
+        return "".join(e["text"] for e in stream.select(wanted))
+    parts: list[str] = []
+    cut_at = None
+    for e in directory.iter_events((EventKind.OUTPUT, EventKind.LOG_TRUNCATED)):
+        if e["kind"] == EventKind.LOG_TRUNCATED:
+            cut_at = e.get("time")
+        elif wanted(e):
+            parts.append(e["text"])
+    text = "".join(parts)
+    if cut_at is None:
+        return text
+    since = [e for e in stream.select(wanted) if (e.get("time") or 0) >= cut_at]
+    note = (f"\n[ddp_notebook: output not kept here: the log of run {run_id} reached its limit of "
+            f"{bounds.LOG_BYTES // 2**20} MB; what follows is the most recent output, kept in memory]\n")
+    return text + note + "".join(e["text"] for e in since)

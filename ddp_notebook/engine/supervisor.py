@@ -31,7 +31,7 @@ from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..core.bounds import LINE_CHARS, bound_event, cut
 from ..core.events import EventKind
 from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
-from ..core.shared_data import Received
+from ..core.shared_load import Received
 from ..core.state import RunStatus
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 

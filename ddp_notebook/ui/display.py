@@ -6,17 +6,22 @@ live; the package does it on import inside IPython, and the extension on load.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from html import escape
 from typing import Any, Optional
 
+from ..core.state import DataState
 from ..core.validation import ValidationReport
 from ..engine.launch import show_while_waiting
 from ..engine.run import Run
+from ..engine.sending import show_while_sending
 from .html import report_html
 from .terminal import watch
-from .text import format_run
+from .text import format_data, format_run
 
-__all__ = ["in_notebook", "show_run", "show_report", "show_blocking_run", "register", "unregister"]
+__all__ = ["in_notebook", "show_run", "show_report", "show_blocking_run", "show_sending", "register",
+           "unregister"]
 
 
 def _shell() -> Any:
@@ -96,10 +101,32 @@ def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:
     return watch(run)
 
 
+def show_sending(total: int) -> Callable[[int, int, Optional[float]], None]:
+    """How a long copy of a call's data into shared memory shows while ``launch`` makes it: a line
+    in the cell's output in a notebook (kept, with what it took), on stderr elsewhere."""
+    if in_notebook():
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        line = widgets.HTML()
+        display(line)
+
+        def update(sent: int, total: int, seconds: Optional[float]) -> None:
+            line.value = f"<code>{escape(format_data(DataState(total, sent, seconds=seconds)))}</code>"
+    else:
+        def update(sent: int, total: int, seconds: Optional[float]) -> None:
+            end = "\n" if seconds is not None else ""
+            print(f"\r{format_data(DataState(total, sent, seconds=seconds))}", end=end, file=sys.stderr, flush=True)
+    update(0, total, None)
+    return update
+
+
 def register(shell: Any = None) -> None:
     """Show every ``Run`` through ``show_run`` in ``shell`` (default: the running IPython, if any),
-    and every run a caller blocks on (``show_blocking_run``)."""
+    every run a caller blocks on (``show_blocking_run``) and every long copy of a call's data
+    (``show_sending``)."""
     show_while_waiting(show_blocking_run)
+    show_while_sending(show_sending)
     shell = shell if shell is not None else _shell()
     if shell is not None:
         shell.display_formatter.ipython_display_formatter.for_type(Run, _display_run)

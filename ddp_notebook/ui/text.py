@@ -77,10 +77,14 @@ def format_data(data: DataState) -> str:
     'sending data 1.2 GB/4 GB'
     >>> format_data(DataState(total=4_000_000_000, sent=4_000_000_000, files=["/data/x.npy"], seconds=0.9))
     'data: 4 GB in shared memory (copied in 0.9 s), /data/x.npy mapped by path'
+    >>> format_data(DataState(seconds=0.0, in_place=2_000_000_000))
+    'data: 2 GB already in shared memory (no copy)'
     """
     if data.sending:
         return f"sending data {format_bytes(data.sent)}/{format_bytes(data.total)}"
     parts = [f"{format_bytes(data.total)} in shared memory (copied in {data.seconds:.1f} s)"] if data.total else []
+    if data.in_place:
+        parts.append(f"{format_bytes(data.in_place)} already in shared memory (no copy)")
     if data.files:
         parts.append(f"{', '.join(data.files[:3])}{' …' if len(data.files) > 3 else ''} mapped by path")
     return "data: " + ", ".join(parts)

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
-from ..core import pickling, shared_data
+from ..core import pickling, shared_data, shared_load
 from ..core.bounds import bound_event
 from ..core.events import EventKind, RankConfig
 from ..core.failures import Phase
@@ -102,7 +102,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         # must bind the version that defers the group's destruction.
         teardown.hold()
         where.phase = Phase.UNPICKLE
-        call = shared_data.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
+        call = shared_load.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
         linecache.cache.update(call.get("sources", {}))
         fn, args, kwargs = call["fn"], call["args"], call["kwargs"]

@@ -17,7 +17,7 @@ from typing import Any
 from ...core.events import EventKind, RankConfig
 from ...core.failures import Phase
 from ...core.rundir import RunDir
-from ...core.shared_data import Received
+from ...core.shared_load import Received
 from ...worker.boot import STACK_SIGNAL
 from ...worker.engine import run_rank
 from ..base import Exited, Observation, Output, Transport, WorkerEvent

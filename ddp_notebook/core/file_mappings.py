@@ -1,0 +1,73 @@
+"""Which memory of this process another process can map instead of being sent a copy: memory
+inside a mapping of a regular file, or of shared memory that ``core.shared_data`` placed, whose
+pages still say what the file says (none of them written here since: a private mapping's written
+pages are this process's own copies, which /proc/self/pagemap tells apart page by page).
+
+>>> FileMappings().find(id(object()), 8) is None  # the heap is no file
+True
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Optional
+
+__all__ = ["FileMappings", "OURS"]
+
+OURS = "/memfd:ddp-notebook-data"  # how /proc/self/maps names the shared memory shared_data places
+_PAGE = mmap.PAGESIZE
+
+
+class FileMappings:
+    """This process's mappings (/proc/self/maps), read once per pack."""
+
+    def __init__(self) -> None:
+        self._rows: Optional[list[tuple[int, int, str, int, int, int, str]]] = None
+
+    def find(self, address: int, nbytes: int) -> Optional[tuple[str, int, int, int, bool]]:
+        """(path, dev, ino, offset in the file, mapped writable) for memory wholly inside one
+        mapping of a regular file or of our shared memory, none of whose pages in that range was
+        written here; else None."""
+        if self._rows is None:
+            self._rows = _read_maps()
+        for start, end, perms, offset, dev, ino, path in self._rows:
+            if start <= address and address + nbytes <= end:
+                ours = path.startswith(OURS)
+                if ino == 0 or not (ours or path.startswith("/")) or (path.endswith(" (deleted)") and not ours):
+                    return None
+                if perms[3] == "p" and perms[1] == "w" and not unwritten(address, nbytes):
+                    return None  # copy-on-write pages written since: the file no longer says what it holds
+                return path, dev, ino, offset + address - start, perms[1] == "w"
+        return None
+
+
+def _read_maps() -> list[tuple[int, int, str, int, int, int, str]]:
+    rows = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6:
+                continue
+            lo, hi = parts[0].split("-")
+            major, minor = parts[3].split(":")
+            rows.append((int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), os.makedev(int(major, 16),
+                         int(minor, 16)), int(parts[4]), parts[5].rstrip("\n")))
+    return rows
+
+
+def unwritten(address: int, nbytes: int) -> bool:
+    """Whether no page of ``[address, address + nbytes)`` is a private copy made by a write here
+    (/proc/self/pagemap: a present page that is not the file's, or a swapped one)."""
+    first, last = address // _PAGE, (address + max(nbytes, 1) - 1) // _PAGE
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first * 8)
+            raw = f.read((last - first + 1) * 8)
+    except OSError:
+        return False
+    entries = memoryview(raw).cast("Q")
+    for start in range(0, len(entries), 65536):
+        for e in entries[start:start + 65536]:
+            if e >> 62 & 1 or (e >> 63 & 1 and not e >> 61 & 1):
+                return False
+    return True

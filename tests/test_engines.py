@@ -74,6 +74,12 @@ def test_launch_runs_one_rank_per_engine(rc):
     assert run.state.devices == ["cpu:0", "cpu:1"]
 
 
+def test_engines_get_a_tensor_by_value_where_local_workers_map_it(rc):
+    data = torch.ones(2**16)  # 256 kB: shared memory for local workers
+    run = ddp_notebook.launch(faults.data_steps, engines=rc, args=(data,))
+    assert run.wait(timeout=60) == [32.0, 32.0] and run.state.data is None  # sent by value, no shared memory
+
+
 def test_local_rank_counts_the_ranks_on_the_engines_host(rc):
     def where(ctx):
         return [ctx.local_rank, ctx.local_world_size, os.environ["LOCAL_RANK"]]

@@ -133,6 +133,35 @@ def test_shared_data_is_sent_again_with_no_copy_until_it_is_written():
 
 
 @pytest.mark.unit
+def test_views_of_the_same_bytes_with_another_dtype_shape_or_order_stay_what_they_are():
+    a = np.arange(MIN_SHARED // 8, dtype=np.float64)
+    t = torch.randn(MIN_SHARED // 4)
+    objs = (a, a.view(np.int64), a.reshape(64, -1), a.reshape(64, -1).T,
+            t, t.view(torch.int32), t.view(torch.uint8)[8:], torch.view_as_complex(t.view(-1, 2)))
+    _, out = roundtrip(objs)
+    by_value = ddp_notebook.core.pickling.loads(pack(objs).inline())
+    for got in (out, by_value):
+        for g, want in zip(got, objs):
+            assert g.dtype == want.dtype and tuple(g.shape) == tuple(want.shape)
+            assert (g == want).all()
+    assert out[5].untyped_storage().data_ptr() == out[4].untyped_storage().data_ptr()  # one storage
+
+
+@pytest.mark.unit
+def test_a_file_mapped_for_writing_is_copied_and_a_rewritten_one_refused(tmp_path):
+    path = tmp_path / "x.f32"
+    np.zeros(MIN_SHARED, dtype=np.float32).tofile(path)
+    shared = np.memmap(path, dtype=np.float32, mode="r+")  # the notebook's writes go to the file
+    assert pack(shared).copied_bytes == shared.nbytes
+    packed = pack(np.memmap(path, dtype=np.float32, mode="r"))
+    placed = packed.place()
+    np.ones(MIN_SHARED, dtype=np.float32).tofile(path)  # rewritten in place before a rank maps it
+    with pytest.raises(SharedDataError, match=r"x.f32 was rewritten since the run was launched"):
+        load(packed.data, placed.table)
+    placed.release()
+
+
+@pytest.mark.unit
 def test_a_replaced_file_is_refused_by_name(tmp_path):
     path = tmp_path / "x.f32"
     np.zeros(MIN_SHARED, dtype=np.float32).tofile(path)

@@ -34,6 +34,7 @@ import io
 import mmap
 import os
 import pickle
+import stat
 import sys
 import time
 import weakref
@@ -155,7 +156,7 @@ class _SharingPickler(pickling.Pickler):
     def __init__(self, file: io.BytesIO, packed: Packed) -> None:
         super().__init__(file, protocol=pickling.PROTOCOL)
         self.packed = packed
-        self._index: dict[tuple[int, int, str], int] = {}
+        self._index: dict[tuple[int, int, tuple[Any, ...]], int] = {}
         self._maps = FileMappings()
         self._files: dict[tuple[int, int], int] = {}
         self._by_path = supported()
@@ -166,17 +167,22 @@ class _SharingPickler(pickling.Pickler):
             storage = obj._untyped_storage
             if storage.device.type != "cpu" or storage.nbytes() < MIN_SHARED:
                 return None
-            index = self._piece(obj, storage.data_ptr(), storage.nbytes(), True, "storage")
+            # One piece per storage, whatever dtype each reference views it as (a dtype view of
+            # the same memory is another TypedStorage over the same bytes).
+            index = self._piece(obj, storage.data_ptr(), storage.nbytes(), True, ("storage",))
             return (TAG, index, "storage", obj.dtype)
         if (np is not None and type(obj) in (np.ndarray, np.memmap) and obj.nbytes >= MIN_SHARED
                 and not obj.dtype.hasobject and (obj.flags.c_contiguous or obj.flags.f_contiguous)):
             order = "C" if obj.flags.c_contiguous else "F"
-            index = self._piece(obj, obj.ctypes.data, obj.nbytes, bool(obj.flags.writeable), "array")
-            return (TAG, index, "array", (obj.dtype, obj.shape, order, bool(obj.flags.writeable)))
+            meta = (obj.dtype, obj.shape, order, bool(obj.flags.writeable))
+            # An array is its memory and how it reads it: views of the same bytes with another
+            # dtype, shape or order are pieces of their own.
+            index = self._piece(obj, obj.ctypes.data, obj.nbytes, bool(obj.flags.writeable), ("array", meta))
+            return (TAG, index, "array", meta)
         return None
 
-    def _piece(self, obj: Any, address: int, nbytes: int, writable: bool, kind: str) -> int:
-        key = (address, nbytes, kind)
+    def _piece(self, obj: Any, address: int, nbytes: int, writable: bool, what: tuple[Any, ...]) -> int:
+        key = (address, nbytes, what)
         if key in self._index:
             return self._index[key]
         piece = Piece(obj, address, nbytes, writable)
@@ -212,8 +218,8 @@ def _open_same(path: str, dev: int, ino: int) -> Optional[int]:
     for candidate in candidates:
         try:
             st = os.stat(candidate)
-            if (st.st_dev, st.st_ino) != (dev, ino):
-                continue
+            if (st.st_dev, st.st_ino) != (dev, ino) or not stat.S_ISREG(st.st_mode):
+                continue  # a device's memory is not a file's contents
             fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
@@ -310,9 +316,13 @@ def _aligned(n: int) -> int:
 
 
 def _describe(fd: int, path: Optional[str]) -> dict[str, Any]:
+    """A segment as the table gives it: where to open it, what it must be, how to name it. A file's
+    size and time of change are checked where it is mapped: it must not be rewritten meanwhile."""
     st = os.fstat(fd)
-    return {"path": f"/proc/{os.getpid()}/fd/{fd}", "dev": st.st_dev, "ino": st.st_ino,
-            "name": path or "shared memory"}
+    seg = {"path": f"/proc/{os.getpid()}/fd/{fd}", "dev": st.st_dev, "ino": st.st_ino, "name": path or "shared memory"}
+    if path is not None:
+        seg.update(size=st.st_size, mtime_ns=st.st_mtime_ns)
+    return seg
 
 
 class _LiveUnpickler(pickle.Unpickler):
@@ -323,4 +333,7 @@ class _LiveUnpickler(pickle.Unpickler):
         self.packed = packed
 
     def persistent_load(self, pid: Any) -> Any:
-        return self.packed.pieces[pid[1]].obj
+        obj = self.packed.pieces[pid[1]].obj
+        if pid[2] == "storage" and obj.dtype != pid[3]:  # the same bytes, viewed as another dtype
+            return type(obj)(wrap_storage=obj._untyped_storage, dtype=pid[3], _internal=True)
+        return obj

@@ -47,6 +47,9 @@ def open_table(table: DataTable) -> list[int]:
             if (st.st_dev, st.st_ino) != (seg["dev"], seg["ino"]):
                 raise SharedDataError(f"{seg['name']} ({seg['path']}) is not the file it was when the data was "
                                       "placed (it was replaced)")
+            if "size" in seg and (st.st_size, st.st_mtime_ns) != (seg["size"], seg["mtime_ns"]):
+                raise SharedDataError(f"{seg['name']} was rewritten since the run was launched with data mapped "
+                                      "from it; a file given to a run must not change while the run uses it")
     except BaseException:
         close_all(fds)
         raise
@@ -60,9 +63,10 @@ class _Mapper:
     commit charge)."""
 
     def __init__(self, table: DataTable, fds: list[int]) -> None:
+        self.names = [seg["name"] for seg in table.get("segments", [])]
         self.rows = table.get("pieces", [])
         self.fds = fds
-        self.memo: dict[int, Any] = {}
+        self.memo: dict[Any, Any] = {}  # by piece (raw memory), and by piece and how it is read
         self._maps: dict[int, tuple[mmap.mmap, int]] = {}
 
     def window(self, index: int) -> tuple[mmap.mmap, int, int, bool]:
@@ -74,20 +78,29 @@ class _Mapper:
             start -= start % PAGE
             end = max(r[1] + r[2] for r in rows)
             access = mmap.ACCESS_COPY if any(r[3] for r in rows) else mmap.ACCESS_READ
-            self._maps[segment] = (mmap.mmap(self.fds[segment], end - start, access=access, offset=start), start)
+            try:
+                if os.fstat(self.fds[segment]).st_size < end:
+                    raise ValueError("the file is shorter than the data")
+                self._maps[segment] = (mmap.mmap(self.fds[segment], end - start, access=access, offset=start), start)
+            except (OSError, ValueError) as e:
+                raise SharedDataError(f"cannot map the data in {self.names[segment]}: {e}") from None
         mm, start = self._maps[segment]
         return mm, offset - start, nbytes, writable
 
 
 def _rebuild(mapper: _Mapper, index: int, kind: str, meta: Any) -> Any:
-    if index in mapper.memo:  # views of one storage stay views of one storage (tied weights)
-        return mapper.memo[index]
+    key = (index, meta) if kind == "storage" else index
+    if key in mapper.memo:
+        return mapper.memo[key]
     mm, delta, nbytes, _writable = mapper.window(index)
     if kind == "storage":
         torch = _torch()
-        with warnings.catch_warnings():  # a read-only file's tensors are read-only in the notebook too
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=delta).untyped_storage()
+        raw = mapper.memo.get(index)  # views of one storage stay views of one storage, whatever their dtype
+        if raw is None:
+            with warnings.catch_warnings():  # a read-only file's tensors are read-only in the notebook too
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=delta).untyped_storage()
+            mapper.memo[index] = raw
         out = torch.storage.TypedStorage(wrap_storage=raw, dtype=meta, _internal=True)
     else:
         np = _numpy()
@@ -95,7 +108,7 @@ def _rebuild(mapper: _Mapper, index: int, kind: str, meta: Any) -> Any:
         out = np.ndarray(shape, dtype=dtype, buffer=mm, offset=delta, order=order)
         if not was_writable and out.flags.writeable:  # read-only where it came from, read-only here
             out.flags.writeable = False
-    mapper.memo[index] = out
+    mapper.memo[key] = out
     return out
 
 

@@ -135,6 +135,9 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
     Each worker is a fresh process with a torch.distributed process group already set up
     (gloo for CPU, nccl for an all-CUDA list). ``fn`` may be defined in a notebook cell, be a
     closure or a lambda. ``ctx`` is a :class:`~ddp_notebook.worker.context.WorkerContext`.
+    Tensors and numpy arrays of 64 kB or more in ``args``/``kwargs`` are copied once into shared
+    memory that every rank maps copy-on-write (no copy for data from ``ddp_notebook.share``, a
+    run's result, or a memory-mapped file); the rest travels with cloudpickle.
 
     The device list is validated first; an invalid one raises ``InvalidDevicesError`` (with
     the report) before any process starts. The hang watchdog is on (``stall_timeout="auto"``):

@@ -203,6 +203,7 @@ class Run:
             if outcome.result is not None:
                 if not self._load_result(outcome.result):
                     finished["status"] = RunStatus.FAILED
+                    outcome.result.release()  # nothing to load: the worker's memory is not kept
                 elif not keep_result(self.dir, outcome.result, self._loaded):
                     finished["result_not_kept"] = len(outcome.result.data) + outcome.result.shared_bytes
             self.stream.emit({**finished, "time": time.time()})

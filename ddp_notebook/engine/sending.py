@@ -5,6 +5,9 @@ the panel shows "sending data 1.2/4.0 GB" meanwhile.
 
 The copy is made within the call that starts the run (``launch``, ``retry``): the ranks get the
 tensors as they were at that moment, as with pickling, even if the notebook changes them next.
+Data that stays in its file (a memory-mapped file) is read from the file as the ranks use it: a
+rank refuses a file rewritten since the launch, by name, and the file must not change while the
+run uses it.
 """
 from __future__ import annotations
 

@@ -282,11 +282,14 @@ class Supervisor:
 
     def _await_same_errors(self) -> None:
         """An error raised by the function may be raised by every rank (a bug in the code, bad
-        data): give the ranks that have not reported ``SAME_ERROR_WINDOW`` seconds to report
-        theirs before anyone is interrupted, so such an error is reported as the run's."""
+        data), and the fork server's death ends every rank: give the ranks that have not reported
+        ``SAME_ERROR_WINDOW`` seconds to report theirs before anyone is interrupted, so such an
+        error is reported as the run's."""
         assert self._settling is not None
         first = self._settling[0]
-        if first.kind in SILENT_KINDS or first.kind == FailureKind.STALL:
+        # A death says nothing of the others, except the fork server's: it ended every worker it
+        # forked, and their exits are seen one by one (within milliseconds).
+        if (first.kind in SILENT_KINDS and first.kind != FailureKind.SERVER) or first.kind == FailureKind.STALL:
             return
         deadline = time.monotonic() + SAME_ERROR_WINDOW
         while True:

@@ -59,15 +59,16 @@ def process_state() -> dict[str, Any]:
     return {"umask": mask, "rlimits": limits, "affinity": affinity}
 
 
-def _zombie_status(pid: int) -> Optional[int]:
-    """The exit status (``Popen``'s convention) of ``pid`` if it has exited and awaits its reap,
-    read from ``/proc/PID/stat`` (Linux 3.5+): known without the server. None while it runs."""
+def _zombie_status(pid: int, parent: int) -> Optional[int]:
+    """The exit status (``Popen``'s convention) of ``pid`` if it has exited and awaits its reap by
+    ``parent``, read from ``/proc/PID/stat`` (Linux 3.5+): known without the server. None while
+    it runs, and once it is another's child: its server died, and that death is its cause."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    if fields[0] != b"Z" or len(fields) < 50:
+    if fields[0] != b"Z" or len(fields) < 50 or int(fields[1]) != parent:
         return None
     status = int(fields[49])
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -78,8 +79,9 @@ class ForkedProcess:
     keeps it a zombie until ``wait`` collects it, as the OS does for a ``Popen`` child. A server
     that cannot answer (stopped by a debugger) holds nothing up: the zombie says how it ended."""
 
-    def __init__(self, reap: Callable[[int], None], pid: int, out_fd: int, err_fd: int) -> None:
+    def __init__(self, reap: Callable[[int], None], pid: int, out_fd: int, err_fd: int, server: int) -> None:
         self.pid = pid
+        self.server = server  # its parent while the server lives
         self.stdout: IO[bytes] = open(out_fd, "rb", buffering=0)
         self.stderr: IO[bytes] = open(err_fd, "rb", buffering=0)
         self.returncode: Optional[int] = None
@@ -102,7 +104,8 @@ class ForkedProcess:
 
     def ended(self) -> bool:
         # Gone from /proc altogether: its server died and init collected it (the report follows).
-        return self._exit.is_set() or _zombie_status(self.pid) is not None or not os.path.exists(f"/proc/{self.pid}")
+        return (self._exit.is_set() or _zombie_status(self.pid, self.server) is not None
+                or not os.path.exists(f"/proc/{self.pid}"))
 
     def poll(self) -> Optional[int]:
         return self.wait(0) if self.ended() else None
@@ -110,7 +113,7 @@ class ForkedProcess:
     def wait(self, timeout: Optional[float] = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._exit.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))):
-            status = _zombie_status(self.pid)
+            status = _zombie_status(self.pid, self.server)
             if status is not None:
                 self.exited(status)
             elif deadline is not None and time.monotonic() >= deadline:

@@ -201,7 +201,7 @@ class _Server:
                 pending = self._pending.pop(key, None) if key is not None else None
                 if pending is not None and FORKED in message:
                     proc = self._procs[message["pid"]] = ForkedProcess(self.reap, message["pid"], pending[1],
-                                                                       pending[2])
+                                                                       pending[2], self.popen.pid)
             if pending is None:  # the server could not start at all
                 self.error = f"the fork server could not start: {message.get('error')}"
                 self.ready.set()

@@ -343,3 +343,17 @@ def test_a_result_over_the_kept_limit_is_not_written_to_disk_and_a_reload_says_s
     with pytest.raises(ddp_notebook.NoResultError, match=r"returned a result of 68 MB, which was not kept on disk "
                                                          r"\(results over 64 MB with tensors are not\)"):
         ddp_notebook.Run.load(run.run_dir).result()
+
+
+@pytest.mark.processes
+def test_only_the_last_runs_given_data_keep_it_for_a_retry():
+    from ddp_notebook.engine.launch import KEEP_DATA_OF
+
+    runs = [ddp_notebook.launch(sum_of, devices="cpu*2", args=(torch.full((2**16,), float(i)),))
+            for i in range(KEEP_DATA_OF + 1)]
+    assert [r.wait(timeout=120) for r in runs] == [float(i * 2**16) for i in range(KEEP_DATA_OF + 1)]
+    with pytest.raises(ddp_notebook.DDPNotebookError, match=rf"run {runs[0].id} cannot be retried: it no longer holds "
+                                                           rf"the tensors and arrays it was given: only the last "
+                                                           rf"{KEEP_DATA_OF} runs given data keep theirs"):
+        runs[0].retry()
+    assert runs[1].retry().wait(timeout=120) == float(2**16)  # sent again from the tensor it keeps

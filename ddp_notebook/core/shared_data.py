@@ -104,6 +104,13 @@ class Packed:
     data: bytes
     pieces: list[Piece] = field(default_factory=list)
     files: list[FileSegment] = field(default_factory=list)
+    released: Optional[str] = None  # why the pieces were let go (then it cannot be placed again)
+
+    def release(self, why: str) -> None:
+        """Let go of the pieces (the notebook may free their memory); ``why`` is what placing it
+        again raises."""
+        if self.pieces:
+            self.released, self.pieces = why, []
 
     @property
     def shared_bytes(self) -> int:
@@ -123,11 +130,15 @@ class Packed:
     def place(self, progress: Optional[Callable[[int, int], None]] = None) -> Placement:
         """Put the pieces where another process of this user can map them: the copied ones in one
         new memfd (``progress(copied, total)`` as it goes), the others in their files."""
+        if self.released is not None:
+            raise SharedDataError(self.released)
         return Placement.of(self, progress)
 
     def inline(self) -> bytes:
         """The same object as a plain pickle, every piece by value (for a place that cannot map
         this process's memory, such as an ipyparallel engine)."""
+        if self.released is not None:
+            raise SharedDataError(self.released)
         if not self.pieces:
             return self.data
         return pickling.dumps(_LiveUnpickler(io.BytesIO(self.data), self).load())

@@ -15,6 +15,7 @@ from ..backends.base import Backend
 from ..backends.ipyparallel.backend import IpyparallelBackend
 from ..backends.local.backend import LocalBackend, default_devices, set_default_devices
 from ..core.devices import DeviceSpec
+from ..core.errors import DDPNotebookError
 from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.shared_data import Packed
@@ -55,6 +56,11 @@ def wait_showing(run: Run) -> Any:
 # The runs started in this process, oldest first: the last of them is the current run for every
 # front end (``last_run()``, ``_ddp_run``, the magics).
 _runs: deque[Run] = deque(maxlen=100)
+# The calls of the last KEEP_DATA_OF runs given tensors or arrays keep them, for a retry; older
+# ones let them go, so that data the notebook deleted is freed (a sweep over new data each run
+# would otherwise keep 100 runs' worth alive).
+KEEP_DATA_OF = 3
+_holding: deque[Packed] = deque()
 
 
 def last_run() -> Optional[Run]:
@@ -106,10 +112,18 @@ def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, sett
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
     run.start(payload)
     _runs.append(run)
+    if payload.pieces and payload not in _holding:
+        _holding.append(payload)
+        while len(_holding) > KEEP_DATA_OF:
+            _holding.popleft().release(
+                f"it no longer holds the tensors and arrays it was given: only the last {KEEP_DATA_OF} runs given "
+                "data keep theirs for a retry (so that data deleted in the notebook is freed); launch it again")
     return run
 
 
 def _restart(payload: Packed, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
+    if payload.released is not None:
+        raise DDPNotebookError(f"run {parent.id} cannot be retried: {payload.released}")
     return start_run(payload, devices, options, settings, parent=parent)
 
 

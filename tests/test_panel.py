@@ -199,3 +199,14 @@ def test_launch_is_off_while_the_panels_run_goes_on_and_a_second_click_starts_no
     run.stop(grace=20, wait=True)
     assert not panel.launch_button.disabled  # on again once the run has ended
     assert panel.report.value == ""  # and the refusal, no longer true, is gone
+
+
+def test_the_title_says_data_is_being_sent_then_what_was_sent():
+    sending = {"kind": "data", "time": 100.1, "total": 4_000_000_000, "sent": 1_200_000_000, "files": [],
+               "in_place": 0}
+    feed = fed(sending)
+    view = RunView(feed, live=False)
+    assert "sending data 1.2 GB/4 GB" in view.title.value
+    feed.emit(dict(sending, time=101.4, sent=4_000_000_000, seconds=1.3, files=["/data/<tokens>.bin"]))
+    view.refresh()
+    assert "data: 4 GB in shared memory (copied in 1.3 s), /data/&lt;tokens&gt;.bin mapped by path" in view.title.value

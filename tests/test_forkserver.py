@@ -107,6 +107,20 @@ def test_a_variable_torch_reads_at_import_replaces_the_server(monkeypatch):
     wait_until(lambda: has_ended(old.pid), timeout=30)
 
 
+def test_a_variable_torchs_own_import_sets_keeps_the_server(monkeypatch):
+    forkserver.stop()
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    server = _server()  # its import of torch._dynamo sets TORCHINDUCTOR_CACHE_DIR in the server
+    made = forkserver._server.set_by_imports
+    assert "TORCHINDUCTOR_CACHE_DIR" in made
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", made["TORCHINDUCTOR_CACHE_DIR"])  # as an optimizer step does here
+    assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
+    assert forkserver.status()["pid"] == server.pid  # the same server: nothing it read has changed
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # a value the user chose: a new server
+    assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
+    assert forkserver.status()["pid"] != server.pid
+
+
 def test_faults_on_either_rank_are_blamed_on_that_rank():
     _server()
     for fault in ("raise", "exit", "sigkill", "segfault"):

@@ -47,6 +47,16 @@ def my_memfds():
     return out
 
 
+def memfd_inode_at(address):
+    """The inode of the shared memory mapped at ``address`` (None: not ours)."""
+    for line in open("/proc/self/maps"):
+        parts = line.split()
+        lo, hi = (int(v, 16) for v in parts[0].split("-"))
+        if lo <= address < hi and len(parts) > 5 and parts[5].startswith("/memfd:ddp-notebook-data"):
+            return parts[4]
+    return None
+
+
 @pytest.mark.unit
 def test_tensors_views_and_tied_weights_map_one_storage_each():
     x = torch.randn(BIG, 4)
@@ -244,12 +254,13 @@ def test_ranks_map_the_data_share_it_and_keep_their_writes(tmp_path):
     assert data.total == x.nbytes + arr.nbytes and data.files == [str(path)] and data.seconds is not None
     # The result came back through the worker's shared memory: mapped here, not copied.
     assert torch.equal(out["weights"]["w"], torch.full((512, 512), 2.0))
-    assert "/memfd:ddp-notebook-data" in open("/proc/self/maps").read()
+    inode = memfd_inode_at(out["weights"]["w"].data_ptr())
+    assert inode is not None
     out["weights"]["w"].add_(1)  # private pages, as any tensor
     del out
     run._loaded = None
-    gc.collect()  # once the result is dropped, nothing of the shared memory is left here
-    assert my_memfds() == [] and "/memfd:ddp-notebook-data" not in open("/proc/self/maps").read()
+    gc.collect()  # once the result is dropped, nothing of its shared memory is left here
+    assert my_memfds() == [] and f" {inode} " not in open("/proc/self/maps").read()
     assert (run.dir.path and os.path.exists(os.path.join(run.dir.path, "result.pkl")))
 
 
@@ -349,11 +360,18 @@ def test_a_result_over_the_kept_limit_is_not_written_to_disk_and_a_reload_says_s
 def test_only_the_last_runs_given_data_keep_it_for_a_retry():
     from ddp_notebook.engine.launch import KEEP_DATA_OF
 
-    runs = [ddp_notebook.launch(sum_of, devices="cpu*2", args=(torch.full((2**16,), float(i)),))
-            for i in range(KEEP_DATA_OF + 1)]
-    assert [r.wait(timeout=120) for r in runs] == [float(i * 2**16) for i in range(KEEP_DATA_OF + 1)]
+    runs = [ddp_notebook.launch(faults.data_steps, devices="cpu*2", args=(torch.ones(2**16),),
+                                kwargs=dict(fault="raise", bad_rank=1)) for _ in range(KEEP_DATA_OF + 1)]
+    for run in runs:
+        with pytest.raises(ddp_notebook.WorkerFailedError):
+            run.wait(timeout=120)
     with pytest.raises(ddp_notebook.DDPNotebookError, match=rf"run {runs[0].id} cannot be retried: it no longer holds "
                                                            rf"the tensors and arrays it was given: only the last "
                                                            rf"{KEEP_DATA_OF} runs given data keep theirs"):
         runs[0].retry()
-    assert runs[1].retry().wait(timeout=120) == float(2**16)  # sent again from the tensor it keeps
+    assert runs[1].retry(devices=["cpu:0"]).wait(timeout=120) == [1.0, 1.0]  # sent again from the tensor it keeps
+    done = ddp_notebook.launch(sum_of, devices="cpu*2", args=(torch.ones(2**16),))
+    assert done.wait(timeout=120) == 2**16
+    with pytest.raises(ddp_notebook.DDPNotebookError, match=rf"run {done.id} cannot be retried: run {done.id} "
+                                                           r"succeeded and let go of the tensors and arrays"):
+        done.retry()

@@ -49,8 +49,10 @@ def _read_maps() -> list[tuple[int, int, str, int, int, int, str]]:
     with open("/proc/self/maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
-            if len(parts) < 6:
+            if len(parts) < 5:
                 continue
+            if len(parts) == 5:  # anonymous: no name
+                parts.append("")
             lo, hi = parts[0].split("-")
             major, minor = parts[3].split(":")
             rows.append((int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), os.makedev(int(major, 16),

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import pickling
+from . import pickling, remap
 from .file_mappings import OURS, FileMappings
 
 __all__ = ["MIN_SHARED", "Piece", "Packed", "Placement", "SharedDataError", "pack", "supported", "DataTable",
@@ -84,6 +84,7 @@ class Piece:
     nbytes: int
     writable: bool
     file: Optional[tuple[int, int]] = None  # (segment index in Packed.files, offset in that file)
+    movable: bool = False  # its memory may be moved onto the shared copy in place (core.remap)
 
 
 @dataclass(eq=False)
@@ -196,7 +197,8 @@ class _SharingPickler(pickling.Pickler):
         key = (address, nbytes, what)
         if key in self._index:
             return self._index[key]
-        piece = Piece(obj, address, nbytes, writable)
+        piece = Piece(obj, address, nbytes, writable,
+                      movable=remap.movable(obj))
         found = self._maps.find(address, nbytes) if self._by_path else None
         if found is not None:
             path, dev, ino, offset, mapped_writable = found
@@ -277,16 +279,8 @@ class Placement:
         t0 = time.monotonic()
         segments: list[dict[str, Any]] = [_describe(f.fd, f.path) for f in packed.files]
         fds: list[int] = []
-        arena = None
-        total = packed.copied_bytes
-        if total:
-            arena = os.memfd_create("ddp-notebook-data", os.MFD_CLOEXEC)
-            fds.append(arena)
         try:
-            if arena is not None:
-                os.ftruncate(arena, _aligned(total + PAGE * len(packed.pieces)))
-                segments.append(_describe(arena, None))
-            rows = _copy_pieces(packed, arena, len(segments) - 1, progress)
+            rows = _copy_pieces(packed, segments, fds, progress)
         except BaseException:  # interrupted: nothing half-made stays held
             close_all(fds)
             raise
@@ -298,27 +292,50 @@ class Placement:
         self._closer()
 
 
-def _copy_pieces(packed: Packed, arena: Optional[int], segment: int,
+def _new_memfd(size: int, segments: list[dict[str, Any]], fds: list[int]) -> tuple[int, int]:
+    """A new memfd of ``size`` bytes, held in ``fds`` and described in ``segments``: (fd, segment)."""
+    fd = os.memfd_create("ddp-notebook-data", os.MFD_CLOEXEC)
+    fds.append(fd)
+    os.ftruncate(fd, size)
+    segments.append(_describe(fd, None))
+    return fd, len(segments) - 1
+
+
+def _copy_pieces(packed: Packed, segments: list[dict[str, Any]], fds: list[int],
                  progress: Optional[Callable[[int, int], None]]) -> list[list[Any]]:
-    """Copy the pieces that are not in a file into ``arena`` (segment ``segment``), one after the
-    other at page boundaries; the table's rows for every piece."""
+    """Copy the pieces that are not in a file into shared memory; the table's rows for every piece.
+
+    A piece whose memory can be moved in place (``core.remap``) gets a memfd of its own, and its
+    pages in this process become a private mapping of it: it is then held once, and freeing it
+    frees that memfd alone (one memfd for several would live as long as the last of them). The
+    others go one after the other into one memfd, at the same place in a page as in memory."""
+    budget = remap.map_headroom() // 3 if any(p.movable for p in packed.pieces) else 0
+    moved = {id(p) for p in [p for p in packed.pieces if p.movable and p.file is None][:max(budget, 0)]}
+    rest = sum(p.nbytes + PAGE for p in packed.pieces if p.file is None and id(p) not in moved)
+    arena: Optional[tuple[int, int]] = None
     rows: list[list[Any]] = []
     total = packed.copied_bytes
     copied = offset = 0
     for piece in packed.pieces:
-            if piece.file is not None:
-                rows.append([piece.file[0], piece.file[1], piece.nbytes, piece.writable])
-                continue
-            assert arena is not None
-            view = _view(piece.address, piece.nbytes)
-            done = 0
-            while done < piece.nbytes:  # pwrite takes at most ~2 GB at a time
-                done += os.pwrite(arena, view[done:done + _COPY_CHUNK], offset + done)
-                if progress is not None:
-                    progress(copied + done, total)
-            rows.append([segment, offset, piece.nbytes, True])
-            copied += piece.nbytes
-            offset = _aligned(offset + piece.nbytes)
+        if piece.file is not None:
+            rows.append([piece.file[0], piece.file[1], piece.nbytes, piece.writable])
+            continue
+        if id(piece) in moved:
+            (fd, segment), start = _new_memfd(_aligned(piece.nbytes + 2 * PAGE), segments, fds), piece.address % PAGE
+        else:
+            arena = arena or _new_memfd(_aligned(rest), segments, fds)
+            (fd, segment), start = arena, offset + piece.address % PAGE  # see core.remap: the same place in a page
+            offset = _aligned(start + piece.nbytes)
+        view = _view(piece.address, piece.nbytes)
+        done = 0
+        while done < piece.nbytes:  # pwrite takes at most ~2 GB at a time
+            done += os.pwrite(fd, view[done:done + _COPY_CHUNK], start + done)
+            if progress is not None:
+                progress(copied + done, total)
+        if id(piece) in moved:
+            remap.move_pages(piece.address, piece.nbytes, fd, start)
+        rows.append([segment, start, piece.nbytes, True])
+        copied += piece.nbytes
     return rows
 
 

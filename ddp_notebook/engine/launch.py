@@ -16,9 +16,11 @@ from ..backends.ipyparallel.backend import IpyparallelBackend
 from ..backends.local.backend import LocalBackend, default_devices, set_default_devices
 from ..core.devices import DeviceSpec
 from ..core.errors import DDPNotebookError
+from ..core.events import EventKind
 from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.shared_data import Packed
+from ..core.state import RunStatus
 from ..core.stream import EventStream
 from ..core.validation import InvalidDevicesError, ValidationReport
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
@@ -114,11 +116,22 @@ def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, sett
     _runs.append(run)
     if payload.pieces and payload not in _holding:
         _holding.append(payload)
+        release = functools.partial(_release_after_success, payload, run.id)
+        run.subscribe(release)
+        release({"kind": EventKind.RUN_FINISHED, "status": run.status})  # (it may have ended already)
         while len(_holding) > KEEP_DATA_OF:
             _holding.popleft().release(
                 f"it no longer holds the tensors and arrays it was given: only the last {KEEP_DATA_OF} runs given "
                 "data keep theirs for a retry (so that data deleted in the notebook is freed); launch it again")
     return run
+
+
+def _release_after_success(payload: Packed, run_id: str, event: dict[str, Any]) -> None:
+    """A run that succeeded lets go of its data: a retry is for a failed or stopped run."""
+    if event.get("kind") == EventKind.RUN_FINISHED and event.get("status") == RunStatus.SUCCEEDED:
+        payload.release(f"run {run_id} succeeded and let go of the tensors and arrays it was given, so that data "
+                        "deleted in the notebook is freed (only failed and stopped runs keep theirs for a retry); "
+                        "launch it again")
 
 
 def _restart(payload: Packed, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:

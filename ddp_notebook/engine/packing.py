@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from ..core.errors import ArgumentsError, NotPicklableError
-from ..core.pickling import dumps
 from ..core.shared_data import Packed, pack
 
 __all__ = ["pack_call", "first_unpicklable", "check_arguments", "call_parts"]
@@ -43,14 +42,16 @@ def _captured(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
 
 
 def first_unpicklable(parts: Sequence[tuple[str, Any]]) -> Optional[NotPicklableError]:
-    """The error for the first of ``(description, object)`` that cannot be pickled, else None."""
+    """The error for the first of ``(description, object)`` that cannot be pickled, else None.
+    Tensors and arrays are pickled as they travel, by reference: checking a model or a dataset
+    does not copy its data."""
     for what, obj in parts:
         try:
-            dumps(obj)
+            pack(obj)
         except Exception as e:  # noqa: BLE001 - pickling raises many types
             for inner_what, inner in _captured(obj) if callable(obj) else []:
                 try:
-                    dumps(inner)
+                    pack(inner)
                 except Exception as inner_e:  # noqa: BLE001
                     return NotPicklableError(inner_what, _describe(inner), str(inner_e) or type(inner_e).__name__)
             return NotPicklableError(what, _describe(obj), str(e) or type(e).__name__)

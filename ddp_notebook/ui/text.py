@@ -76,7 +76,7 @@ def format_data(data: DataState) -> str:
     >>> format_data(DataState(total=4_000_000_000, sent=1_200_000_000))
     'sending data 1.2 GB/4 GB'
     >>> format_data(DataState(total=4_000_000_000, sent=4_000_000_000, files=["/data/x.npy"], seconds=0.9))
-    'data: 4 GB in shared memory (copied in 0.9 s), /data/x.npy mapped by path'
+    'data: 4 GB in shared memory (copied in 0.9 s), /data/x.npy mapped from its file'
     >>> format_data(DataState(seconds=0.0, in_place=2_000_000_000))
     'data: 2 GB already in shared memory (no copy)'
     """
@@ -86,7 +86,7 @@ def format_data(data: DataState) -> str:
     if data.in_place:
         parts.append(f"{format_bytes(data.in_place)} already in shared memory (no copy)")
     if data.files:
-        parts.append(f"{', '.join(data.files[:3])}{' …' if len(data.files) > 3 else ''} mapped by path")
+        parts.append(f"{', '.join(data.files[:3])}{' …' if len(data.files) > 3 else ''} mapped from its file")
     return "data: " + ", ".join(parts)
 
 

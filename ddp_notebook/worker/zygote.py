@@ -111,14 +111,14 @@ def _become_worker(fds: list[int], server: int, close: tuple[int, ...], state: d
         os._exit(EXIT_FAILED)
 
 
-def _serve(sock: socket.socket) -> None:
+def _serve(sock: socket.socket, set_by_imports: dict[str, str]) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to wake_w
     running: set[int] = set()  # forked, exit not reported yet
-    _send(sock, {READY: os.getpid(), "threads": threading.active_count(),
+    _send(sock, {READY: os.getpid(), "threads": threading.active_count(), "set_by_imports": set_by_imports,
                  "os_threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None})
     listen = sock.fileno()
     while True:
@@ -167,6 +167,7 @@ def _serve(sock: socket.socket) -> None:
 def main() -> None:
     boot = json.loads(os.environ.pop(BOOT_ENV))
     sock = socket.socket(fileno=boot["socket_fd"])
+    inherited = dict(os.environ)
     try:
         # What DDP imports on first use (torch._dynamo) included: a failed import can leave modules
         # half-imported, and forked workers would inherit that. The server does not start then; the
@@ -178,7 +179,9 @@ def main() -> None:
         _send(sock, {FAILED: None, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_FAILED)
     set_name(b"ddp-forkserver")
-    _serve(sock)
+    # What the imports set themselves (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): the notebook
+    # gets the same when it imports them, which does not make this server stale.
+    _serve(sock, {k: v for k, v in os.environ.items() if inherited.get(k) != v})
     os._exit(0)
 
 

@@ -30,12 +30,14 @@ def _site_dirs() -> list[str]:
     return dirs + ([user] if isinstance(user, str) else [])
 
 
-def staleness() -> tuple[Any, ...]:
+def staleness(set_by_imports: Optional[dict[str, str]] = None) -> tuple[Any, ...]:
     """What a server must share with the notebook process to fork its workers: the variables read
     at import (``READ_AT_IMPORT``), and the installed packages (a site-packages folder changes when
-    ``pip`` installs, upgrades or removes one: the server may hold the old version imported)."""
+    ``pip`` installs, upgrades or removes one: the server may hold the old version imported). A
+    variable with the value the server's own imports gave it (``set_by_imports``) is left out."""
+    made = set_by_imports or {}
     env = tuple(sorted((k, v) for k, v in os.environ.items()
-                       if k.startswith(READ_AT_IMPORT) and k != "PYTHONUNBUFFERED"))
+                       if k.startswith(READ_AT_IMPORT) and k != "PYTHONUNBUFFERED" and made.get(k) != v))
     folders: list[tuple[str, Optional[int]]] = []
     for folder in _site_dirs():
         try:

@@ -61,6 +61,7 @@ class _Server:
     def __init__(self) -> None:
         self.owner = os.getpid()
         self.key = staleness()
+        self.set_by_imports: dict[str, str] = {}  # variables its imports set: the notebook's imports set them too
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.popen = start_interpreter(ZYGOTE_MODULE, {"socket_fd": theirs.fileno()}, (theirs.fileno(),))
@@ -193,6 +194,7 @@ class _Server:
     def _dispatch(self, message: dict[str, Any]) -> None:
         if READY in message:
             self.threads = message.get("os_threads")
+            self.set_by_imports = dict(message.get("set_by_imports") or {})
             self.started_ok = True
             self.ready.set()
         elif FORKED in message or FAILED in message:
@@ -305,7 +307,7 @@ def _current() -> Optional[_Server]:
         server = _server
         if server is not None and server.owner != os.getpid():
             server = _server = None  # a forked copy of the notebook process: its own server
-        key = staleness()
+        key = staleness(server.set_by_imports if server is not None else None)
         if server is not None and (server.dead or server.error is not None or server.key != key):
             if server.error is not None and not server.started_ok and server.key == key:
                 _failed = server  # it could not start: starting it again the same way would not help

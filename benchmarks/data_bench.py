@@ -185,7 +185,7 @@ def main() -> None:
         return
     sizes = (1 * MB, 64 * MB) if opts.quick else (1 * MB, 512 * MB, 2048 * MB)
     rank_counts = (2,) if opts.quick else (2, 4)
-    hang = 10 if opts.quick else 30  # seconds with no outcome: hung
+    hang = 5 if opts.quick else 30  # seconds with no outcome: hung
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     rows = []
     for ranks in rank_counts:

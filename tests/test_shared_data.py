@@ -375,3 +375,45 @@ def test_only_the_last_runs_given_data_keep_it_for_a_retry():
     with pytest.raises(ddp_notebook.DDPNotebookError, match=rf"run {done.id} cannot be retried: run {done.id} "
                                                            r"succeeded and let go of the tensors and arrays"):
         done.retry()
+
+
+def log_then_return(ctx):
+    ctx.log(step=1)
+    ctx.flush()
+    return torch.ones(2**20) if ctx.rank == 0 else None
+
+
+@pytest.mark.processes
+def test_a_main_worker_killed_after_sending_its_result_is_blamed_for_its_death():
+    import signal
+    import time
+
+    for _ in range(3):
+        run = ddp_notebook.launch(log_then_return, devices="cpu*2")
+        killed = []
+
+        def hold(event, run=run, killed=killed):  # a busy supervisor while rank 0 sends its result and dies
+            if event.get("kind") == "progress" and event.get("rank") == 0 and not killed:
+                time.sleep(1.0)
+                pid = run.state.workers[0].pid
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                wait_until(lambda: has_ended(pid), timeout=30)
+
+        run.subscribe(hold)
+        with pytest.raises(ddp_notebook.WorkerFailedError, match=r"main worker \(cpu:0\) failed: .*SIGKILL"):
+            run.wait(timeout=120)
+        assert killed and run.failures[0].rank == 0
+
+
+@pytest.mark.processes
+def test_a_retry_sends_what_shared_data_holds_now():
+    x = ddp_notebook.share(torch.zeros(2**18))
+    run = ddp_notebook.launch(faults.data_steps, devices="cpu*2", args=(x,), kwargs=dict(fault="raise", bad_rank=1))
+    with pytest.raises(ddp_notebook.WorkerFailedError):
+        run.wait(timeout=120)
+    assert run.state.data.in_place == x.nbytes
+    x += 1  # in place, in the notebook: a retry must see it
+    retry = run.retry(devices=["cpu:0"])
+    assert retry.wait(timeout=120) == [1.0, 1.0]  # data_steps checks that the data sums to its size
+    assert retry.state.data.total == x.nbytes and retry.state.data.in_place == 0

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import pickling, remap
-from .file_mappings import OURS, FileMappings
+from .file_mappings import OURS, FileMappings, unwritten
 
 __all__ = ["MIN_SHARED", "Piece", "Packed", "Placement", "SharedDataError", "pack", "supported", "DataTable",
            "close_all", "TAG", "PAGE"]
@@ -106,12 +106,22 @@ class Packed:
     pieces: list[Piece] = field(default_factory=list)
     files: list[FileSegment] = field(default_factory=list)
     released: Optional[str] = None  # why the pieces were let go (then it cannot be placed again)
+    _closer: Optional[Callable[[], Any]] = field(default=None, repr=False)  # closes the files it holds
 
     def release(self, why: str) -> None:
-        """Let go of the pieces (the notebook may free their memory); ``why`` is what placing it
-        again raises."""
+        """Let go of the pieces (the notebook may free their memory) and of the files it holds
+        open; ``why`` is what placing it again raises."""
         if self.pieces:
             self.released, self.pieces = why, []
+            if self._closer is not None:
+                self._closer()
+
+    def refresh(self) -> None:
+        """Look again at the pieces sent with no copy: one whose pages the notebook has written
+        since it was packed is copied from now on (a retry sends what the tensor holds now)."""
+        for piece in self.pieces:
+            if piece.file is not None and not unwritten(piece.address, piece.nbytes):
+                piece.file = None
 
     @property
     def shared_bytes(self) -> int:
@@ -133,6 +143,7 @@ class Packed:
         new memfd (``progress(copied, total)`` as it goes), the others in their files."""
         if self.released is not None:
             raise SharedDataError(self.released)
+        self.refresh()
         return Placement.of(self, progress)
 
     def inline(self) -> bytes:
@@ -175,6 +186,11 @@ class _SharingPickler(pickling.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         torch, np = _torch(), _numpy()
+        if torch is not None and isinstance(obj, torch.UntypedStorage):  # how torch pickles uint16, float8...
+            if obj.device.type != "cpu" or obj.nbytes() < MIN_SHARED:
+                return None
+            index = self._piece(obj, obj.data_ptr(), obj.nbytes(), True, ("storage",))
+            return (TAG, index, "untyped", None)
         if torch is not None and isinstance(obj, torch.storage.TypedStorage):
             storage = obj._untyped_storage
             if storage.device.type != "cpu" or storage.nbytes() < MIN_SHARED:
@@ -243,14 +259,30 @@ def _open_same(path: str, dev: int, ino: int) -> Optional[int]:
     return None
 
 
+def _allow_more_files() -> None:
+    """Raise this process's soft limit on open files to its hard limit (at most 65536): each file
+    a call's data stays in, and each segment a result is mapped from, holds one descriptor, and
+    a soft limit of 1024 is common."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def pack(obj: Any) -> Packed:
     """``obj`` pickled with its large tensors and arrays by reference (see the module's doc)."""
     packed = Packed(b"")
     buf = io.BytesIO()
+    _allow_more_files()
     try:
         _SharingPickler(buf, packed).dump(obj)
     finally:
-        weakref.finalize(packed, close_all, [f.fd for f in packed.files])  # the files it holds open
+        packed._closer = weakref.finalize(packed, close_all, [f.fd for f in packed.files])  # the files it holds open
     packed.data = buf.getvalue()
     return packed
 
@@ -362,6 +394,10 @@ class _LiveUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         obj = self.packed.pieces[pid[1]].obj
-        if pid[2] == "storage" and obj.dtype != pid[3]:  # the same bytes, viewed as another dtype
-            return type(obj)(wrap_storage=obj._untyped_storage, dtype=pid[3], _internal=True)
+        torch = _torch()
+        if torch is not None and isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
+            raw = obj if isinstance(obj, torch.UntypedStorage) else obj._untyped_storage
+            dtype = torch.uint8 if pid[2] == "untyped" else pid[3]  # (bytes: as torch pickles uint16, float8...)
+            if not isinstance(obj, torch.storage.TypedStorage) or obj.dtype != dtype:  # another view of the bytes
+                return torch.storage.TypedStorage(wrap_storage=raw, dtype=dtype, _internal=True)
         return obj

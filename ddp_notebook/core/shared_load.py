@@ -5,6 +5,7 @@ numpy array. ``Received`` is a result that arrived from a worker, opened at once
 """
 from __future__ import annotations
 
+import errno
 import io
 import mmap
 import os
@@ -14,7 +15,8 @@ import weakref
 from typing import Any, Optional
 
 from . import pickling
-from .shared_data import PAGE, TAG, DataTable, SharedDataError, close_all
+from .errors import NotPicklableError
+from .shared_data import PAGE, TAG, DataTable, SharedDataError, close_all, pack, supported
 
 __all__ = ["load", "open_table", "Received", "share"]
 
@@ -40,8 +42,9 @@ def open_table(table: DataTable) -> list[int]:
             try:
                 fd = os.open(seg["path"], os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
-                raise SharedDataError(f"cannot open the data in {seg['name']} ({seg['path']}): "
-                                      f"{e.strerror or e}") from None
+                err = SharedDataError(f"cannot open the data in {seg['name']} ({seg['path']}): {e.strerror or e}")
+                err.errno = e.errno  # ENOENT: the process that held it is gone
+                raise err from None
             fds.append(fd)
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (seg["dev"], seg["ino"]):
@@ -89,11 +92,11 @@ class _Mapper:
 
 
 def _rebuild(mapper: _Mapper, index: int, kind: str, meta: Any) -> Any:
-    key = (index, meta) if kind == "storage" else index
+    key = (index, meta) if kind == "storage" else (index, kind) if kind == "untyped" else index
     if key in mapper.memo:
         return mapper.memo[key]
     mm, delta, nbytes, _writable = mapper.window(index)
-    if kind == "storage":
+    if kind in ("storage", "untyped"):
         torch = _torch()
         raw = mapper.memo.get(index)  # views of one storage stay views of one storage, whatever their dtype
         if raw is None:
@@ -101,7 +104,9 @@ def _rebuild(mapper: _Mapper, index: int, kind: str, meta: Any) -> Any:
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=delta).untyped_storage()
             mapper.memo[index] = raw
-        out = torch.storage.TypedStorage(wrap_storage=raw, dtype=meta, _internal=True)
+        # torch pickles some dtypes (uint16, float8...) as bytes: they come back as a byte storage
+        out = torch.storage.TypedStorage(wrap_storage=raw, dtype=torch.uint8 if kind == "untyped" else meta,
+                                         _internal=True)
     else:
         np = _numpy()
         dtype, shape, order, was_writable = meta
@@ -121,10 +126,11 @@ class Received:
     """
 
     def __init__(self, data: bytes, table: Optional[DataTable] = None, fds: Optional[list[int]] = None,
-                 error: Optional[str] = None) -> None:
+                 error: Optional[str] = None, sender_gone: bool = False) -> None:
         self.data = data
         self.table = table
         self.error = error  # why the pieces could not be opened (load raises it)
+        self.sender_gone = sender_gone  # they could not be opened because the sender had died
         self._fds = fds or []
         self._closer = weakref.finalize(self, close_all, self._fds)
 
@@ -135,7 +141,7 @@ class Received:
         try:
             return cls(data, table, open_table(table))
         except SharedDataError as e:
-            return cls(data, table, error=str(e))
+            return cls(data, table, error=str(e), sender_gone=e.errno in (errno.ENOENT, errno.ESRCH))
 
     @property
     def shared_bytes(self) -> int:
@@ -188,11 +194,14 @@ def share(obj: Any) -> Any:
 
     Outside Linux, and for an object with nothing to share, ``obj`` itself is returned.
     """
-    from .shared_data import pack, supported
-
     if not supported():
         return obj
-    packed = pack(obj)
+    try:
+        packed = pack(obj)
+    except Exception as e:  # noqa: BLE001 - pickling raises many types
+        kind = type(obj)
+        raise NotPicklableError("share()'s argument", kind.__qualname__ if kind.__module__ == "builtins"
+                                else f"{kind.__module__}.{kind.__qualname__}", str(e) or type(e).__name__) from None
     if not packed.pieces:
         return obj
     placed = packed.place()

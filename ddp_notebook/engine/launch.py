@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Optional
@@ -56,8 +57,13 @@ def wait_showing(run: Run) -> Any:
             finish()
 
 # The runs started in this process, oldest first: the last of them is the current run for every
-# front end (``last_run()``, ``_ddp_run``, the magics).
-_runs: deque[Run] = deque(maxlen=100)
+# front end (``last_run()``, ``_ddp_run``, the magics). The last KEEP_RUNS are held here; older
+# ones only while something else holds them (the user's variable, a panel): a run holds its
+# result, and a sweep returning a model each run would otherwise keep a hundred models alive. A
+# run no longer held is still on disk (``Run.load``, and the magics find it there).
+KEEP_RUNS = 3
+_runs: deque[Run] = deque()
+_older: deque[weakref.ref[Run]] = deque(maxlen=100)
 # The calls of the last KEEP_DATA_OF runs given tensors or arrays keep them, for a retry; older
 # ones let them go, so that data the notebook deleted is freed (a sweep over new data each run
 # would otherwise keep 100 runs' worth alive).
@@ -71,13 +77,16 @@ def last_run() -> Optional[Run]:
 
 
 def runs() -> list[Run]:
-    """The runs started in this process (the last 100), oldest first."""
-    return list(_runs)
+    """The runs started in this process that are still held (the last three always; older ones
+    while something else holds them), oldest first."""
+    older = [r for r in (ref() for ref in _older) if r is not None]
+    return older + list(_runs)
 
 
 def find_run(run_id: str) -> Optional[Run]:
     """A run of this process by its id, or by the end of it (``5266c4``) when that is unique."""
-    matches = [r for r in _runs if r.id == run_id] or [r for r in _runs if r.id.endswith(run_id)]
+    held = runs()
+    matches = [r for r in held if r.id == run_id] or [r for r in held if r.id.endswith(run_id)]
     return matches[-1] if len({r.id for r in matches}) == 1 else None
 
 
@@ -114,6 +123,8 @@ def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, sett
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
     run.start(payload)
     _runs.append(run)
+    while len(_runs) > KEEP_RUNS:
+        _older.append(weakref.ref(_runs.popleft()))
     if payload.pieces and payload not in _holding:
         _holding.append(payload)
         release = functools.partial(_release_after_success, payload, run.id)

@@ -48,12 +48,12 @@ def keep_call(directory: RunDir, payload: Packed, options: LaunchOptions, settin
     setting that does not pickle)."""
     if len(payload.data) + payload.shared_bytes > KEEP_LIMIT:
         return False
-    kept = KeptCall(payload.inline(), replace(options, engines=None), settings, options.engines is not None)
     try:
+        kept = KeptCall(payload.inline(), replace(options, engines=None), settings, options.engines is not None)
         data = pickling.dumps(kept)
-    except Exception:  # noqa: BLE001 - a postprocess that cannot be pickled: the run just cannot be resumed later
-        return False
-    directory.write_private(RunDir.CALL, data)
+        directory.write_private(RunDir.CALL, data)
+    except Exception:  # noqa: BLE001 - a postprocess that cannot be pickled, no descriptor left: the run just
+        return False  # cannot be retried after a restart, which Run.load says
     return True
 
 

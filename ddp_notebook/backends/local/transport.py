@@ -157,7 +157,10 @@ class LocalTransport(Transport):
                 # A result's tensors are in the worker's shared memory: opened now, while it waits
                 # to be released, so they outlive it.
                 table = event.pop("data", None)
-                out.append(WorkerEvent(rank, event, Received.adopt(blob, table) if blob is not None else None))
+                result = Received.adopt(blob, table) if blob is not None else None
+                if result is not None and result.sender_gone:
+                    continue  # it died before its result could be taken: its exit says how
+                out.append(WorkerEvent(rank, event, result))
         else:
             self._output(rank, kind, data, out)
 

@@ -143,7 +143,6 @@ class Packed:
         new memfd (``progress(copied, total)`` as it goes), the others in their files."""
         if self.released is not None:
             raise SharedDataError(self.released)
-        self.refresh()
         return Placement.of(self, progress)
 
     def inline(self) -> bytes:

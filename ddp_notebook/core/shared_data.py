@@ -30,6 +30,7 @@ holds or maps it ends, however it ends.
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import mmap
 import os
@@ -258,10 +259,12 @@ def _open_same(path: str, dev: int, ino: int) -> Optional[int]:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def _allow_more_files() -> None:
-    """Raise this process's soft limit on open files to its hard limit (at most 65536): each file
-    a call's data stays in, and each segment a result is mapped from, holds one descriptor, and
-    a soft limit of 1024 is common."""
+    """Raise this process's soft limit on open files to its hard limit (at most 65536), once, at
+    its first pack (a limit set later is the user's to keep): each file a call's data stays in,
+    and each segment a result is mapped from, holds one descriptor, and 1024 is a common soft
+    limit."""
     try:
         import resource
 

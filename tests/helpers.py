@@ -52,3 +52,15 @@ def has_ended(pid):
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def mapping_at(address):
+    """(name, inode) of this process's mapping that holds ``address`` (name "" when anonymous), or
+    None when nothing is mapped there."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(v, 16) for v in parts[0].split("-"))
+            if lo <= address < hi:
+                return (parts[5].strip() if len(parts) > 5 else ""), parts[4]
+    return None

@@ -11,15 +11,13 @@ import ddp_notebook
 from ddp_notebook.core import remap
 from ddp_notebook.core.shared_data import pack
 
+from helpers import mapping_at
+
 MB = 2**20
 
 
 def mapping_of(address):
-    for line in open("/proc/self/maps"):
-        lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
-        if lo <= address < hi:
-            return line.split(maxsplit=5)[-1].strip() if len(line.split()) > 5 else ""
-    return None
+    return mapping_at(address)[0]
 
 
 def anonymous_kb(address, nbytes):

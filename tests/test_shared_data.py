@@ -21,7 +21,7 @@ from ddp_notebook.core.shared_load import load
 from ddp_notebook.ui.text import format_run
 
 import faults
-from helpers import has_ended, wait_until
+from helpers import has_ended, mapping_at, wait_until
 
 BIG = MIN_SHARED // 4  # float32 elements: exactly MIN_SHARED bytes
 
@@ -45,16 +45,6 @@ def my_memfds():
         except OSError:
             pass
     return out
-
-
-def memfd_inode_at(address):
-    """The inode of the shared memory mapped at ``address`` (None: not ours)."""
-    for line in open("/proc/self/maps"):
-        parts = line.split()
-        lo, hi = (int(v, 16) for v in parts[0].split("-"))
-        if lo <= address < hi and len(parts) > 5 and parts[5].startswith("/memfd:ddp-notebook-data"):
-            return parts[4]
-    return None
 
 
 @pytest.mark.unit
@@ -254,8 +244,8 @@ def test_ranks_map_the_data_share_it_and_keep_their_writes(tmp_path):
     assert data.total == x.nbytes + arr.nbytes and data.files == [str(path)] and data.seconds is not None
     # The result came back through the worker's shared memory: mapped here, not copied.
     assert torch.equal(out["weights"]["w"], torch.full((512, 512), 2.0))
-    inode = memfd_inode_at(out["weights"]["w"].data_ptr())
-    assert inode is not None
+    name, inode = mapping_at(out["weights"]["w"].data_ptr())
+    assert name.startswith("/memfd:ddp-notebook-data")
     out["weights"]["w"].add_(1)  # private pages, as any tensor
     del out
     run._loaded = None

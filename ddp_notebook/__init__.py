@@ -33,6 +33,7 @@ from .core.errors import (
     NoResultError,
     NotPicklableError,
     PreflightError,
+    QueueUseError,
     RunLoadError,
     RunStoppedError,
     SupervisionError,
@@ -65,7 +66,7 @@ __all__ = [
     "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
-    "EngineUnavailableError", "UnsafeRunDirError", "RunLoadError", "__version__",
+    "EngineUnavailableError", "UnsafeRunDirError", "RunLoadError", "QueueUseError", "__version__",
 ]
 
 

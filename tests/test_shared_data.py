@@ -48,6 +48,24 @@ def my_memfds():
 
 
 @pytest.mark.unit
+def test_a_multiprocessing_queue_travels_as_a_reference_and_only_to_local_workers():
+    import multiprocessing
+
+    from ddp_notebook.core.queues import QueueEnd
+
+    queue = multiprocessing.SimpleQueue()
+    packed, (first, second, plain) = roundtrip((queue, queue, 3))
+    assert packed.queues == [queue] and isinstance(first, QueueEnd) and first.index == second.index == 0
+    assert plain == 3 and load(packed.data, None)[0].index == 0  # with no tensors, no table either
+    with pytest.raises(ddp_notebook.QueueUseError, match="not connected here"):
+        first.put(1)  # outside a worker
+    with pytest.raises(ddp_notebook.QueueUseError, match="put\\(\\) here, get\\(\\) in the notebook"):
+        first.get()
+    with pytest.raises(SharedDataError, match="carries items from local workers only"):
+        packed.inline()  # an ipyparallel engine's call is sent by value
+
+
+@pytest.mark.unit
 def test_tensors_views_and_tied_weights_map_one_storage_each():
     x = torch.randn(BIG, 4)
     a, b = torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)

@@ -5,6 +5,7 @@ import ddp_notebook
 from ddp_notebook import WorkerFailedError
 
 import tutorial_ddp
+from helpers import wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -56,3 +57,92 @@ def test_tutorial_teardown_on_warm_workers_does_not_hang():
             assert run.wait(timeout=60)[:2] == (0, 2)
     finally:
         ddp_notebook.pool.disable()
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork", "forkserver"])
+def test_torch_spawn_keywords_are_taken(start_method):
+    # daemon= and start_method= change nothing here: workers never outlive the notebook, and
+    # every one starts from the CUDA-free fork server.
+    assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, daemon=True,
+                              start_method=start_method)[:2] == (0, 2)
+
+
+def test_bad_torch_spawn_keywords_are_refused_by_name():
+    with pytest.raises(ddp_notebook.LaunchOptionError, match="start_method must be one of 'spawn', 'fork', "
+                       "'forkserver'.*not 'threads'"):
+        ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, start_method="threads")
+    with pytest.raises(ddp_notebook.LaunchOptionError, match="daemon"):
+        ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, daemon="yes")
+
+
+@pytest.mark.parametrize("kind", ["SimpleQueue", "Queue"])
+def test_items_put_in_a_multiprocessing_queue_reach_the_notebook(kind):
+    import torch.multiprocessing as mp
+
+    queue = getattr(mp, kind)()  # (a "spawn" context's queue would start multiprocessing's resource tracker)
+    nbytes = 4 * 2**20  # more than a pipe holds: the notebook's put must not block the run
+    ddp_notebook.spawn(tutorial_ddp.puts_in_queue, args=(queue, nbytes), nprocs=2)
+    items = [queue.get() for _ in range(4)]
+    tensors = sorted((i for i in items if isinstance(i, tuple)), key=lambda item: item[0])
+    assert [(rank, t.numel(), float(t.sum())) for rank, t in tensors] == [(0, nbytes // 4, 0.0),
+                                                                          (1, nbytes // 4, nbytes // 4)]
+    assert sorted(i for i in items if isinstance(i, str)) == ["rank 0 done", "rank 1 done"]
+    for rank in (0, 1):  # each rank's items come in the order it put them
+        assert items.index(tensors[rank]) < items.index(f"rank {rank} done")
+
+
+def test_a_worker_reading_a_queue_of_the_call_is_told_what_queues_do_here():
+    import torch.multiprocessing as mp
+
+    with pytest.raises(WorkerFailedError, match="QueueUseError: a queue passed to the workers carries items from "
+                       "the workers to the notebook: put\\(\\) here, get\\(\\) in the notebook"):
+        ddp_notebook.spawn(tutorial_ddp.gets_from_queue, args=(mp.SimpleQueue(),), nprocs=2)
+
+
+def test_join_false_gives_what_process_context_callers_use():
+    run = ddp_notebook.spawn(tutorial_ddp.waits_for_stop, args=(2,), nprocs=2, join=False)
+    assert run.join(timeout=0.05) is False
+    wait_until(lambda: all(p.pid and p.is_alive() for p in run.processes))
+    assert run.pids() == [w.pid for w in run.workers] and [p.exitcode for p in run.processes] == [None, None]
+    run.processes[1].terminate()  # one rank cannot go on alone: the run is stopped
+    with pytest.raises(ddp_notebook.RunStoppedError):
+        run.join()
+    assert [p.is_alive() for p in run.processes] == [False, False]
+    assert all(p.exitcode is not None for p in run.processes)
+    failing = ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2, 1), nprocs=2, join=False)
+    with pytest.raises(WorkerFailedError, match="worker 1"):
+        while not failing.join(timeout=0.5):
+            pass
+    assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, join=False).join() is True
+
+
+def test_what_workers_print_is_printed_in_the_notebook_as_it_comes(capsys):
+    ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2)
+    out = capsys.readouterr().out
+    assert "[rank0]:Running basic DDP example on rank 0.\n" in out
+    assert "[rank1]:Running basic DDP example on rank 1.\n" in out
+
+
+def test_an_interrupt_ends_the_workers_and_the_tutorial_runs_again_on_its_fixed_port():
+    import os
+    import signal
+    import socket
+    import threading
+
+    with socket.socket() as s:  # a free port, for this test only
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for _ in range(3):
+        before = ddp_notebook.last_run()
+
+        def interrupt_once_up(before=before):
+            wait_until(lambda: ddp_notebook.last_run() is not before
+                       and [w.step for w in ddp_notebook.last_run().workers] == [1, 1])
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_once_up, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            ddp_notebook.spawn(tutorial_ddp.blocks_on_port, args=(2, port), nprocs=2)
+        run = ddp_notebook.last_run()
+        assert run.status == "stopped" and not any(p.is_alive() for p in run.processes)
+        assert ddp_notebook.spawn(tutorial_ddp.hardcoded_port, args=(2, port), nprocs=2) == 2.0

@@ -71,3 +71,27 @@ def hardcoded_port(rank, world_size, port):
     dist.all_reduce(t)
     dist.destroy_process_group()
     return t.item()
+
+
+def blocks_on_port(rank, world_size, port):
+    """Meets on a fixed MASTER_PORT, says it is up, then blocks (it cannot see ctx.should_stop)."""
+    import time
+
+    import ddp_notebook
+
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    ddp_notebook.current_context().log(step=1)
+    while True:
+        time.sleep(0.1)
+
+
+def puts_in_queue(rank, queue, nbytes):
+    """Sends a result back through a multiprocessing queue, as mp.spawn examples do."""
+    queue.put((rank, torch.full((nbytes // 4,), float(rank))))
+    queue.put(f"rank {rank} done")
+
+
+def gets_from_queue(rank, queue):
+    return queue.get()

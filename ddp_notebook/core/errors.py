@@ -20,7 +20,8 @@
     ├── RunStoppedError                       the run was stopped before a result
     ├── WaitTimeoutError (TimeoutError)       wait(timeout) returned first; the run goes on
     ├── NoResultError                         result() before the run ended
-    └── NoCheckpointError                     retry(resume=True) without a checkpoint
+    ├── NoCheckpointError                     retry(resume=True) without a checkpoint
+    └── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
 
 Nothing here imports torch or IPython, so the errors can be raised from the pure core.
 """
@@ -44,6 +45,8 @@ __all__ = [
     "RunStoppedError",
     "WaitTimeoutError",
     "NoResultError",
+    "QueueUseError",
+    "WorkerTraceback",
     "NoCheckpointError",
     "PreflightError",
     "NonFiniteLossError",
@@ -160,3 +163,18 @@ class NonFiniteLossError(DDPNotebookError, FloatingPointError):
     """The built-in fit's loss (or its weights, or its validation loss) became nan or inf: raised
     by the worker at the step it happened, so the report names the rank and the step (training on
     would only spread the nan), and nothing of it is saved as a checkpoint."""
+
+
+class QueueUseError(DDPNotebookError, RuntimeError):
+    """A worker used a queue of the call for something other than sending items to the notebook."""
+
+
+class WorkerTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a WorkerFailedError,
+    so plain Python shows the worker's stack above the notebook's (not an error of its own)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]

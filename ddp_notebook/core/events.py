@@ -40,6 +40,7 @@ class EventKind(TextEnum):
     RETURNED = "returned"  # the function returned; the rank waits for its peers
     DONE = "done"  # the rank's outcome: success (rank 0 attaches its pickled return value)
     ERROR = "error"  # the rank's outcome: an exception (phase, type, message, traceback)
+    QUEUE_PUT = "queue_put"  # an item put in a queue of the call (queue: its index; attached: the item)
 
     RUN_STARTED = "run_started"  # run id, devices, backend, directory, parent, places
     DATA = "data"  # the call's tensors and arrays being placed for the ranks: bytes sent of total, files

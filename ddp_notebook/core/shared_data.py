@@ -45,6 +45,7 @@ from typing import Any, Optional
 
 from . import pickling, remap
 from .file_mappings import OURS, FileMappings, unwritten
+from .queues import is_queue
 
 __all__ = ["MIN_SHARED", "Piece", "Packed", "Placement", "SharedDataError", "pack", "supported", "DataTable",
            "close_all", "TAG", "PAGE"]
@@ -106,6 +107,7 @@ class Packed:
     data: bytes
     pieces: list[Piece] = field(default_factory=list)
     files: list[FileSegment] = field(default_factory=list)
+    queues: list[Any] = field(default_factory=list)  # multiprocessing queues, by reference (core.queues)
     released: Optional[str] = None  # why the pieces were let go (then it cannot be placed again)
     _closer: Optional[Callable[[], Any]] = field(default=None, repr=False)  # closes the files it holds
 
@@ -151,6 +153,9 @@ class Packed:
         this process's memory, such as an ipyparallel engine)."""
         if self.released is not None:
             raise SharedDataError(self.released)
+        if self.queues:
+            raise SharedDataError("a multiprocessing queue in the call carries items from local workers only, not "
+                                  "from another machine's (an ipyparallel engine): return the items instead")
         if not self.pieces:
             return self.data
         return pickling.dumps(_LiveUnpickler(io.BytesIO(self.data), self).load())
@@ -185,6 +190,10 @@ class _SharingPickler(pickling.Pickler):
         self._by_path = supported()
 
     def persistent_id(self, obj: Any) -> Any:
+        if is_queue(obj):  # the worker gets a QueueEnd that sends to this very queue
+            if not any(q is obj for q in self.packed.queues):
+                self.packed.queues.append(obj)
+            return (TAG, next(i for i, q in enumerate(self.packed.queues) if q is obj), "queue", None)
         torch, np = _torch(), _numpy()
         if torch is not None and isinstance(obj, torch.UntypedStorage):  # how torch pickles uint16, float8...
             if obj.device.type != "cpu" or obj.nbytes() < MIN_SHARED:
@@ -395,6 +404,8 @@ class _LiveUnpickler(pickle.Unpickler):
         self.packed = packed
 
     def persistent_load(self, pid: Any) -> Any:
+        if pid[2] == "queue":
+            return self.packed.queues[pid[1]]
         obj = self.packed.pieces[pid[1]].obj
         torch = _torch()
         if torch is not None and isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from . import pickling
 from .errors import NotPicklableError
+from .queues import QueueEnd
 from .shared_data import PAGE, TAG, DataTable, SharedDataError, close_all, pack, supported
 
 __all__ = ["load", "open_table", "Received", "share"]
@@ -161,20 +162,24 @@ class Received:
 
 
 class _MappingUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, mapper: _Mapper) -> None:
+    def __init__(self, file: io.BytesIO, mapper: Optional[_Mapper]) -> None:
         super().__init__(file)
         self.mapper = mapper
 
     def persistent_load(self, pid: Any) -> Any:
         if not (isinstance(pid, tuple) and len(pid) == 4 and pid[0] == TAG):
             raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+        if pid[2] == "queue":  # the worker's end of a queue the notebook holds
+            return QueueEnd(pid[1])
+        if self.mapper is None:
+            raise pickle.UnpicklingError(f"a reference to shared data {pid!r}, and no table of it")
         return _rebuild(self.mapper, pid[1], pid[2], pid[3])
 
 
 def load(data: bytes, table: Optional[DataTable]) -> Any:
     """Unpickle ``data``, mapping its pieces as ``table`` (from ``Placement.table``) says."""
     if not table or not table.get("pieces"):
-        return pickling.loads(data)
+        return _MappingUnpickler(io.BytesIO(data), None).load()
     fds = open_table(table)
     try:
         return _MappingUnpickler(io.BytesIO(data), _Mapper(table, fds)).load()

@@ -171,6 +171,9 @@ class RunSettings:
     # environment its workers need and what to call once the run has ended (spawn's TCPStore).
     per_start: Optional[Callable[[int], tuple[dict[str, str], Callable[[], None]]]] = field(default=None,
                                                                                           compare=False)
+    # Print what the ranks print in the notebook as it comes, each line marked ``[rank1]:``, as
+    # torch.multiprocessing's children print to it (spawn); otherwise it is in run.output().
+    echo: bool = False
 
 
 OPTION_NAMES = frozenset(f.name for f in fields(LaunchOptions))

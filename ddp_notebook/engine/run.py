@@ -33,9 +33,10 @@ from ..core.errors import (
     SupervisionError,
     WaitTimeoutError,
     WorkerFailedError,
+    WorkerTraceback,
 )
 from ..core.events import EventKind, RankConfig
-from ..core.failures import FailureKind, Phase, WorkerFailure
+from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.shared_data import Packed
@@ -43,10 +44,21 @@ from ..core.shared_load import Received
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
-from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, check_flag, check_option_names, check_seconds
+from .options import (
+    CallMode,
+    LaunchKwargs,
+    LaunchOptions,
+    RunSettings,
+    Unpack,
+    check_flag,
+    check_option_names,
+    check_seconds,
+)
+from .processes import AsProcesses, echo_output
+from .queues import QueueFeeder
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
-from .stored import keep_result, output_of, read_run
+from .stored import keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
@@ -81,18 +93,7 @@ def validate_on(runs_on: Backend, devices: Optional[DeviceSpec], *, backend: Opt
     return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 
-class WorkerTraceback(Exception):
-    """Carries a worker's formatted traceback as the ``__cause__`` of a WorkerFailedError,
-    so plain Python shows the worker's stack above the notebook's."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-
-    def __str__(self) -> str:
-        return "\n" + self.args[0]
-
-
-class Run:
+class Run(AsProcesses):
     """A DDP run in background workers (one per device; rank 0 is the main worker).
 
     Created by :func:`ddp_notebook.launch` (or read back with :meth:`Run.load`); everything here
@@ -161,6 +162,8 @@ class Run:
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
                           "places": self.runs_on.places(n)})
+        if self.settings.echo:  # subscribed before any rank starts: no line is missed
+            self.stream.subscribe(echo_output)
         env, self._release_start = self.settings.per_start(n) if self.settings.per_start else ({}, _nothing)
         try:
             data, placement = send_data(payload, self.runs_on.maps_memory, self.stream.emit)
@@ -179,7 +182,7 @@ class Run:
                 transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
                 SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                   stall_timeout=self.options.stall_timeout, stall_floor=floor),
-                self.stream.emit)
+                self.stream.emit, QueueFeeder(payload.queues).deliver if payload.queues else None)
             _live_runs.add(self)
             thread.start()
         except BaseException:
@@ -201,7 +204,8 @@ class Run:
             outcome = self._supervisor.supervise()
             finished: dict[str, Any] = {"kind": EventKind.RUN_FINISHED, "status": outcome.status}
             if outcome.result is not None:
-                if not self._load_result(outcome.result):
+                self._loaded = load_result(outcome.result, str(self.devices[0]), self.stream.emit)
+                if self._loaded is None:
                     finished["status"] = RunStatus.FAILED
                     outcome.result.release()  # nothing to load: the worker's memory is not kept
                 elif not keep_result(self.dir, outcome.result, self._loaded):
@@ -213,21 +217,6 @@ class Run:
         finally:  # whatever failed above, wait() must not block forever
             self._release_start()
             self._end(outcome.result)
-
-    def _load_result(self, result: Received) -> bool:
-        """Unpickle the main worker's return value here, once (its tensors mapped from the shared
-        memory it came in): a value the notebook cannot load (a class only the workers can
-        import) is the run's failure, reported as one."""
-        try:
-            self._loaded = (result.load(),)
-            return True
-        except Exception as exc:  # noqa: BLE001 - whatever unpickling raises is the report
-            failure = WorkerFailure(rank=0, device=str(self.devices[0]), kind=FailureKind.RESULT, time=time.time(),
-                                    phase=Phase.RESULT, exc_type=type(exc).__qualname__,
-                                    message=str(exc))
-            self.stream.emit({"kind": EventKind.FAILURE, "time": failure.time, "rank": 0,
-                              "failure": failure.to_dict()})
-            return False
 
     def _end(self, result: Optional[Received]) -> None:
         self._result = result
@@ -302,10 +291,7 @@ class Run:
             ended = self._finished.wait(timeout)
         except KeyboardInterrupt:
             if not self.done:
-                grace = self.options.stop_grace
-                self._request_stop(grace, "interrupted in the notebook")
-                print(f"ddp_notebook: the interrupt stops run {self.id}: each worker sees ctx.should_stop and may "
-                      f"finish its step; those still running after {grace:g} s are ended.", file=sys.stderr)
+                self._interrupted()
             raise
         if not ended:
             raise WaitTimeoutError(f"run {self.id} is still {self.status} after {timeout} s")
@@ -350,6 +336,19 @@ class Run:
         self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
         if wait:
             self._finished.wait()
+
+    def _interrupted(self) -> None:
+        if self.settings.mode != CallMode.SPAWN:
+            grace = self.options.stop_grace
+            self._request_stop(grace, "interrupted in the notebook")
+            print(f"ddp_notebook: the interrupt stops run {self.id}: each worker sees ctx.should_stop and may "
+                  f"finish its step; those still running after {grace:g} s are ended.", file=sys.stderr)
+            return
+        # fn(rank, ...) cannot see ctx.should_stop: its workers are ended now, and are gone when
+        # the prompt comes back, so that running the cell again finds its ports free.
+        self._request_stop(0.0, "interrupted in the notebook")
+        print(f"ddp_notebook: the interrupt ends the workers of run {self.id}.", file=sys.stderr)
+        self._finished.wait(self.options.kill_grace + 10.0)
 
     def _request_stop(self, grace: float, reason: str) -> None:
         if self._supervisor is not None and not self.done:

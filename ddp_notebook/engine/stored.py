@@ -9,7 +9,8 @@ ddp_notebook.core.errors.RunLoadError: there is no run at '/nonexistent/run' (gi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -17,13 +18,14 @@ from ..core import bounds, pickling
 from ..core.devices import Device, parse_devices
 from ..core.errors import RunLoadError
 from ..core.events import EventKind
+from ..core.failures import FailureKind, Phase, WorkerFailure
 from ..core.rundir import RunDir, default_run_root
 from ..core.shared_load import Received
 from ..core.state import RunStatus
 from ..core.stream import EventStream
 from .resume import KEEP_LIMIT, KeptCall, read_call
 
-__all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF", "keep_result", "output_of"]
+__all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF", "keep_result", "load_result", "output_of"]
 
 
 @dataclass
@@ -153,3 +155,16 @@ def output_of(stream: EventStream, directory: RunDir, run_id: str, rank: int, wh
     note = (f"\n[ddp_notebook: output not kept here: the log of run {run_id} reached its limit of "
             f"{bounds.LOG_BYTES // 2**20} MB; what follows is the most recent output, kept in memory]\n")
     return text + note + "".join(e["text"] for e in since)
+
+
+def load_result(result: Received, device: str, emit: Callable[[dict[str, Any]], None]) -> Optional[tuple[Any]]:
+    """Unpickle the main worker's return value here, once (its tensors mapped from the shared
+    memory it came in), as a 1-tuple: a value the notebook cannot load (a class only the workers
+    can import) is the run's failure, emitted as one (then None)."""
+    try:
+        return (result.load(),)
+    except Exception as exc:  # noqa: BLE001 - whatever unpickling raises is the report
+        failure = WorkerFailure(rank=0, device=device, kind=FailureKind.RESULT, time=time.time(), phase=Phase.RESULT,
+                                exc_type=type(exc).__qualname__, message=str(exc))
+        emit({"kind": EventKind.FAILURE, "time": failure.time, "rank": 0, "failure": failure.to_dict()})
+        return None

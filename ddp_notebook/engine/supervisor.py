@@ -71,8 +71,10 @@ class Supervisor:
     """
 
     def __init__(self, transport: Transport, labels: Sequence[str], stack_file: Callable[[int], str],
-                 options: SupervisorOptions, emit: Callable[[dict[str, Any]], None]) -> None:
+                 options: SupervisorOptions, emit: Callable[[dict[str, Any]], None],
+                 deliver: Optional[Callable[[Any, Received], None]] = None) -> None:
         self.transport = transport
+        self._deliver = deliver  # where items the ranks put in the call's queues go (engine.queues)
         self.labels = list(labels)
         self.ranks = range(len(self.labels))
         self.options = options
@@ -185,6 +187,10 @@ class Supervisor:
         event["rank"] = rank
         event.pop("blob", None)
         kind = event.get("kind")
+        if kind == EventKind.QUEUE_PUT:  # an item for the notebook's queue: not an event of the run
+            if result is not None and self._deliver is not None:
+                self._deliver(event.get("queue"), result)
+            return
         if kind == EventKind.STARTED:
             self.main_ident[rank] = event.get("main_thread", 0)
             self.pids[rank] = event.get("pid")

@@ -78,14 +78,32 @@ def _nothing() -> None:
     pass
 
 
+# torch.multiprocessing's start methods: every one is taken, and none changes how a worker starts.
+START_METHODS = ("spawn", "fork", "forkserver")
+
+
 @takes_launch_options
 def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[int] = None, join: bool = True,
-          devices: Optional[DeviceSpec] = None, **launch_options: Unpack[LaunchKwargs]) -> Union[Any, Run]:
+          daemon: bool = False, start_method: str = "spawn", devices: Optional[DeviceSpec] = None,
+          **launch_options: Unpack[LaunchKwargs]) -> Union[Any, Run]:
     """Run ``fn(rank, *args)`` on ``nprocs`` CPU workers (or on ``devices``) like
     ``torch.multiprocessing.spawn``; with ``join`` wait and return rank 0's return value
-    (raising ``WorkerFailedError`` on failure), else return the ``Run``."""
+    (raising ``WorkerFailedError`` on failure), else return the ``Run`` (which has the
+    ``join()``, ``processes`` and ``pids()`` of torch's ``ProcessContext``). What the workers
+    print is printed here as it comes (``[rank1]:...``), and a ``multiprocessing`` queue among
+    ``args`` gets what they ``put`` in it.
+
+    ``daemon`` and ``start_method`` are taken with the values torch takes and change nothing:
+    the workers never outlive the notebook, daemon or not, and every worker starts the same way
+    (forked from ddp_notebook's fork server, which never initialized CUDA: as safe as
+    ``"spawn"``, as quick as ``"fork"``)."""
     args, _ = call_parts("spawn", fn, args, None)
     check_flag("join", join)
+    check_flag("daemon", daemon)
+    if start_method not in START_METHODS:
+        raise LaunchOptionError(f"start_method must be one of {', '.join(map(repr, START_METHODS))} (as for "
+                                f"torch.multiprocessing.spawn; every one starts workers the same way here), "
+                                f"not {start_method!r}")
     if nprocs is not None and (isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1):
         raise LaunchOptionError(f"nprocs must be a whole number >= 1 (the number of workers) or None, not {nprocs!r}")
     if devices is None:
@@ -94,5 +112,6 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
         raise LaunchOptionError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
                                 f"given ({devices!r}); give one of the two")
     options = options_from("spawn", dict(launch_options))
-    run = launch_with(fn, devices, args, {}, options, RunSettings(mode=CallMode.SPAWN, per_start=loopback_store))
+    settings = RunSettings(mode=CallMode.SPAWN, per_start=loopback_store, echo=True)
+    run = launch_with(fn, devices, args, {}, options, settings)
     return wait_showing(run) if join else run

@@ -19,7 +19,9 @@ import time
 from typing import Any, Optional
 
 from ..core.events import EventKind, encode, read_frame, write_all
+from ..core.queues import send_items_with
 from ..core.rundir import RunDir
+from ..core.shared_data import Placement, pack
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
 from .channel import PipeChannel, watch_lifeline
 from .context import current_context
@@ -30,6 +32,22 @@ def _flush_progress() -> None:
     ctx = current_context()
     if ctx is not None:
         ctx.flush(held=True)
+
+
+def _items_through(channel: PipeChannel) -> None:
+    """Send what the function puts in a queue of the call (``core.queues``) to the notebook, its
+    tensors in shared memory this process holds until it exits, as it holds its result's."""
+    held: list[Placement] = []
+
+    def send(index: int, obj: Any) -> None:
+        item = pack(obj)
+        placed = item.place() if item.pieces else None
+        if placed is not None:
+            held.append(placed)
+        channel.send({"kind": EventKind.QUEUE_PUT, "queue": index, "data": placed.table if placed else None},
+                     item.data)
+
+    send_items_with(send)
 
 
 def main() -> None:
@@ -49,6 +67,7 @@ def main() -> None:
         dismiss_watcher(watcher)
         os._exit(EXIT_ORPHANED)
     channel = PipeChannel(boot["event_fd"], cfg["rank"])
+    _items_through(channel)
     stop, release = threading.Event(), threading.Event()
     threading.Thread(target=watch_lifeline, args=(boot["control_fd"], stop, release, _flush_progress),
                      name="ddp-lifeline", daemon=True).start()

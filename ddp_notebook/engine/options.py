@@ -167,10 +167,6 @@ class RunSettings:
     # Turns the main worker's return value into what wait() gives back (fit's FitResult);
     # stays in the notebook, never sent to the workers.
     postprocess: Optional[Callable[[Any, Any], Any]] = field(default=None, compare=False)
-    # Called at each start of the run (a retry too) with its world size, in the notebook: the
-    # environment its workers need and what to call once the run has ended (spawn's TCPStore).
-    per_start: Optional[Callable[[int], tuple[dict[str, str], Callable[[], None]]]] = field(default=None,
-                                                                                          compare=False)
     # Print what the ranks print in the notebook as it comes, each line marked ``[rank1]:``, as
     # torch.multiprocessing's children print to it (spawn); otherwise it is in run.output().
     echo: bool = False

@@ -58,6 +58,7 @@ from .processes import AsProcesses, echo_output
 from .queues import QueueFeeder
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
+from .store import loopback_store
 from .stored import keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
@@ -164,7 +165,8 @@ class Run(AsProcesses):
                           "places": self.runs_on.places(n)})
         if self.settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
-        env, self._release_start = self.settings.per_start(n) if self.settings.per_start else ({}, _nothing)
+        # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)
+        env, self._release_start = loopback_store(n, needed=self.settings.mode == CallMode.SPAWN)
         try:
             data, placement = send_data(payload, self.runs_on.maps_memory, self.stream.emit)
             if placement is not None:

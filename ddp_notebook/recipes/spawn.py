@@ -8,7 +8,7 @@ per-rank output and retry as ``launch``.
 
 The process group's ``env://`` rendezvous meets at a TCPStore the notebook serves on a loopback
 socket it holds from bind to close (every rank a client, as under torchrun's agent:
-``worker.spawn_store``), so nothing listens on another interface and no other local user can
+``engine.store``, ``worker.spawn_store``), so nothing listens on another interface and no other local user can
 take the port between its choice and its use; code that sets its own ``MASTER_PORT`` keeps
 torch's rendezvous there (rank 0 serves it). What this mode cannot guarantee:
 ``run.retry()`` re-runs the same arguments, so a function that is given the world size as an
@@ -24,14 +24,11 @@ Example::
 """
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
 from ..core.errors import LaunchOptionError
-from ..core.events import SPAWN_STORE_ENV
 from ..engine.launch import launch_with, wait_showing
 from ..engine.options import (
     CallMode,
@@ -46,36 +43,6 @@ from ..engine.packing import call_parts
 from ..engine.run import Run
 
 __all__ = ["spawn"]
-
-
-def loopback_store(world_size: int) -> tuple[dict[str, str], Callable[[], None]]:
-    """The rendezvous of one start of a spawn run: a TCPStore served by the notebook on a loopback
-    socket bound and listening before its port is known to anyone (torch's own env:// rendezvous
-    picks a port, releases it, then binds it on every interface). The workers' environment points
-    every rank at it as a client; the returned function ends it."""
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(max(128, world_size))
-    port = sock.getsockname()[1]
-    try:
-        store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timedelta(minutes=30),
-                              wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)
-    except (TypeError, RuntimeError):  # an older torch without master_listen_fd: rank 0 serves it, as before
-        try:
-            sock.close()
-        except OSError:
-            pass
-        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, _nothing
-    sock.detach()  # the store owns the socket now
-    held = [store]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), SPAWN_STORE_ENV: f"127.0.0.1:{port}"}
-    return env, held.clear  # the last reference: the store stops serving
-
-
-def _nothing() -> None:
-    pass
 
 
 # torch.multiprocessing's start methods: every one is taken, and none changes how a worker starts.
@@ -112,6 +79,6 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
         raise LaunchOptionError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
                                 f"given ({devices!r}); give one of the two")
     options = options_from("spawn", dict(launch_options))
-    settings = RunSettings(mode=CallMode.SPAWN, per_start=loopback_store, echo=True)
+    settings = RunSettings(mode=CallMode.SPAWN, echo=True)
     run = launch_with(fn, devices, args, {}, options, settings)
     return wait_showing(run) if join else run

@@ -95,6 +95,11 @@ class WorkerContext(TrainingHelpers):
         flag) before leaving, or peers will wait in their next collective until forced."""
         return self._stop_event.is_set()
 
+    def due(self) -> bool:
+        """Whether a report now would be sent at once (not held back by ``progress_interval``):
+        a loop can skip reading its metrics (a GPU sync) when it would not."""
+        return time.monotonic() - self._last_sent >= self._interval
+
     def log(self, step: Optional[int] = None, total: Optional[int] = None, epoch: Optional[int] = None,
             **metrics: Any) -> None:
         """Report progress: ``ctx.log(step=5, total=100, epoch=0, loss=0.31)``.

@@ -29,6 +29,7 @@ from ..core.stall import is_runner_file
 from . import context, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
+from .frameworks.hooks import watch_imports
 from .peers import RunEndedError, await_peers
 from .spawn_store import join_notebook_store
 
@@ -67,6 +68,21 @@ def remove_stack_dump(stack_file: IO[str]) -> None:
     stack_file.close()
 
 
+def launched_env(cfg: RankConfig) -> dict[str, str]:
+    """What torchrun sets in a worker's environment, which the frameworks read to know they were
+    launched from outside (Lightning's ``TorchElasticEnvironment``, accelerate, Hugging Face)
+    and so join the process group instead of starting processes of their own."""
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    local_rank, local_world_size = cfg.get("local_rank", rank), cfg.get("local_world_size", world_size)
+    return {key: str(value) for key, value in {
+        "RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_world_size,
+        "GROUP_RANK": rank // max(local_world_size, 1), "GROUP_WORLD_SIZE": -(-world_size // max(local_world_size, 1)),
+        "ROLE_NAME": "default", "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world_size,
+        "TORCHELASTIC_RUN_ID": cfg["run_id"], "TORCHELASTIC_RESTART_COUNT": 0, "TORCHELASTIC_MAX_RESTARTS": 0,
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+    }.items()}
+
+
 def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: threading.Event,
             where: Where) -> Optional[Packed]:
     """Set up the rank described by ``cfg``, run the packed call and return the main worker's
@@ -83,9 +99,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         os.environ.update(cfg.get("env", {}))
         if hasattr(time, "tzset"):
             time.tzset()  # TZ as the notebook has it (a pooled or forked worker read it earlier)
-        for key, value in {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": cfg.get("local_rank", rank),
-                           "LOCAL_WORLD_SIZE": cfg.get("local_world_size", world_size)}.items():
-            os.environ[key] = str(value)
+        os.environ.update(launched_env(cfg))
         cwd = cfg.get("cwd")
         if cwd and os.path.isdir(cwd):  # an engine on another host may not have it
             os.chdir(cwd)
@@ -101,6 +115,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         # Before unpickling: code that binds destroy_process_group by name while it is imported
         # must bind the version that defers the group's destruction.
         teardown.hold()
+        watch_imports()  # (unpickling may import a framework: Lightning, transformers, accelerate)
         where.phase = Phase.UNPICKLE
         call = shared_load.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
@@ -114,10 +129,9 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
             torch.cuda.set_device(int(index))
         if cfg.get("meet_in_python"):
             await_peers(directory.arrivals_dir, directory, rank, world_size, cfg.get("timeout"))
+        join_notebook_store()  # an env:// rendezvous meets at the notebook's store, every rank a client
         spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
-        if spawn_mode:
-            join_notebook_store()
-        else:
+        if not spawn_mode:
             dist.init_process_group(
                 backend=cfg["backend"], init_method="file://" + directory.rendezvous_path, rank=rank,
                 world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),

@@ -1,0 +1,96 @@
+"""PyTorch Lightning's ``Trainer``: a ``Callback`` that reports its progress to the rank's context.
+
+Example (explicit; a worker adds it to every Trainer by itself)::
+
+    from ddp_notebook.integrations.lightning import DDPNotebookCallback
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", callbacks=[DDPNotebookCallback()])
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Optional
+
+from .reporting import finite_int, patch_init, reporting_context, scalars
+
+__all__ = ["progress_callback", "patch_trainer", "follow_the_run"]
+
+
+@functools.cache
+def progress_callback(base: type) -> type:
+    """The reporting callback for the ``Callback`` class ``base`` (``lightning.pytorch`` and the
+    older ``pytorch_lightning`` each check for their own)."""
+
+    class DDPNotebookCallback(base):
+        """Reports the Trainer's step (optimizer steps), total, epoch, loss and the metrics the
+        module logs with ``self.log`` to ddp_notebook's panel, from every rank."""
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            _report(trainer, None, force=True)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            _report(trainer, outputs)
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            _report(trainer, None, force=True)
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            _report(trainer, None, force=True)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            _report(trainer, None, force=True)
+
+    return DDPNotebookCallback
+
+
+def _report(trainer: Any, outputs: Any, force: bool = False) -> None:
+    ctx = reporting_context()
+    if ctx is None:
+        return
+    try:
+        total: Optional[int] = finite_int(trainer.estimated_stepping_batches)
+    except Exception:  # noqa: BLE001 - some set-ups cannot tell before the loop runs
+        total = None
+    metrics: dict[str, Any] = {}
+    if force or ctx.due():  # reading the metrics may wait for a GPU: only for a report that is sent
+        metrics = scalars(trainer.callback_metrics)
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        metrics.update(scalars({"loss": loss}) if "loss" not in metrics and loss is not None else {})
+    ctx.log(step=trainer.global_step, total=total, epoch=trainer.current_epoch, **metrics)
+
+
+def follow_the_run(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A ``Trainer`` or ``Fabric`` made for another number of devices than the run has (a retry
+    on one device of code written for ``devices=2``; ``devices="auto"`` on CPUs) runs on the
+    run's: Lightning would refuse a world size that differs from ``devices * num_nodes``."""
+    ctx = reporting_context()
+    if ctx is None:
+        return kwargs
+    nodes = max(ctx.world_size // max(ctx.local_world_size, 1), 1)
+    devices = kwargs.get("devices", "auto")
+    count = len(devices) if isinstance(devices, (list, tuple)) else finite_int(devices)
+    if count is not None and count * int(kwargs.get("num_nodes", 1) or 1) == ctx.world_size:
+        return kwargs
+    # One CUDA rank on cuda:3 must stay there: Lightning takes devices=1 as cuda:0.
+    wanted: Any = ([ctx.device.index] if ctx.device.type == "cuda" and ctx.local_world_size == 1
+                   else ctx.local_world_size)
+    if devices != "auto":
+        print(f"ddp_notebook: devices={devices!r} runs on this run's {ctx.world_size} device(s) "
+              f"(devices={wanted!r}, num_nodes={nodes})", file=sys.stderr)
+    return dict(kwargs, devices=wanted, num_nodes=nodes)
+
+
+def patch_trainer(module: ModuleType) -> None:
+    """Every ``Trainer`` of ``module`` (``lightning.pytorch.trainer.trainer`` or the older
+    package's) runs on the run's devices and gets the reporting callback, unless it has one."""
+    package = module.__name__.rsplit(".trainer.trainer", 1)[0]
+    callback = progress_callback(importlib.import_module(f"{package}.callbacks").Callback)
+
+    def add(trainer: Any) -> None:
+        if not any(isinstance(c, callback) for c in trainer.callbacks):
+            trainer.callbacks.append(callback())
+
+    patch_init(module.Trainer, add, before=follow_the_run)

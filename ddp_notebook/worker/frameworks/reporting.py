@@ -1,0 +1,106 @@
+"""What every framework's reporter shares: the rank's context, the switch, plain metrics."""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+from ..context import WorkerContext, current_context
+
+__all__ = ["SWITCH_ENV", "enabled", "reporting_context", "scalars", "finite_int", "patch_init", "wrap_method",
+           "guarded"]
+
+SWITCH_ENV = "DDP_NOTEBOOK_FRAMEWORK_PROGRESS"
+# What ctx.log takes by name: never passed on as a metric of the same name.
+_RESERVED = frozenset({"step", "total", "epoch"})
+_MARK = "_ddp_notebook_patched"
+_failed = False  # a reporter failed once: said once
+
+
+def enabled() -> bool:
+    """False when the user turned framework progress off."""
+    return os.environ.get(SWITCH_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def reporting_context() -> Optional[WorkerContext]:
+    """The rank's context, when this code runs in a worker (None elsewhere: nothing to report)."""
+    return current_context()
+
+
+def scalars(values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """The metrics ``ctx.log`` can show: numbers, strings and one-element tensors, finite or not,
+    under their own names (``step``, ``total`` and ``epoch`` are ctx.log's own)."""
+    out: dict[str, Any] = {}
+    for name, value in (values or {}).items():
+        name = str(name)
+        if name in _RESERVED:
+            continue
+        if isinstance(value, (str, numbers.Number)) and not isinstance(value, bool):
+            out[name] = value
+        elif hasattr(value, "numel") and callable(value.numel) and value.numel() == 1:
+            out[name] = value.detach() if hasattr(value, "detach") else value
+    return out
+
+
+def finite_int(value: Any) -> Optional[int]:
+    """``value`` as an int when it is a finite number (a framework says "no limit" with inf, -1)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number >= 0 else None
+
+
+def patch_init(cls: type, after: Optional[Callable[[Any], None]],
+               before: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None) -> None:
+    """Call ``after(instance)`` at the end of every ``cls(...)`` made in a worker, when progress is
+    on, and have ``before(kwargs)`` change its keyword arguments first (once per class,
+    whatever imports it)."""
+    if cls.__dict__.get(_MARK):
+        return
+    original = cls.__init__  # type: ignore[misc]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        in_worker = reporting_context() is not None
+        original(self, *args, **(before(kwargs) if before is not None and in_worker else kwargs))
+        if after is not None and in_worker and enabled():
+            guarded(after, self)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__  # type: ignore[misc]
+    setattr(cls, _MARK, True)
+
+
+def wrap_method(cls: type, name: str, after: Callable[..., None]) -> None:
+    """Call ``after(instance, result, *args, **kwargs)`` after every call of ``cls.name``."""
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        if enabled() and reporting_context() is not None:
+            guarded(after, self, result, *args, **kwargs)
+        return result
+
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    method.__doc__ = original.__doc__
+    method.__name__ = name
+    setattr(method, _MARK, True)
+    setattr(cls, name, method)
+
+
+def guarded(report: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Run a reporter; a failure of ours is said once on stderr and never breaks the user's training."""
+    global _failed
+    try:
+        report(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - progress is a nicety, the training is not
+        if not _failed:
+            _failed = True
+            print(f"ddp_notebook: live progress from the framework stopped ({type(exc).__name__}: {exc}); "
+                  f"the training goes on. Set {SWITCH_ENV}=0 to turn it off.", file=sys.stderr)

@@ -1,0 +1,56 @@
+"""Hugging Face's ``Trainer``: a ``TrainerCallback`` that reports its progress to the rank's context.
+
+Example (explicit; a worker adds it to every Trainer by itself)::
+
+    from ddp_notebook.integrations.transformers import DDPNotebookCallback
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[DDPNotebookCallback])
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+from typing import Any, Optional
+
+from .reporting import finite_int, patch_init, reporting_context, scalars
+
+__all__ = ["progress_callback", "patch_trainer"]
+
+
+@functools.cache
+def progress_callback(base: type) -> type:
+    """The reporting callback for ``transformers.TrainerCallback`` (``base``)."""
+
+    class DDPNotebookCallback(base):
+        """Reports the Trainer's global step, max steps, epoch and what it logs (loss, learning
+        rate, grad norm, eval loss...) to ddp_notebook's panel, from every rank."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            _report(state, None)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            _report(state, None)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None,
+                   **kwargs: Any) -> None:
+            _report(state, logs)
+
+    return DDPNotebookCallback
+
+
+def _report(state: Any, logs: Optional[dict[str, Any]]) -> None:
+    ctx = reporting_context()
+    if ctx is not None:
+        ctx.log(step=state.global_step, total=finite_int(state.max_steps) or None,
+                epoch=int(state.epoch or 0), **scalars(logs))
+
+
+def patch_trainer(module: ModuleType) -> None:
+    """Every ``transformers.Trainer`` gets the reporting callback, unless it has one."""
+    callback = progress_callback(importlib.import_module("transformers.trainer_callback").TrainerCallback)
+
+    def add(trainer: Any) -> None:
+        if not any(isinstance(c, callback) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(callback)
+
+    patch_init(module.Trainer, add)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.quality
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "ddp_notebook")
 # Lowest first: a module may import its own layer and the layers below it, never one above.
-LAYERS = ["core", "worker", "backends", "engine", "recipes", "ui"]
+LAYERS = ["core", "worker", "backends", "engine", "recipes", "integrations", "ui"]
 MAX_LINES = 450
 # What the pure core, and what runs inside a rank, must not import when they are imported.
 NOT_IN_CORE = {"torch", "IPython", "ipywidgets", "ipyparallel", "matplotlib", "numpy"}

@@ -69,6 +69,7 @@ def follow_the_run(kwargs: dict[str, Any]) -> dict[str, Any]:
     ctx = reporting_context()
     if ctx is None:
         return kwargs
+    kwargs = _without_own_processes(kwargs)
     nodes = max(ctx.world_size // max(ctx.local_world_size, 1), 1)
     devices = kwargs.get("devices", "auto")
     count = len(devices) if isinstance(devices, (list, tuple)) else finite_int(devices)
@@ -81,6 +82,23 @@ def follow_the_run(kwargs: dict[str, Any]) -> dict[str, Any]:
         print(f"ddp_notebook: devices={devices!r} runs on this run's {ctx.world_size} device(s) "
               f"(devices={wanted!r}, num_nodes={nodes})", file=sys.stderr)
     return dict(kwargs, devices=wanted, num_nodes=nodes)
+
+
+# Lightning's strategies that start processes of their own (by fork or spawn), whatever the
+# environment says: in a worker they would fork it. Their "ddp" twin joins the run's group.
+_OWN_PROCESSES = ("ddp_notebook", "ddp_fork", "ddp_spawn")
+
+
+def _without_own_processes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    strategy = kwargs.get("strategy")
+    if isinstance(strategy, str) and strategy.startswith(_OWN_PROCESSES):
+        plain = "ddp" + strategy[len(next(p for p in _OWN_PROCESSES if strategy.startswith(p))):]  # (its suffix kept)
+        print(f"ddp_notebook: strategy={strategy!r} runs as {plain!r} here: this run's workers are the processes "
+              "(nothing is forked)", file=sys.stderr)
+        return dict(kwargs, strategy=plain)
+    if getattr(strategy, "_start_method", None) in ("fork", "spawn", "forkserver"):
+        strategy._start_method = "popen"  # type: ignore[union-attr]  # (a DDPStrategy made with one)
+    return kwargs
 
 
 def patch_trainer(module: ModuleType) -> None:

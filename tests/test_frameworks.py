@@ -1,0 +1,65 @@
+"""Lightning (Trainer, Fabric), accelerate and Hugging Face Trainer code, unchanged, in
+ddp_notebook's workers: it joins the run's process group, its progress shows live, a failure
+names its rank, and a retry on one device trains on one."""
+import pytest
+
+import ddp_notebook
+from ddp_notebook import WorkerFailedError
+
+import framework_code
+
+pytestmark = [pytest.mark.processes, pytest.mark.frameworks]
+
+NEEDS = {"lightning": "lightning", "fabric": "lightning", "accelerate": "accelerate", "transformers": "transformers"}
+
+
+def progress_of(run, rank):
+    return [e for e in run.events if e.get("kind") == "progress" and e.get("rank") == rank]
+
+
+@pytest.mark.parametrize("framework", sorted(NEEDS))
+def test_unchanged_framework_code_trains_shows_progress_names_the_failed_rank_and_retries(framework):
+    pytest.importorskip(NEEDS[framework])
+    fn = getattr(framework_code, framework)
+    run = ddp_notebook.launch(fn, devices="cpu*2")
+    result = run.wait(timeout=300)
+    assert result["world_size"] == 2 and result["same_on_every_rank"]
+    for rank in (0, 1):  # its steps and loss reached the run's state while it trained
+        progress = progress_of(run, rank)
+        assert any(e.get("step", 0) >= 1 and any("loss" in name for name in e["metrics"]) for e in progress), progress
+    if framework in ("lightning", "transformers"):  # a loop that knows its length says it
+        assert [(w.step, w.total) for w in run.workers] == [(run.workers[0].total,) * 2] * 2
+
+    failing = ddp_notebook.launch(fn, devices="cpu*2", kwargs={"fail_rank": 1})
+    with pytest.raises(WorkerFailedError) as failed:
+        failing.wait(timeout=300)
+    assert str(failed.value).startswith(f"Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom in "
+                                        f"{framework}")
+    single = failing.retry()  # code written for devices=2 runs on the one device of the retry
+    assert single.wait(timeout=300)["world_size"] == 1 and single.status == "succeeded"
+
+
+def test_lightning_code_written_for_its_own_notebook_strategy_runs_as_it_is():
+    pytest.importorskip("lightning")
+    result = ddp_notebook.launch(framework_code.lightning, devices="cpu*2", kwargs={"strategy": "ddp_notebook"})
+    assert result.wait(timeout=300)["world_size"] == 2
+
+
+def test_framework_progress_can_be_turned_off():
+    pytest.importorskip("accelerate")
+    run = ddp_notebook.launch(framework_code.accelerate, devices="cpu*2",
+                              env={"DDP_NOTEBOOK_FRAMEWORK_PROGRESS": "0"})
+    assert run.wait(timeout=300)["same_on_every_rank"]
+    assert progress_of(run, 0) == progress_of(run, 1) == []
+
+
+def test_accelerate_notebook_launcher_drop_in():
+    pytest.importorskip("accelerate")
+    from ddp_notebook.integrations.accelerate import notebook_launcher
+
+    assert notebook_launcher(framework_code.accelerate_launched, args=(3,), num_processes=2) == (2, 6.0)
+    with pytest.raises(WorkerFailedError, match="worker 1 \\(cpu:1\\) failed: ValueError: boom in notebook_launcher"):
+        notebook_launcher(framework_code.accelerate_launched, args=(3, 1), num_processes=2)
+    assert ddp_notebook.last_run().retry().wait(timeout=300) == (1, 3.0)
+    with pytest.raises(ddp_notebook.LaunchOptionError, match="num_nodes=1 and node_rank=0"):
+        notebook_launcher(framework_code.accelerate_launched, args=(3,), num_processes=2, num_nodes=2)

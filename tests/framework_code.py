@@ -59,7 +59,7 @@ def fabric(ctx, fail_rank=None):
     model = nn.Linear(8, 1)
     model, optimizer = f.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
     loader = f.setup_dataloaders(DataLoader(data(), batch_size=8))
-    for epoch in range(2):
+    for _epoch in range(2):
         for i, (x, y) in enumerate(loader):
             if f.global_rank == fail_rank and i == 2:
                 raise ValueError("boom in fabric")
@@ -79,7 +79,7 @@ def accelerate(ctx, fail_rank=None):
     model = nn.Linear(8, 1)
     model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05),
                                                    DataLoader(data(), batch_size=8))
-    for epoch in range(2):
+    for _epoch in range(2):
         for i, (x, y) in enumerate(loader):
             if accelerator.process_index == fail_rank and i == 2:
                 raise ValueError("boom in accelerate")

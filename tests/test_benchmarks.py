@@ -29,6 +29,7 @@ def test_benchmark_suite_quick_mode_prints_every_table():
         "ddp_notebook, warm pool, fork server off", "torch.multiprocessing fork", "torch.multiprocessing spawn"]
     assert all(row.endswith("| 0 of 20 |") for row in relaunch.splitlines()[2:4]), relaunch  # no hang
     assert [row.split("|")[1].strip() for row in data.splitlines()[2:]] == [
+        "floor: one copy into fresh shared memory, read by waiting processes (no launcher)",
         "ddp_notebook (fork server warm)", "ddp_notebook, data from `ddp_notebook.share`", "torch.multiprocessing spawn",
         "torch.multiprocessing fork"] * 2  # 1 MB, then 64 MB
     assert "| ddp_notebook (fork server warm) | 2 | 64 MB |" in data and result.count("\n") == 4

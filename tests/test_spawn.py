@@ -132,17 +132,22 @@ def test_an_interrupt_ends_the_workers_and_the_tutorial_runs_again_on_its_fixed_
     with socket.socket() as s:  # a free port, for this test only
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for _ in range(3):
-        before = ddp_notebook.last_run()
+    # Ctrl-C as Python has it (a test before may have left SIGINT ignored or handled elsewhere).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for _ in range(3):
+            before = ddp_notebook.last_run()
 
-        def interrupt_once_up(before=before):
-            wait_until(lambda: ddp_notebook.last_run() is not before
-                       and [w.step for w in ddp_notebook.last_run().workers] == [1, 1])
-            os.kill(os.getpid(), signal.SIGINT)
+            def interrupt_once_up(before=before):
+                wait_until(lambda: ddp_notebook.last_run() is not before
+                           and [w.step for w in ddp_notebook.last_run().workers] == [1, 1])
+                os.kill(os.getpid(), signal.SIGINT)
 
-        threading.Thread(target=interrupt_once_up, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            ddp_notebook.spawn(tutorial_ddp.blocks_on_port, args=(2, port), nprocs=2)
-        run = ddp_notebook.last_run()
-        assert run.status == "stopped" and not any(p.is_alive() for p in run.processes)
-        assert ddp_notebook.spawn(tutorial_ddp.hardcoded_port, args=(2, port), nprocs=2) == 2.0
+            threading.Thread(target=interrupt_once_up, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                ddp_notebook.spawn(tutorial_ddp.blocks_on_port, args=(2, port), nprocs=2)
+            run = ddp_notebook.last_run()
+            assert run.status == "stopped" and not any(p.is_alive() for p in run.processes)
+            assert ddp_notebook.spawn(tutorial_ddp.hardcoded_port, args=(2, port), nprocs=2) == 2.0
+    finally:
+        signal.signal(signal.SIGINT, previous)

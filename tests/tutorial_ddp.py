@@ -74,7 +74,8 @@ def hardcoded_port(rank, world_size, port):
 
 
 def blocks_on_port(rank, world_size, port):
-    """Meets on a fixed MASTER_PORT, says it is up, then blocks (it cannot see ctx.should_stop)."""
+    """Meets on a fixed MASTER_PORT, says it is up, then blocks (it cannot see ctx.should_stop)
+    for two minutes."""
     import time
 
     import ddp_notebook
@@ -83,8 +84,10 @@ def blocks_on_port(rank, world_size, port):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     ddp_notebook.current_context().log(step=1)
-    while True:
+    deadline = time.monotonic() + 120  # (a test waits for its interrupt this long, then fails)
+    while time.monotonic() < deadline:
         time.sleep(0.1)
+    raise TimeoutError("blocked for 120 s: no interrupt ended this run")
 
 
 def puts_in_queue(rank, queue, nbytes):

@@ -5,7 +5,8 @@ result), the channel that carries its events out (``channel``: frames over a pip
 data messages), meeting peers in Python (``peers``), the ``WorkerContext`` and its training
 helpers (``context``, ``training``), gloo teardown without torch's deadlock (``teardown``), what
 a rank changes in an engine and gives back (``engine_state``), the first code a worker process
-runs (``boot``: it ties the process to the notebook's before anything is imported), and the
+runs (``boot``: it ties the process to the notebook's before anything is imported), the
+frameworks' progress and device count (``frameworks``: patched in as a worker imports them), and the
 entry points, which hold only their ``main``: ``process`` (run as ``__main__`` by ``boot``, or by
 the fork server in each worker it forks), ``zygote`` (the fork server, run by ``boot``) and
 ``engine`` (the functions an ipyparallel engine is asked to run).

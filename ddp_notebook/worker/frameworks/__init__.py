@@ -1,5 +1,9 @@
 """Live progress from the training frameworks' own loops, with no change to the user's code.
 
+Owns: the import hooks that patch a framework as a worker loads it (``hooks``), the reporters
+(``lightning``, ``transformers``, ``steps``) and what they share (``reporting``: the switch,
+plain metrics, patching a class once).
+
 A worker watches its imports (``hooks.watch_imports``, before the call is unpickled): once
 PyTorch Lightning's ``Trainer`` or ``Fabric``, Hugging Face's ``Trainer`` or accelerate's
 ``Accelerator`` is loaded, the class is patched so that every instance made in this rank reports

@@ -11,7 +11,10 @@ the error shows the ValueError's message, and whether a second launch in the sam
 succeeds.
 
     .venv/bin/python benchmarks/frameworks_bench.py            # 5 trials each
-    .venv/bin/python benchmarks/frameworks_bench.py --quick    # 1 trial each (CI smoke test)
+    .venv/bin/python benchmarks/frameworks_bench.py --quick    # 1 trial each
+
+It needs the frameworks (``pip install -e ".[lightning,hf]"``; the test extras have them) and is
+run on its own, not by ``run.py``: each trial imports Lightning or accelerate afresh.
 """
 from __future__ import annotations
 
@@ -169,8 +172,8 @@ def main() -> None:
             print(f"| {name} | {got[0]['failed']} | | | |")
             continue
         right = sum(g["blamed"] == g["raised"] for g in done)
-        blamed = f"right {right}/{len(done)}" + ("" if right == len(done) else " (" + ", ".join(
-            "none" if g["blamed"] is None else f"rank {g['blamed']}" for g in done if g["blamed"] != g["raised"]) + ")")
+        wrong = ["none" if g["blamed"] is None else f"rank {g['blamed']}" for g in done if g["blamed"] != g["raised"]]
+        blamed = f"right {right}/{len(done)}" + (f" (blamed: {', '.join(wrong)})" if wrong else "")
         seconds = sorted(g["seconds"] for g in done)[len(done) // 2]
         message = sum(g["message"] for g in done)
         again = sorted({g["again"] for g in done})

@@ -132,8 +132,10 @@ ddp_notebook.spawn(forever, nprocs=2, stop_grace=1.0)
 def test_after_ctrl_c_the_table_shows_the_run_stopped_not_running(tmp_path):
     import signal
 
+    # (a shell's background job inherits Ctrl-C ignored: the script gets Python's own handling back)
     proc = subprocess.Popen([sys.executable, "-c", IGNORES_STOP], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": ROOT},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stderr:  # progress lines: wait until both ranks run
         seen.append(line)

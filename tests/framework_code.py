@@ -47,7 +47,7 @@ def lightning(ctx, fail_rank=None, strategy="ddp"):
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=3, enable_progress_bar=False,
                         logger=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, DataLoader(data(), batch_size=8))
-    return outcome(trainer.world_size, list(model.parameters()))
+    return dict(outcome(trainer.world_size, list(model.parameters())), model=model)  # the module itself comes back
 
 
 def fabric(ctx, fail_rank=None):
@@ -107,7 +107,7 @@ def transformers(ctx, fail_rank=None):
                              report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=samples, callbacks=[FailOnRank])
     trainer.train()
-    return outcome(args.world_size, list(model.parameters()))
+    return dict(outcome(args.world_size, list(model.parameters())), model=trainer.model)
 
 
 def accelerate_launched(steps, fail_rank=None):

@@ -2,6 +2,7 @@
 ddp_notebook's workers: it joins the run's process group, its progress shows live, a failure
 names its rank, and a retry on one device trains on one."""
 import pytest
+import torch
 
 import ddp_notebook
 from ddp_notebook import WorkerFailedError
@@ -24,6 +25,9 @@ def test_unchanged_framework_code_trains_shows_progress_names_the_failed_rank_an
     run = ddp_notebook.launch(fn, devices="cpu*2")
     result = run.wait(timeout=300)
     assert result["world_size"] == 2 and result["same_on_every_rank"]
+    if "model" in result:  # a LightningModule, a Hugging Face model: back in the notebook as itself
+        flat = torch.cat([p.detach().reshape(-1) for p in result["model"].parameters()])
+        assert torch.equal(flat, result["weights"])
     for rank in (0, 1):  # its steps and loss reached the run's state while it trained
         progress = progress_of(run, rank)
         assert any(e.get("step", 0) >= 1 and any("loss" in name for name in e["metrics"]) for e in progress), progress

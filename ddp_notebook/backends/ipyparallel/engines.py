@@ -26,6 +26,7 @@ from ...worker.engine import describe_engine
 __all__ = ["Engines", "engines_of", "DESCRIBE_TIMEOUT"]
 
 DESCRIBE_TIMEOUT = 30.0  # seconds an engine may take to answer before validation reports it
+BUSY_WAIT = 1.0  # the same for an engine the controller says is running a task
 
 
 class Engines:
@@ -43,6 +44,7 @@ class Engines:
         """``describe_engine()`` of every engine, in rank order (``{"error": ...}`` for one
         that cannot answer)."""
         if self._info is None:
+            busy = self._busy()
             pending: list[Any] = []
             for eid in self.ids:
                 try:
@@ -51,9 +53,18 @@ class Engines:
                     pending.append(e)
             info = []
             for eid, ar in zip(self.ids, pending):
-                info.append(_answer(eid, ar, timeout))
+                # An engine busy with a task answers only after it: a second, then say so.
+                info.append(_answer(eid, ar, BUSY_WAIT if eid in busy else timeout))
             self._info = info
         return self._info
+
+    def _busy(self) -> set[int]:
+        """The engines with a task queued or running now (asked of the controller)."""
+        try:
+            status = self.client.queue_status(targets=list(self.ids), verbose=False)
+            return {int(eid) for eid, s in status.items() if isinstance(s, dict) and s.get("queue", 0) > 0}
+        except Exception:  # noqa: BLE001 - no answer: every engine gets the full timeout
+            return set()
 
     def subset(self, ranks: Sequence[int]) -> Engines:
         """The engines of the given ranks (for a retry), with what is known of them."""
@@ -80,7 +91,7 @@ def _answer(eid: int, ar: Any, timeout: float) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError, EngineError
         ename = getattr(e, "ename", type(e).__name__)
         if ename == "TimeoutError":
-            return {"error": f"engine {eid} did not answer within {timeout:.0f} s (busy with another task?)"}
+            return {"error": f"engine {eid} did not answer within {timeout:g} s (busy with another task?)"}
         evalue = getattr(e, "evalue", str(e))
         return {"error": f"engine {eid} could not describe itself ({ename}: {evalue}); is ddp_notebook "
                          "installed in the engine's environment?"}

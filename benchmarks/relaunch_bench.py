@@ -7,7 +7,7 @@ torch.multiprocessing with fork and with spawn. Every launcher runs the same ran
 process group from a file rendezvous, one all_reduce, the result back to the parent):
 
     .venv/bin/python benchmarks/relaunch_bench.py            # 3 trials, 200 clean runs
-    .venv/bin/python benchmarks/relaunch_bench.py --quick    # 1 trial, 20 clean runs (CI smoke test)
+    .venv/bin/python benchmarks/relaunch_bench.py --quick    # 1 trial, no pause, 10 clean runs (CI smoke test)
 
 Printed: time from the launch call to the result after a pause of 0-8 s since the previous run
 ended (a user changing a number and running the cell again), the first launch in a fresh process
@@ -195,8 +195,8 @@ def main() -> None:
     parser.add_argument("--trial", choices=LAUNCHERS)
     parser.add_argument("--started", type=float)
     args = parser.parse_args()
-    pauses = (0, 1) if args.quick else PAUSES
-    runs = 20 if args.quick else args.runs
+    pauses = (0,) if args.quick else PAUSES
+    runs = 10 if args.quick else args.runs
     if args.trial:
         print(json.dumps(trial(args.trial, args.started, max(1, runs // 10) if args.trial in SLOW else runs, pauses)))
         return

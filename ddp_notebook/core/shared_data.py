@@ -191,9 +191,12 @@ class _SharingPickler(pickling.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if is_queue(obj):  # the worker gets a QueueEnd that sends to this very queue
-            if not any(q is obj for q in self.packed.queues):
-                self.packed.queues.append(obj)
-            return (TAG, next(i for i, q in enumerate(self.packed.queues) if q is obj), "queue", None)
+            queues = self.packed.queues
+            index = next((i for i, q in enumerate(queues) if q is obj), None)
+            if index is None:
+                index = len(queues)
+                queues.append(obj)
+            return (TAG, index, "queue", None)
         torch, np = _torch(), _numpy()
         if torch is not None and isinstance(obj, torch.UntypedStorage):  # how torch pickles uint16, float8...
             if obj.device.type != "cpu" or obj.nbytes() < MIN_SHARED:

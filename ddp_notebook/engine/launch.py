@@ -6,7 +6,6 @@ engine with ``engines=``. ``start_run`` is the one way a run starts; a retry is 
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from ..core.rundir import RunDir
 from ..core.shared_data import Packed
 from ..core.state import RunStatus
 from ..core.stream import EventStream
+from ..core.switches import switched_on
 from ..core.validation import InvalidDevicesError, ValidationReport
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .packing import call_parts, check_arguments, pack_call
@@ -48,7 +48,7 @@ def show_while_waiting(hook: Optional[ShowWhileWaiting]) -> None:
 
 def wait_showing(run: Run) -> Any:
     """``run.wait()``, with the run's progress shown meanwhile (see ``show_while_waiting``)."""
-    shown = os.environ.get(PROGRESS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    shown = switched_on(PROGRESS_ENV)
     finish = _show_while_waiting(run) if shown and _show_while_waiting is not None else None
     try:
         return run.wait()

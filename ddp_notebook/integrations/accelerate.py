@@ -18,7 +18,8 @@ from accelerate.tracking import GeneralTracker
 
 from ..core.errors import LaunchOptionError
 from ..recipes.spawn import spawn
-from ..worker.frameworks.reporting import reporting_context, scalars
+from ..worker.context import current_context
+from ..worker.frameworks.reporting import scalars
 
 __all__ = ["DDPNotebookTracker", "notebook_launcher"]
 
@@ -37,7 +38,7 @@ class DDPNotebookTracker(GeneralTracker):
         return self
 
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
-        ctx = reporting_context()
+        ctx = current_context()
         if ctx is not None:
             ctx.log(step=step, **scalars(values))
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Optional
 
-from .reporting import finite_int, patch_init, reporting_context, scalars
+from ..context import current_context
+from .reporting import finite_int, patch_init, scalars
 
 __all__ = ["progress_callback", "patch_trainer", "follow_the_run"]
 
@@ -47,7 +48,7 @@ def progress_callback(base: type) -> type:
 
 
 def _report(trainer: Any, outputs: Any, force: bool = False) -> None:
-    ctx = reporting_context()
+    ctx = current_context()
     if ctx is None:
         return
     try:
@@ -66,7 +67,7 @@ def follow_the_run(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A ``Trainer`` or ``Fabric`` made for another number of devices than the run has (a retry
     on one device of code written for ``devices=2``; ``devices="auto"`` on CPUs) runs on the
     run's: Lightning would refuse a world size that differs from ``devices * num_nodes``."""
-    ctx = reporting_context()
+    ctx = current_context()
     if ctx is None:
         return kwargs
     kwargs = _without_own_processes(kwargs)

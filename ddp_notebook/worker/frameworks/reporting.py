@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from ..context import WorkerContext, current_context
+from ...core.switches import switched_on
+from ..context import current_context
 
-__all__ = ["SWITCH_ENV", "enabled", "reporting_context", "scalars", "finite_int", "patch_init", "wrap_method",
+__all__ = ["SWITCH_ENV", "enabled", "scalars", "finite_int", "patch_init", "wrap_method",
            "guarded"]
 
 SWITCH_ENV = "DDP_NOTEBOOK_FRAMEWORK_PROGRESS"
@@ -22,12 +22,7 @@ _failed = False  # a reporter failed once: said once
 
 def enabled() -> bool:
     """False when the user turned framework progress off."""
-    return os.environ.get(SWITCH_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
-
-
-def reporting_context() -> Optional[WorkerContext]:
-    """The rank's context, when this code runs in a worker (None elsewhere: nothing to report)."""
-    return current_context()
+    return switched_on(SWITCH_ENV)
 
 
 def scalars(values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
@@ -64,7 +59,7 @@ def patch_init(cls: type, after: Optional[Callable[[Any], None]],
     original = cls.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        in_worker = reporting_context() is not None
+        in_worker = current_context() is not None
         original(self, *args, **(before(kwargs) if before is not None and in_worker else kwargs))
         if after is not None and in_worker and enabled():
             guarded(after, self)
@@ -83,7 +78,7 @@ def wrap_method(cls: type, name: str, after: Callable[..., None]) -> None:
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        if enabled() and reporting_context() is not None:
+        if enabled() and current_context() is not None:
             guarded(after, self, result, *args, **kwargs)
         return result
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Optional
 
+from ..context import current_context
 from .lightning import follow_the_run
-from .reporting import patch_init, reporting_context, scalars, wrap_method
+from .reporting import patch_init, scalars, wrap_method
 
 __all__ = ["patch_fabric", "patch_accelerator", "count_step", "report_values"]
 
@@ -19,7 +20,7 @@ _COUNT = "_ddp_notebook_steps"
 
 def count_step(owner: Any, loss: Any) -> None:
     """One more step of ``owner`` (a Fabric or an Accelerator), with its loss when a report is due."""
-    ctx = reporting_context()
+    ctx = current_context()
     if ctx is None or getattr(owner, "sync_gradients", True) is False:  # (an accumulation step)
         return
     step = getattr(owner, _COUNT, 0) + 1
@@ -28,9 +29,9 @@ def count_step(owner: Any, loss: Any) -> None:
     ctx.log(step=step, **metrics)
 
 
-def report_values(owner: Any, values: Optional[dict[str, Any]], step: Optional[int] = None) -> None:
+def report_values(owner: Any, values: Optional[dict[str, Any]]) -> None:
     """What the code logged: its metrics, at our own step count."""
-    ctx = reporting_context()
+    ctx = current_context()
     if ctx is not None:
         ctx.log(step=getattr(owner, _COUNT, None), **scalars(values))
 

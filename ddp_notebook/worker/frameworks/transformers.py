@@ -12,7 +12,8 @@ import importlib
 from types import ModuleType
 from typing import Any, Optional
 
-from .reporting import finite_int, patch_init, reporting_context, scalars
+from ..context import current_context
+from .reporting import finite_int, patch_init, scalars
 
 __all__ = ["progress_callback", "patch_trainer"]
 
@@ -39,7 +40,7 @@ def progress_callback(base: type) -> type:
 
 
 def _report(state: Any, logs: Optional[dict[str, Any]]) -> None:
-    ctx = reporting_context()
+    ctx = current_context()
     if ctx is not None:
         ctx.log(step=state.global_step, total=finite_int(state.max_steps) or None,
                 epoch=int(state.epoch or 0), **scalars(logs))

@@ -231,6 +231,9 @@ def fmt_size(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
+                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
+                        "smoke test")
     parser.add_argument("--one", nargs="+")
     parser.add_argument("--repeat", type=int, default=None, help="runs of each measurement (median); default 3, "
                         "1 with --quick")
@@ -240,10 +243,13 @@ def main() -> None:
         size = int(rest[0])
         print(json.dumps(one_data(launcher, size, int(rest[1])) if kind == "data" else one_result(launcher, size)))
         return
+    opts.quick = opts.quick or opts.smoke
+    launchers = tuple(k for k in LAUNCHERS if k != "mp-spawn") if opts.smoke else LAUNCHERS
+    result_launchers = tuple(k for k in RESULT_LAUNCHERS if k != "mp-spawn") if opts.smoke else RESULT_LAUNCHERS
     opts.repeat = opts.repeat or (1 if opts.quick else 3)
     sizes = (1 * MB, 64 * MB) if opts.quick else (1 * MB, 512 * MB, 2048 * MB)
     rank_counts = (2,) if opts.quick else (2, 4)
-    hang = 5 if opts.quick else 30  # seconds with no outcome: hung
+    hang = 60  # seconds with no outcome: hung (a fresh interpreter and its launcher included, on a busy machine)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     warmed = None if opts.quick else warm_memory()
     rows = []
@@ -254,14 +260,14 @@ def main() -> None:
         for size in sizes:
             runs: dict[str, list[dict]] = {}
             skipped: dict[str, str] = {}
-            for launcher in LAUNCHERS:
+            for launcher in launchers:
                 if launcher in hung:
                     skipped[launcher] = "not run: it hung with less data"
                 elif size > MB and launcher in ratio and (ratio[launcher] + 1) * size > 0.6 * total_ram:
                     need = ratio[launcher] * size / 2**30
                     skipped[launcher] = f"not run: needs about {need:.0f} GB more memory than this machine has"
             for _ in range(opts.repeat):  # interleaved: each launcher meets the machine in the same states
-                for launcher in LAUNCHERS:
+                for launcher in launchers:
                     if launcher in skipped:
                         continue
                     got = measure(["data", launcher, str(size), str(ranks)], timeout=hang + 30 * size / 2**30)
@@ -271,7 +277,7 @@ def main() -> None:
                             hung.add(launcher)
                         continue
                     runs.setdefault(launcher, []).append(got)
-            for launcher in LAUNCHERS:
+            for launcher in launchers:
                 if launcher in skipped:
                     rows.append((launcher, ranks, size, None, skipped[launcher]))
                     continue
@@ -304,7 +310,7 @@ def main() -> None:
     print(f"| launcher | a {fmt_size(result_size)} state_dict from rank 0 → in the notebook | the notebook's memory "
           "once the ranks are gone | its peak meanwhile |")
     print("|---|---|---|---|")
-    for launcher in RESULT_LAUNCHERS:
+    for launcher in result_launchers:
         got = measure(["result", launcher, str(result_size)], timeout=hang + 60)
         if "error" in got:
             print(f"| {NAMES[launcher]} | {got['error']} | | |")

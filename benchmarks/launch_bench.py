@@ -4,7 +4,7 @@ Each trial runs in a fresh Python process (a notebook's first launch), trials of
 launchers are interleaved, and medians are printed as a markdown table:
 
     .venv/bin/python benchmarks/launch_bench.py            # 5 trials each
-    .venv/bin/python benchmarks/launch_bench.py --quick    # 1 trial each (CI smoke test)
+    .venv/bin/python benchmarks/launch_bench.py --quick    # 1 trial each
 
 Every launcher runs the same rank body: gloo process group from a file rendezvous, one
 all_reduce (step 1), report to the parent.
@@ -174,6 +174,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
+                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
+                        "smoke test")
     parser.add_argument("--trial", choices=LAUNCHERS)
     args = parser.parse_args()
     if args.trial:
@@ -181,11 +184,12 @@ def main() -> None:
 
         print(json.dumps(trial(args.trial)))
         return
-    trials = 1 if args.quick else args.trials
-    results: dict[str, list[dict]] = {k: [] for k in LAUNCHERS}
+    trials = 1 if args.quick or args.smoke else args.trials
+    launchers = ("ddp_notebook", "mp-fork") if args.smoke else LAUNCHERS
+    results: dict[str, list[dict]] = {k: [] for k in launchers}
     env = dict(os.environ, DDP_NOTEBOOK_RUNS=tempfile.mkdtemp())
     for _ in range(trials):
-        for launcher in LAUNCHERS:
+        for launcher in launchers:
             out = subprocess.run([sys.executable, __file__, "--trial", launcher], capture_output=True, text=True,
                                  env=env, timeout=300)
             if out.returncode != 0:
@@ -201,14 +205,14 @@ def main() -> None:
     names = {"ddp_notebook": "ddp_notebook, fork server started by the launch",
              "ddp_notebook-pool": "ddp_notebook, warm pool, fork server off",
              "mp-fork": "torch.multiprocessing fork", "mp-spawn": "torch.multiprocessing spawn"}
-    for launcher in LAUNCHERS:
+    for launcher in launchers:
         med = {k: statistics.median(r[k] for r in results[launcher]) for k in results[launcher][0]}
         safe, cell = notes[launcher]
         errors = " / ".join(f"{med[f + '_error']:.3f}" for f in FAULTS)
         reaped = " / ".join(f"{med[f + '_reaped']:.3f}" for f in FAULTS)
         print(f"| {names[launcher]} | {safe} | {cell} | {med['first_step']:.3f} s | {med['relaunch']:.3f} s | "
               f"{errors} s | {reaped} s |")
-    lost = {name: sum(r["misreported"] for r in results[name]) for name in LAUNCHERS}
+    lost = {name: sum(r["misreported"] for r in results[name]) for name in launchers}
     if any(lost.values()):
         print()
         print("Clean launches reported as failed (exit-time crash): "

@@ -45,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", "--smoke", action="store_true")  # --smoke: the CI smoke test
     args = parser.parse_args()
     trials, steps = (1, 100) if args.quick else (args.trials, args.steps)
     os.environ.setdefault("DDP_NOTEBOOK_RUNS", tempfile.mkdtemp())

@@ -192,19 +192,24 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
+                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
+                        "smoke test")
     parser.add_argument("--trial", choices=LAUNCHERS)
     parser.add_argument("--started", type=float)
     args = parser.parse_args()
+    args.quick = args.quick or args.smoke
     pauses = (0,) if args.quick else PAUSES
     runs = 10 if args.quick else args.runs
     if args.trial:
         print(json.dumps(trial(args.trial, args.started, max(1, runs // 10) if args.trial in SLOW else runs, pauses)))
         return
     trials = 1 if args.quick else args.trials
-    results: dict[str, list[dict]] = {k: [] for k in LAUNCHERS}
+    launchers = tuple(k for k in LAUNCHERS if k not in SLOW) if args.smoke else LAUNCHERS
+    results: dict[str, list[dict]] = {k: [] for k in launchers}
     env = dict(os.environ, DDP_NOTEBOOK_RUNS=tempfile.mkdtemp())
     for _ in range(trials):
-        for kind in LAUNCHERS:
+        for kind in launchers:
             out = subprocess.run([sys.executable, __file__, "--trial", kind, "--started", repr(time.time()),
                                   *(["--quick"] if args.quick else ["--runs", str(runs)])],
                                  capture_output=True, text=True, env=env, timeout=3600)
@@ -216,7 +221,7 @@ def main() -> None:
     print("| launcher | " + " | ".join(f"relaunch after {p} s" for p in pauses)
           + " | first launch (from the call / from process start) | rank 1 raises → error | hung runs |")
     print("|---" * (len(pauses) + 4) + "|")
-    for kind in LAUNCHERS:
+    for kind in launchers:
         rows = results[kind]
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if isinstance(rows[0][k], (int, float))}
         hung = sum(r["hangs"] for r in rows)
@@ -229,7 +234,7 @@ def main() -> None:
     print(f"Idle fork server: {mb['pss']:.0f} MB proportional ({mb['uss']:.0f} MB its own, {mb['rss']:.0f} MB "
           f"resident), {server['server_threads']} OS threads when "
           "ready to fork (the BLAS pool's, stopped by its own fork handler).")
-    lost = {NAMES[k]: sum(r["misreported"] for r in results[k]) for k in LAUNCHERS}
+    lost = {NAMES[k]: sum(r["misreported"] for r in results[k]) for k in launchers}
     if any(lost.values()):
         print("Clean runs reported as failed (exit-time crash): "
               + ", ".join(f"{k}: {v}" for k, v in lost.items() if v))

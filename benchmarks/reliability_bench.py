@@ -94,7 +94,7 @@ def part(dynamo: bool, runs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", "--smoke", action="store_true")  # --smoke: the CI smoke test
     parser.add_argument("--part", choices=("plain", "dynamo"))
     args = parser.parse_args()
     if args.part:

@@ -19,7 +19,7 @@ from __future__ import annotations
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the older package name
-    from pytorch_lightning import Callback  # type: ignore[assignment]
+    from pytorch_lightning import Callback
 
 from ..worker.frameworks.lightning import progress_callback
 

@@ -33,6 +33,7 @@ from .core.errors import (
     NoResultError,
     NotPicklableError,
     PreflightError,
+    ProcessGroupMismatchError,
     QueueUseError,
     RunLoadError,
     RunStoppedError,
@@ -66,7 +67,8 @@ __all__ = [
     "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
     "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
     "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
-    "EngineUnavailableError", "UnsafeRunDirError", "RunLoadError", "QueueUseError", "__version__",
+    "EngineUnavailableError", "UnsafeRunDirError", "RunLoadError", "QueueUseError", "ProcessGroupMismatchError",
+    "__version__",
 ]
 
 

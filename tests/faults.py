@@ -85,6 +85,8 @@ def engine_is_clean() -> dict:
         "rank_env": os.environ.get("RANK"),
         "sigint": _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler,
         "context": current_context() is not None,
+        "torchs_init": dist.init_process_group is dist.distributed_c10d.init_process_group
+        and dist.init_process_group.__module__ == "torch.distributed.distributed_c10d",
         "pid": os.getpid(),
     }
 

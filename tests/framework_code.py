@@ -23,7 +23,9 @@ def outcome(world_size, weights):
     return {"world_size": world_size, "weights": flat, "same_on_every_rank": all(torch.equal(g, flat) for g in gathered)}
 
 
-def lightning(ctx, fail_rank=None, strategy="ddp"):
+def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0):
+    import time
+
     import lightning as L
 
     class Regression(L.LightningModule):
@@ -36,6 +38,7 @@ def lightning(ctx, fail_rank=None, strategy="ddp"):
             x, y = batch
             if self.global_rank == fail_rank and batch_idx == 2:
                 raise ValueError("boom in lightning")
+            time.sleep(pause)
             loss = nn.functional.mse_loss(self.net(x), y)
             self.log("train_loss", loss)
             return loss
@@ -44,7 +47,7 @@ def lightning(ctx, fail_rank=None, strategy="ddp"):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
     model = Regression()
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=3, enable_progress_bar=False,
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=epochs, enable_progress_bar=False,
                         logger=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, DataLoader(data(), batch_size=8))
     return dict(outcome(trainer.world_size, list(model.parameters())), model=model)  # the module itself comes back
@@ -90,20 +93,23 @@ def accelerate(ctx, fail_rank=None):
     return outcome(accelerator.num_processes, list(accelerator.unwrap_model(model).parameters()))
 
 
-def transformers(ctx, fail_rank=None):
+def transformers(ctx, fail_rank=None, steps=6, pause=0.0):
+    import time
+
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     class FailOnRank(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if args.process_index == fail_rank and state.global_step == 2:
                 raise ValueError("boom in transformers")
+            time.sleep(pause)
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
                                        bos_token_id=0, eos_token_id=0))
     g = torch.Generator().manual_seed(0)
     samples = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 100, (32, 16), generator=g)]
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=6, use_cpu=True,
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=steps, use_cpu=True,
                              report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=samples, callbacks=[FailOnRank])
     trainer.train()
@@ -120,3 +126,24 @@ def accelerate_launched(steps, fail_rank=None):
     t = torch.ones(1) * steps
     t = accelerator.reduce(t, reduction="sum")
     return accelerator.num_processes, float(t)
+
+
+def ignores_stop_and_raises_on_sigterm(ctx):
+    """A loop that never looks at ctx.should_stop, in a process whose SIGTERM handler raises, as
+    Lightning's does (SIGTERMException)."""
+    import signal
+    import time
+
+    class SIGTERMException(SystemExit):
+        pass
+
+    def on_sigterm(signum, frame):
+        raise SIGTERMException(1)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    step = 0
+    while True:
+        step += 1
+        dist.all_reduce(torch.ones(1))
+        ctx.log(step=step)
+        time.sleep(0.02)

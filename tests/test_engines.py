@@ -27,7 +27,7 @@ from helpers import wait_for
 
 pytestmark = pytest.mark.engines
 
-CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False}
+CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
 
 
 @contextlib.contextmanager

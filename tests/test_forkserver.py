@@ -116,7 +116,17 @@ def test_a_variable_torchs_own_import_sets_keeps_the_server(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", made["TORCHINDUCTOR_CACHE_DIR"])  # as an optimizer step does here
     assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
     assert forkserver.status()["pid"] == server.pid  # the same server: nothing it read has changed
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # a value the user chose: a new server
+
+
+def test_variables_torch_reads_when_called_keep_the_server_and_reach_the_workers(monkeypatch):
+    server = _server()
+    names = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what `import lightning` sets
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # a cache the user chose
+    seen = ddp_notebook.launch(lambda ctx: [os.environ.get(n) for n in names], devices="cpu*2").wait(timeout=120)
+    assert seen == ["1", "/elsewhere"]
+    assert forkserver.status()["pid"] == server.pid
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by the OpenMP runtime as torch loads it: a new server
     assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
     assert forkserver.status()["pid"] != server.pid
 

@@ -8,6 +8,7 @@ import ddp_notebook
 from ddp_notebook import WorkerFailedError
 
 import framework_code
+from helpers import wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.frameworks]
 
@@ -41,6 +42,37 @@ def test_unchanged_framework_code_trains_shows_progress_names_the_failed_rank_an
                                         f"{framework}")
     single = failing.retry()  # code written for devices=2 runs on the one device of the retry
     assert single.wait(timeout=300)["world_size"] == 1 and single.status == "succeeded"
+
+
+@pytest.mark.parametrize("framework", ["lightning", "transformers"])
+def test_a_stopped_trainer_leaves_its_loop_on_every_rank_at_once_and_is_stopped_not_failed(framework):
+    pytest.importorskip(NEEDS[framework])
+    long = {"epochs": 1000} if framework == "lightning" else {"steps": 10_000}
+    run = ddp_notebook.launch(getattr(framework_code, framework), devices="cpu*2", kwargs=dict(long, pause=0.01))
+    wait_for(run, lambda state: all((w.step or 0) >= 3 for w in state.workers.values()), timeout=300)
+    run.stop(wait=True)  # the default grace is 10 s: a cooperative stop needs none of it
+    assert run.status == "stopped" and not run.failures, run.failures
+    assert not any(e.get("kind") == "exited" and e.get("by_supervisor") for e in run.events)  # none was forced
+    steps = {w.step for w in run.workers}
+    assert len(steps) == 1, steps  # the same step on both ranks
+
+
+def test_a_process_that_turns_the_stops_sigterm_into_an_exception_is_stopped_not_failed():
+    run = ddp_notebook.launch(framework_code.ignores_stop_and_raises_on_sigterm, devices="cpu*2")
+    wait_for(run, lambda state: all((w.step or 0) >= 3 for w in state.workers.values()), timeout=300)
+    run.stop(grace=0.5, wait=True)
+    assert run.status == "stopped" and not run.failures, run.failures
+    assert [w.status for w in run.workers] == ["stopped", "stopped"]
+
+
+def test_the_last_loss_and_epoch_of_a_fast_lightning_fit_are_shown_not_a_stale_one():
+    pytest.importorskip("lightning")
+    run = ddp_notebook.launch(framework_code.lightning, devices="cpu*2", kwargs={"epochs": 6})
+    run.wait(timeout=300)
+    for rank in (0, 1):
+        last = [e for e in progress_of(run, rank) if "loss" in e["metrics"]][-1]
+        assert last["step"] == run.workers[rank].total  # the loss of the last step, not of a step before it
+    assert [w.epoch_text for w in run.workers] == ["epoch 6/6", "epoch 6/6"]
 
 
 def test_lightning_code_written_for_its_own_notebook_strategy_runs_as_it_is():

@@ -98,3 +98,21 @@ def puts_in_queue(rank, queue, nbytes):
 
 def gets_from_queue(rank, queue):
     return queue.get()
+
+
+def torchrun_main(total_epochs=2, backend="gloo"):
+    """pytorch/examples' multigpu_torchrun.py: everything from the environment torchrun sets."""
+    dist.init_process_group(backend=backend)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.manual_seed(0)
+    model = DDP(ToyModel())
+    optimizer = optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(total_epochs):
+        torch.manual_seed(epoch * 100 + local_rank)  # each rank its own batch
+        optimizer.zero_grad()
+        nn.MSELoss()(model(torch.randn(20, 10)), torch.randn(20, 5)).backward()
+        optimizer.step()
+    weights = [p.detach().clone() for p in model.module.parameters()]
+    result = (int(os.environ["RANK"]), dist.get_world_size(), float(sum(w.sum() for w in weights)))
+    dist.destroy_process_group()
+    return result

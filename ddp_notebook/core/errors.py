@@ -21,7 +21,10 @@
     ├── WaitTimeoutError (TimeoutError)       wait(timeout) returned first; the run goes on
     ├── NoResultError                         result() before the run ended
     ├── NoCheckpointError                     retry(resume=True) without a checkpoint
-    └── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
+    ├── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
+    └── ProcessGroupMismatchError (ValueError) the function's own init_process_group asked for
+                                              another world size, rank or backend than the
+                                              run's (raised in a worker)
 
 Nothing here imports torch or IPython, so the errors can be raised from the pure core.
 """
@@ -46,6 +49,7 @@ __all__ = [
     "WaitTimeoutError",
     "NoResultError",
     "QueueUseError",
+    "ProcessGroupMismatchError",
     "WorkerTraceback",
     "NoCheckpointError",
     "PreflightError",
@@ -167,6 +171,12 @@ class NonFiniteLossError(DDPNotebookError, FloatingPointError):
 
 class QueueUseError(DDPNotebookError, RuntimeError):
     """A worker used a queue of the call for something other than sending items to the notebook."""
+
+
+class ProcessGroupMismatchError(DDPNotebookError, ValueError):
+    """The function's own ``init_process_group`` asked for another world size, rank or backend
+    than the run has: it could never meet (refused at once instead of waiting the rendezvous
+    timeout)."""
 
 
 class WorkerTraceback(Exception):

@@ -210,7 +210,10 @@ class Supervisor:
                 self.result = result
         elif kind == EventKind.ERROR:
             # What a rank raises because we interrupted it (and says so) is a stop, not a failure.
-            self.reported[rank] = _STOPPED if rank in self.forced and event.get("interrupted") else _ERROR
+            # So is what it raises after a Stop forced it (a framework that turns SIGTERM into an
+            # exception: Lightning raises SIGTERMException).
+            self.reported[rank] = (_STOPPED if rank in self.forced and (event.get("interrupted") or self.stop_reason)
+                                   else _ERROR)
         self._emit(event)
         if kind == EventKind.ERROR and self.reported[rank] == _ERROR:
             self._fail(failure_from_error(event, self.labels[rank], self.pids.get(rank), self.steps.get(rank)))

@@ -26,3 +26,5 @@ from ..worker.frameworks.lightning import progress_callback
 __all__ = ["DDPNotebookCallback"]
 
 DDPNotebookCallback = progress_callback(Callback)
+# Named as here, so that the class reaches the workers by reference (pickled by name), not as a copy.
+DDPNotebookCallback.__module__, DDPNotebookCallback.__qualname__ = __name__, "DDPNotebookCallback"

@@ -101,17 +101,19 @@ class WorkerContext(TrainingHelpers):
         return time.monotonic() - self._last_sent >= self._interval
 
     def log(self, step: Optional[int] = None, total: Optional[int] = None, epoch: Optional[int] = None,
-            **metrics: Any) -> None:
+            epochs: Optional[int] = None, **metrics: Any) -> None:
         """Report progress: ``ctx.log(step=5, total=100, epoch=0, loss=0.31)``.
 
         Metric values may be numbers, strings or one-element tensors. Reports are sent at
         most every ``progress_interval`` seconds (the latest one wins); the last step of a run
-        (``step == total``) is always sent. Inside ``ctx.epochs()`` / ``ctx.batches()`` the
-        step, total and epoch are filled in: ``ctx.log(loss=...)`` is enough.
+        (``step == total``) is always sent. ``epoch`` counts from 0; with ``epochs`` (how many)
+        the panel shows "epoch 1/3". Inside ``ctx.epochs()`` / ``ctx.batches()`` the step,
+        total and epochs are filled in: ``ctx.log(loss=...)`` is enough.
         """
         step = self.step if step is None and self.step else step
         total = self.total if total is None else total
         epoch = self.epoch if epoch is None else epoch
+        epochs = self._epochs if epochs is None else epochs
         event: dict[str, Any] = {"kind": EventKind.PROGRESS, "rank": self.rank}
         if step is not None:
             event["step"] = int(step)
@@ -119,8 +121,8 @@ class WorkerContext(TrainingHelpers):
             event["total"] = int(total)
         if epoch is not None:
             event["epoch"] = int(epoch)
-            if self._epochs is not None:  # inside ctx.epochs(n): the panel shows "epoch k/n"
-                event["epochs"] = int(self._epochs)
+            if epochs is not None:  # the panel shows "epoch k/n"
+                event["epochs"] = int(epochs)
         event["metrics"] = bound_metrics({k: to_json_value(v, k) for k, v in metrics.items()})
         now = time.monotonic()
         with self._lock:

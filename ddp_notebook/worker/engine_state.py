@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import context, teardown
+from . import context, own_init, teardown
 
 __all__ = ["EngineSnapshot"]
 
@@ -38,6 +38,7 @@ class EngineSnapshot:
                 teardown.release()
             except BaseException:  # noqa: BLE001 - a broken group is gone either way
                 pass
+        own_init.unguard()
         context.set_current(None)
         os.environ.clear()
         os.environ.update(self.env)

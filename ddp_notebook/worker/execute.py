@@ -26,7 +26,7 @@ from ..core.failures import Phase
 from ..core.rundir import RunDir
 from ..core.shared_data import Packed
 from ..core.stall import is_runner_file
-from . import context, teardown
+from . import context, own_init, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
 from .frameworks.hooks import watch_imports
@@ -115,6 +115,9 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         # Before unpickling: code that binds destroy_process_group by name while it is imported
         # must bind the version that defers the group's destruction.
         teardown.hold()
+        # A function's own init_process_group (torchrun-style code) joins the run's group, or is
+        # refused at once when it could never meet.
+        own_init.guard(rank, world_size, cfg["device"], spawn_mode=cfg.get("mode") == "spawn")
         watch_imports()  # (unpickling may import a framework: Lightning, transformers, accelerate)
         where.phase = Phase.UNPICKLE
         call = shared_load.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied

@@ -15,13 +15,17 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
-__all__ = ["ForkedProcess", "READ_AT_IMPORT", "staleness", "process_state"]
+__all__ = ["ForkedProcess", "READ_AT_IMPORT", "READ_LATER", "staleness", "process_state"]
 
 # Variables that torch, its libraries or Python read when torch is imported: the server's copy was
 # read when it started, so a change in the notebook replaces the server. Others are read later,
 # and each worker gets the notebook's environment as it is at launch.
 READ_AT_IMPORT = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "OPENBLAS", "GOTO",
                   "LD_", "PYTHON", "NVIDIA", "HIP", "ROCM", "HSA_", "CUBLAS", "CUDNN", "XLA", "DNNL", "ONEDNN")
+# Names with those prefixes that torch reads only when it is called, which the frameworks set as they
+# are imported (Lightning: the NVML check; the inductor's cache folder): a worker gets them at
+# launch, and a server replaced for them would cost the first framework launch a new server.
+READ_LATER = frozenset({"PYTHONUNBUFFERED", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR"})
 
 
 def _site_dirs() -> list[str]:
@@ -37,7 +41,7 @@ def staleness(set_by_imports: Optional[dict[str, str]] = None) -> tuple[Any, ...
     variable with the value the server's own imports gave it (``set_by_imports``) is left out."""
     made = set_by_imports or {}
     env = tuple(sorted((k, v) for k, v in os.environ.items()
-                       if k.startswith(READ_AT_IMPORT) and k != "PYTHONUNBUFFERED" and made.get(k) != v))
+                       if k.startswith(READ_AT_IMPORT) and k not in READ_LATER and made.get(k) != v))
     folders: list[tuple[str, Optional[int]]] = []
     for folder in _site_dirs():
         try:

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ..context import current_context
-from .reporting import finite_int, patch_init, scalars
+from .reporting import PROGRESS_MARK, epoch_of, finite_int, patch_init, scalars, stop_agreed
 
 __all__ = ["progress_callback", "patch_trainer", "follow_the_run"]
 
@@ -27,40 +27,52 @@ def progress_callback(base: type) -> type:
 
     class DDPNotebookCallback(base):
         """Reports the Trainer's step (optimizer steps), total, epoch, loss and the metrics the
-        module logs with ``self.log`` to ddp_notebook's panel, from every rank."""
+        module logs with ``self.log`` to ddp_notebook's panel, from every rank; ends the training
+        at the same step on every rank after the run's Stop."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._loss: Any = None  # the last batch's loss (a tensor: read only when reported)
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            _report(trainer, None, force=True)
+            self._report(trainer, force=True)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            _report(trainer, outputs)
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if loss is not None:
+                self._loss = loss
+            self._report(trainer)
+            if stop_agreed():
+                trainer.should_stop = True
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-            _report(trainer, None, force=True)
+            self._report(trainer, force=True)
 
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-            _report(trainer, None, force=True)
+            self._report(trainer, force=True)
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            _report(trainer, None, force=True)
+            self._report(trainer, force=True)
 
+        def _report(self, trainer: Any, force: bool = False) -> None:
+            ctx = current_context()
+            if ctx is None:
+                return
+            try:
+                total: Optional[int] = finite_int(trainer.estimated_stepping_batches)
+            except Exception:  # noqa: BLE001 - some set-ups cannot tell before the loop runs
+                total = None
+            metrics: dict[str, Any] = {}
+            if force or ctx.due():  # reading the metrics may wait for a GPU: only for a report that is sent
+                metrics = scalars(trainer.callback_metrics)
+                if "loss" not in metrics and self._loss is not None:
+                    metrics.update(scalars({"loss": self._loss}))
+            epochs = finite_int(trainer.max_epochs) or None
+            ctx.log(step=trainer.global_step, total=total, epoch=epoch_of(trainer.current_epoch, epochs),
+                    epochs=epochs, **metrics)
+
+    setattr(DDPNotebookCallback, PROGRESS_MARK, True)
     return DDPNotebookCallback
-
-
-def _report(trainer: Any, outputs: Any, force: bool = False) -> None:
-    ctx = current_context()
-    if ctx is None:
-        return
-    try:
-        total: Optional[int] = finite_int(trainer.estimated_stepping_batches)
-    except Exception:  # noqa: BLE001 - some set-ups cannot tell before the loop runs
-        total = None
-    metrics: dict[str, Any] = {}
-    if force or ctx.due():  # reading the metrics may wait for a GPU: only for a report that is sent
-        metrics = scalars(trainer.callback_metrics)
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        metrics.update(scalars({"loss": loss}) if "loss" not in metrics and loss is not None else {})
-    ctx.log(step=trainer.global_step, total=total, epoch=trainer.current_epoch, **metrics)
 
 
 def follow_the_run(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +121,7 @@ def patch_trainer(module: ModuleType) -> None:
     callback = progress_callback(importlib.import_module(f"{package}.callbacks").Callback)
 
     def add(trainer: Any) -> None:
-        if not any(isinstance(c, callback) for c in trainer.callbacks):
+        if not any(getattr(c, PROGRESS_MARK, False) for c in trainer.callbacks):
             trainer.callbacks.append(callback())
 
     patch_init(module.Trainer, add, before=follow_the_run)

@@ -10,12 +10,15 @@ from typing import Any, Optional
 from ...core.switches import switched_on
 from ..context import current_context
 
-__all__ = ["SWITCH_ENV", "enabled", "scalars", "finite_int", "patch_init", "wrap_method",
-           "guarded"]
+__all__ = ["SWITCH_ENV", "PROGRESS_MARK", "enabled", "scalars", "finite_int", "epoch_of", "patch_init",
+           "wrap_method", "guarded", "stop_agreed"]
 
 SWITCH_ENV = "DDP_NOTEBOOK_FRAMEWORK_PROGRESS"
 # What ctx.log takes by name: never passed on as a metric of the same name.
-_RESERVED = frozenset({"step", "total", "epoch"})
+_RESERVED = frozenset({"step", "total", "epoch", "epochs"})
+# Marks our reporting callbacks: one made from a copy of the class (pickled by value into the
+# worker) is still ours, and the Trainer gets no second one.
+PROGRESS_MARK = "_ddp_notebook_progress"
 _MARK = "_ddp_notebook_patched"
 _failed = False  # a reporter failed once: said once
 
@@ -47,6 +50,22 @@ def finite_int(value: Any) -> Optional[int]:
     except (TypeError, ValueError):
         return None
     return int(number) if math.isfinite(number) and number >= 0 else None
+
+
+def epoch_of(epoch: Any, epochs: Optional[int]) -> Optional[int]:
+    """The epoch to show, counted from 0: a framework's count once training ended is one past the
+    last epoch (Lightning's ``current_epoch`` becomes ``max_epochs``)."""
+    number = finite_int(epoch)
+    if number is None:
+        return None
+    return min(number, epochs - 1) if epochs else number
+
+
+def stop_agreed() -> bool:
+    """Whether any rank saw the run's Stop (one tiny all_reduce, so every rank leaves the
+    framework's loop at the same step); False outside a worker."""
+    ctx = current_context()
+    return ctx is not None and ctx.stop_agreed()
 
 
 def patch_init(cls: type, after: Optional[Callable[[Any], None]],

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ..context import current_context
-from .reporting import finite_int, patch_init, scalars
+from .reporting import PROGRESS_MARK, epoch_of, finite_int, patch_init, scalars, stop_agreed
 
 __all__ = ["progress_callback", "patch_trainer"]
 
@@ -24,26 +24,31 @@ def progress_callback(base: type) -> type:
 
     class DDPNotebookCallback(base):
         """Reports the Trainer's global step, max steps, epoch and what it logs (loss, learning
-        rate, grad norm, eval loss...) to ddp_notebook's panel, from every rank."""
+        rate, grad norm, eval loss...) to ddp_notebook's panel, from every rank; ends the
+        training at the same step on every rank after the run's Stop."""
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             _report(state, None)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             _report(state, None)
+            if stop_agreed():
+                control.should_training_stop = True
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None,
                    **kwargs: Any) -> None:
             _report(state, logs)
 
+    setattr(DDPNotebookCallback, PROGRESS_MARK, True)
     return DDPNotebookCallback
 
 
 def _report(state: Any, logs: Optional[dict[str, Any]]) -> None:
     ctx = current_context()
     if ctx is not None:
+        epochs = finite_int(getattr(state, "num_train_epochs", None)) or None
         ctx.log(step=state.global_step, total=finite_int(state.max_steps) or None,
-                epoch=int(state.epoch or 0), **scalars(logs))
+                epoch=epoch_of(state.epoch or 0, epochs), epochs=epochs, **scalars(logs))
 
 
 def patch_trainer(module: ModuleType) -> None:
@@ -51,7 +56,7 @@ def patch_trainer(module: ModuleType) -> None:
     callback = progress_callback(importlib.import_module("transformers.trainer_callback").TrainerCallback)
 
     def add(trainer: Any) -> None:
-        if not any(isinstance(c, callback) for c in trainer.callback_handler.callbacks):
+        if not any(getattr(c, PROGRESS_MARK, False) for c in trainer.callback_handler.callbacks):
             trainer.add_callback(callback)
 
     patch_init(module.Trainer, add)

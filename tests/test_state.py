@@ -32,6 +32,18 @@ def test_progress_output_and_success():
     assert s.status == "succeeded" and s.finished and s.world_size == 2
 
 
+def test_a_progress_bar_and_coloured_output_are_kept_as_a_terminal_shows_them():
+    def out(text, stream="stderr"):
+        return {"kind": "output", "time": 0.4, "rank": 0, "stream": stream, "text": text}
+
+    s = feed(START, out("\x1b[?25l\x1b[2KEpoch 0 \x1b[35m━\x1b[0m 1/4"), out("\r\x1b[2KEpoch 0 \x1b[35m━━\x1b[0m 2/4"),
+             out("\r\x1b[2KEpoch 0 \x1b[35m━━━━\x1b[0m 4/4\n\x1b[?25h"), out("\x1b[33mWARNING\x1b[0m: slow\n"),
+             out("printed\n", stream="stdout"), out("tqdm 10%\r"), out("tqdm 50%\r"))
+    assert list(s.workers[0].output) == [("stderr", "Epoch 0 ━━━━ 4/4"), ("stderr", "WARNING: slow"),
+                                         ("stdout", "printed"), ("stderr", "tqdm 50%")]
+    assert s.workers[0].last_line == "tqdm 50%"
+
+
 def test_failure_and_stopped_peer():
     f = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=1.0, exc_type="ValueError", message="boom")
     g = WorkerFailure(rank=0, device="cpu:0", kind="exception", time=1.1, exc_type="RuntimeError",

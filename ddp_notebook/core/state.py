@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from ._text import TextEnum
 from .bounds import LINE_CHARS, METRICS_KEPT, cut
+from .console import ConsoleLines
 from .events import EventKind
 from .failures import WorkerFailure
 
@@ -76,6 +77,7 @@ class WorkerState:
     rate: Optional[float] = None  # steps per second, a moving average over windows of at least RATE_WINDOW s
     _rate_anchor: Optional[tuple[float, int]] = field(default=None, repr=False)  # (time, step) the window began
     output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
+    console: ConsoleLines = field(default_factory=ConsoleLines, repr=False)  # output as a terminal shows it
     loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
 
     @property
@@ -282,8 +284,10 @@ class RunState:
         elif kind == EventKind.CHECKPOINT:
             self.checkpoints.append({"epoch": event.get("epoch"), "path": event.get("path")})
         elif kind == EventKind.OUTPUT:
-            for line in event["text"].splitlines():
-                w.output.append((event["stream"], cut(line, LINE_CHARS)))
+            for stream, line, replaces in w.console.feed(event["stream"], event["text"]):
+                if replaces and w.output and w.output[-1][0] == stream:
+                    w.output.pop()  # a progress bar redrawn: its line, once
+                w.output.append((stream, cut(line, LINE_CHARS)))
         elif kind == EventKind.DONE:
             w.returned = True
             # Returning after a stop was asked is leaving because of it: a stopped rank is "stopped".

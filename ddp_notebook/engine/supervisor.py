@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..core.bounds import LINE_CHARS, bound_event, cut
+from ..core.console import shown
 from ..core.events import EventKind
 from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
 from ..core.shared_load import Received
@@ -222,7 +223,8 @@ class Supervisor:
 
     def _on_output(self, obs: Output) -> None:
         if obs.stream == "stderr":
-            self._stderr[obs.rank].extend(cut(line, LINE_CHARS) for line in obs.text.splitlines())
+            # (as a terminal shows it: a coloured warning or a progress bar is text in the report)
+            self._stderr[obs.rank].extend(cut(shown(line), LINE_CHARS) for line in obs.text.splitlines())
         self._emit(bound_event({"kind": EventKind.OUTPUT, "time": time.time(), "rank": obs.rank,
                                 "stream": obs.stream, "text": obs.text}))
 

@@ -201,7 +201,7 @@ class RunView(FullText, widgets.VBox):
         # One line per rank, however many metrics: what does not fit ends in an ellipsis.
         row.text.value = f'<div style="{NOWRAP.format(width=f"{TEXT_WIDTH - 8}px")}">{text}</div>'
         row.last.value = (f'<div style="{NOWRAP.format(width="100%")}"><code style="color:#6c757d">'
-                          f"{escape(w.last_line[-120:])}</code></div>")
+                          f"{escape(tail_of(w.last_line, 120))}</code></div>")
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
         if caused_failure and "ddp-failed-row" not in row.box._dom_classes:
             row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests
@@ -254,3 +254,8 @@ class RunView(FullText, widgets.VBox):
 
     def __repr__(self) -> str:
         return format_run(self.run.state)
+
+
+def tail_of(line: str, width: int) -> str:
+    """The end of a long line (a progress bar's news is at its end), marked as cut."""
+    return line if len(line) <= width else "…" + line[-(width - 1):]

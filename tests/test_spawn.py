@@ -101,8 +101,8 @@ def test_a_worker_reading_a_queue_of_the_call_is_told_what_queues_do_here():
 
 def test_join_false_gives_what_process_context_callers_use():
     run = ddp_notebook.spawn(tutorial_ddp.waits_for_stop, args=(2,), nprocs=2, join=False)
+    assert all(p.pid and p.is_alive() for p in run.processes)  # started when spawn returns, as torch's are
     assert run.join(timeout=0.05) is False
-    wait_until(lambda: all(p.pid and p.is_alive() for p in run.processes))
     assert run.pids() == [w.pid for w in run.workers] and [p.exitcode for p in run.processes] == [None, None]
     run.processes[1].terminate()  # one rank cannot go on alone: the run is stopped
     with pytest.raises(ddp_notebook.RunStoppedError):
@@ -114,6 +114,10 @@ def test_join_false_gives_what_process_context_callers_use():
         while not failing.join(timeout=0.5):
             pass
     assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, join=False).join() is True
+
+
+def test_nprocs_defaults_to_one_as_torchs_does():
+    assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(1,)) == (0, 1, pytest.approx(0.0, abs=1e9))
 
 
 def test_what_workers_print_is_printed_in_the_notebook_as_it_comes(capsys):

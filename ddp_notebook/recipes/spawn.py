@@ -12,7 +12,8 @@ socket it holds from bind to close (every rank a client, as under torchrun's age
 take the port between its choice and its use; code that sets its own ``MASTER_PORT`` keeps
 torch's rendezvous there (rank 0 serves it). What this mode cannot guarantee:
 ``run.retry()`` re-runs the same arguments, so a function that is given the world size as an
-argument still expects its old peers: for a single-device re-run call
+argument still expects its old peers: its ``init_process_group`` is refused at once
+(``ProcessGroupMismatchError``, ``worker.own_init``); for a single-device re-run call
 ``spawn(fn, args=(1,), nprocs=1)`` instead.
 
 Example::
@@ -24,6 +25,7 @@ Example::
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -47,16 +49,18 @@ __all__ = ["spawn"]
 
 # torch.multiprocessing's start methods: every one is taken, and none changes how a worker starts.
 START_METHODS = ("spawn", "fork", "forkserver")
+STARTED_WITHIN = 300.0  # seconds spawn(join=False) waits for the workers' processes (a first start is seconds)
 
 
 @takes_launch_options
 def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[int] = None, join: bool = True,
           daemon: bool = False, start_method: str = "spawn", devices: Optional[DeviceSpec] = None,
           **launch_options: Unpack[LaunchKwargs]) -> Union[Any, Run]:
-    """Run ``fn(rank, *args)`` on ``nprocs`` CPU workers (or on ``devices``) like
-    ``torch.multiprocessing.spawn``; with ``join`` wait and return rank 0's return value
-    (raising ``WorkerFailedError`` on failure), else return the ``Run`` (which has the
-    ``join()``, ``processes`` and ``pids()`` of torch's ``ProcessContext``). What the workers
+    """Run ``fn(rank, *args)`` on ``nprocs`` CPU workers (default 1, as torch's) or on
+    ``devices``, like ``torch.multiprocessing.spawn``; with ``join`` wait and return rank 0's
+    return value (raising ``WorkerFailedError`` on failure), else return the ``Run`` once its
+    workers' processes exist (it has the ``join()``, ``processes`` and ``pids()`` of torch's
+    ``ProcessContext``). What the workers
     print is printed here as it comes (``[rank1]:...``), and a ``multiprocessing`` queue among
     ``args`` gets what they ``put`` in it.
 
@@ -74,11 +78,26 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
     if nprocs is not None and (isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1):
         raise LaunchOptionError(f"nprocs must be a whole number >= 1 (the number of workers) or None, not {nprocs!r}")
     if devices is None:
-        devices = f"cpu*{nprocs}" if nprocs is not None else None
+        devices = f"cpu*{nprocs or 1}"
     elif nprocs is not None and len(parse_devices(devices)) != nprocs:
         raise LaunchOptionError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
                                 f"given ({devices!r}); give one of the two")
     options = options_from("spawn", dict(launch_options))
     settings = RunSettings(mode=CallMode.SPAWN, echo=True)
     run = launch_with(fn, devices, args, {}, options, settings)
-    return wait_showing(run) if join else run
+    return wait_showing(run) if join else _started(run)
+
+
+def _started(run: Run) -> Run:
+    """``run`` once every worker's process exists (its pid known) or the run has ended: torch's
+    ``ProcessContext`` comes back with its processes started."""
+    started = threading.Event()
+
+    def look(_event: Any = None) -> None:
+        if run.done or all(w.pid is not None for w in run.state.workers.values()):
+            started.set()
+
+    run.subscribe(look)
+    look()
+    started.wait(STARTED_WITHIN)
+    return run

@@ -31,7 +31,13 @@ def echo_output(event: dict[str, Any]) -> None:
     if event.get("kind") != EventKind.OUTPUT:
         return
     out = sys.stderr if event.get("stream") == "stderr" else sys.stdout
-    out.write("".join(f"[rank{event.get('rank')}]:{line}\n" for line in str(event.get("text", "")).splitlines()))
+    mark = f"[rank{event.get('rank')}]:"
+    # A progress bar redrawn with carriage returns stays one line here too (each redraw marked).
+    text = str(event.get("text", ""))
+    if not text:
+        return
+    out.write("".join(mark + line.rstrip("\r").replace("\r", "\r" + mark) + "\n"
+                      for line in text.rstrip("\n").split("\n")))
     out.flush()
 
 

@@ -204,11 +204,13 @@ def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stop
     forkserver.stop()
     run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
     assert not forkserver.status()["ready"] and run.status == "starting"  # launch did not wait for it
-    run.stop()
-    assert run.wait(timeout=120) == "stopped at step 0"  # the stop reached the ranks once forked
-    assert run.status == "stopped"
+    run.stop()  # before any worker exists: none is started, and the run ends at once
+    with pytest.raises(ddp_notebook.RunStoppedError):
+        run.wait(timeout=120)
+    assert run.status == "stopped" and not run.failures
+    assert [w.status for w in run.workers] == ["stopped", "stopped"] and run.pids() == [None, None]
     assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=60)[0]["parent"] == \
-        forkserver.status()["pid"]
+        forkserver.status()["pid"]  # the server went on starting, for the next launch
 
 
 def test_a_frozen_server_holds_up_neither_the_runs_it_forked_nor_the_next_launch(monkeypatch):

@@ -111,7 +111,8 @@ class LocalBackend(Backend):
             return _start_ranks(spec, configs, pool.take(n))
         if forkserver.warming():
             # The server imports torch: the run starts now, its ranks once the server can fork.
-            return DeferredTransport(lambda: _start_ranks(spec, configs, _forked_or_cold(n)))
+            return DeferredTransport(lambda: _start_ranks(spec, configs, _forked_or_cold(n)), n, forkserver.warming,
+                                     forkserver.START_TIMEOUT)
         return _start_ranks(spec, configs, _forked_or_cold(n))
 
     def held(self, devices: Sequence[Device]) -> list[str]:

@@ -76,6 +76,8 @@ def test_failed_worker_turns_red_and_the_card_offers_retries():
     red = view.rows[1]
     assert "#dc3545" in red.box.layout.border and red.bar.bar_style == "danger"
     assert "#dc3545" not in view.rows[0].box.layout.border  # the knock-on peer is not blamed
+    assert ">knock-on<" in view.rows[0].badge.value and ">failed<" in red.badge.value
+    assert repr(view).splitlines()[1].split()[4] == "knock-on"
     assert view.card_box.layout.display == ""
     assert "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 5" in view.card.value
     assert "main worker (cpu:0) failed as a consequence" in view.card.value

@@ -53,6 +53,8 @@ def test_failure_and_stopped_peer():
              {"kind": "exited", "time": 2, "rank": 1, "exit_code": 1, "by_supervisor": False},
              {"kind": "run_finished", "time": 3, "status": "failed"})
     assert s.root_failure.rank == 1 and s.workers[1].status == "failed"
+    assert (s.workers[0].status, s.workers[0].shown_status, s.workers[1].shown_status) == ("failed", "knock-on",
+                                                                                         "failed")
     s2 = feed(START, {"kind": "exited", "time": 2, "rank": 0, "exit_code": -15, "by_supervisor": True})
     assert s2.workers[0].status == "stopped"
 

@@ -72,6 +72,7 @@ class WorkerState:
     ended_at: Optional[float] = None
     exit_code: Optional[int] = None
     returned: bool = False
+    knock_on: bool = False  # it failed because another rank's failure ended the run (a consequence)
     ready_at: Optional[float] = None
     typical_gap: Optional[float] = None  # a moving average of the seconds between two progress reports
     rate: Optional[float] = None  # steps per second, a moving average over windows of at least RATE_WINDOW s
@@ -92,6 +93,11 @@ class WorkerState:
     def label(self) -> str:
         """The device, and the engine for a rank on one: ``cpu:1`` or ``cpu:1 on engine 1 on host-a``."""
         return f"{self.device} on {self.place}" if self.place else self.device
+
+    @property
+    def shown_status(self) -> str:
+        """The status to show: ``knock-on`` for a rank that failed only because another did."""
+        return "knock-on" if self.status == WorkerStatus.FAILED and self.knock_on else str(self.status)
 
     @property
     def last_line(self) -> str:
@@ -247,6 +253,7 @@ class RunState:
             w = self.workers.get(event["failure"]["rank"])
             if w is not None:
                 w.status = WorkerStatus.FAILED
+                w.knock_on = failure.consequence
         else:
             rank = event.get("rank")
             w = self.workers.get(rank) if rank is not None else None

@@ -175,12 +175,13 @@ class RunView(FullText, widgets.VBox):
         return ""
 
     def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
-        row.badge.value = badge(w.status)
+        row.badge.value = badge(w.shown_status, ORANGE if w.shown_status == "knock-on" else None)
         if w.total:
             row.bar.value = min(1.0, (w.step or 0) / w.total)
         elif w.status == "succeeded":
             row.bar.value = 1.0
-        row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(w.status, "info")
+        row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning",
+                             "knock-on": "warning"}.get(w.shown_status, "info")
         bits: list[str] = []
         if w.step is not None:
             bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")

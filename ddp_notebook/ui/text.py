@@ -92,7 +92,7 @@ def format_data(data: DataState) -> str:
 
 def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
-    parts = [f"{name:<19} {w.status:<10}"]
+    parts = [f"{name:<19} {w.shown_status:<10}"]
     if w.step is not None:
         if w.total:
             parts.append(f"step {w.step}/{w.total} ({100 * w.step / w.total:3.0f}%)")

@@ -118,6 +118,10 @@ class Transport(ABC):
     def wake(self) -> None:
         """Make a ``poll`` in progress return soon (another thread has a request)."""
 
+    def started(self) -> bool:
+        """Whether the ranks' processes or calls exist yet (a stop before then needs no grace)."""
+        return True
+
     @abstractmethod
     def request_stop(self, ranks: Sequence[int]) -> None:
         """Ask ``ranks`` to stop cooperatively (``ctx.should_stop`` becomes True)."""

@@ -341,8 +341,8 @@ class Supervisor:
                 self.stop_reason = reason
                 self._emit({"kind": EventKind.STOPPING, "time": time.time(), "reason": reason})
                 self.transport.request_stop(alive)
-                # No rank has started yet (the fork server still imports torch): none needs a grace.
-                self._stop_deadline = time.monotonic() + (grace if self.pids else 0.0)
+                # No worker exists yet (the fork server still imports torch): none needs a grace.
+                self._stop_deadline = time.monotonic() + (grace if self.transport.started() else 0.0)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()

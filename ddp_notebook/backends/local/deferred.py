@@ -73,6 +73,9 @@ class DeferredTransport(Transport):
     def settle(self, silent: Sequence[int]) -> list[Observation]:
         return self._inner.settle(silent) if self._inner is not None else []
 
+    def started(self) -> bool:
+        return self._inner is not None
+
     def wake(self) -> None:
         if self._inner is not None:
             self._inner.wake()

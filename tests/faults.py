@@ -253,3 +253,24 @@ def hold_data(ctx, data):
     float(data.sum())
     ctx.log(step=1)
     time.sleep(3600)
+
+
+class UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("the exception's own __str__ fails")
+
+
+def raises_unprintable(ctx, bad_rank=1):
+    """Raises an exception whose str() raises too, on ``bad_rank``; its peer waits in a collective."""
+    if ctx.rank == bad_rank:
+        raise UnprintableError()
+    dist.barrier()
+
+
+def logs_odd_names(ctx):
+    """Metrics named like ctx.log's own parameters and a value that is no real number."""
+    ctx.log(step=1, total=1, self=1.0, loss=2.0)
+    try:
+        ctx.log(step=1, cplx=1 + 2j)
+    except TypeError as e:
+        return str(e)

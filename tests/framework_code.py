@@ -23,7 +23,7 @@ def outcome(world_size, weights):
     return {"world_size": world_size, "weights": flat, "same_on_every_rank": all(torch.equal(g, flat) for g in gathered)}
 
 
-def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0):
+def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0, also_log=None):
     import time
 
     import lightning as L
@@ -41,6 +41,8 @@ def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0):
             time.sleep(pause)
             loss = nn.functional.mse_loss(self.net(x), y)
             self.log("train_loss", loss)
+            if also_log:
+                self.log(also_log, 1.0)
             return loss
 
         def configure_optimizers(self):

@@ -34,6 +34,26 @@ def test_each_text_of_an_event_is_cut_and_says_so():
 
 
 @pytest.mark.unit
+def test_a_cut_name_is_not_cut_again_when_a_held_report_is_merged_into_the_next():
+    once = bounds.bound_metrics({"N" * 5000: 1.0})
+    assert bounds.bound_metrics(dict(once, **once)) == once and list(once)[0].endswith("[4900 more characters not kept]")
+
+
+@pytest.mark.unit
+def test_a_metric_beyond_a_floats_range_is_shown_as_infinite_and_never_breaks_the_views():
+    from ddp_notebook.core.events import to_json_value
+    from ddp_notebook.core.state import RunState
+    from ddp_notebook.ui.text import format_metric, format_run
+
+    assert (to_json_value(10**400), to_json_value(-10**400), to_json_value(2**62)) == ("inf", "-inf", 2**62)
+    state = RunState()
+    for event in (_started(), {"kind": "progress", "time": 1.0, "rank": 0, "step": 1, "metrics": {"loss": 10**400,
+                                                                                                   "n": -10**400}}):
+        state.apply(event)  # (an old log may hold such an int)
+    assert "-1.00e+400" in format_run(state, now=2.0) and format_metric(10**400) == "1.00e+400"
+
+
+@pytest.mark.unit
 def test_memory_keeps_every_lifecycle_event_and_the_recent_progress_and_output(monkeypatch, tmp_path):
     monkeypatch.setattr(bounds, "TAIL_EVENTS", 100)
     monkeypatch.setattr(bounds, "LOG_BYTES", 10**9)

@@ -107,6 +107,21 @@ def test_knock_on_failure_of_a_peer_is_marked_as_consequence():
     assert text.endswith("WorkerFailedError: " + e.value.failure.headline())
 
 
+def test_an_exception_whose_str_fails_is_still_reported_with_its_type_and_traceback():
+    run = ddp_notebook.launch(faults.raises_unprintable, devices="cpu*2")
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1) failed: UnprintableError: "
+                                   "<exception str() failed>")
+    assert "raise UnprintableError()" in e.value.failure.traceback
+
+
+def test_a_metric_may_be_named_self_and_a_value_that_is_no_number_is_named():
+    run = ddp_notebook.launch(faults.logs_odd_names, devices="cpu*2")
+    assert run.wait(timeout=60) == "metric 'cplx' must be a number or a string, not complex"
+    assert run.workers[0].metrics["self"] == 1.0
+
+
 def test_function_raising_sysexit_is_a_failure():
     def leaves(ctx):
         raise SystemExit(2)

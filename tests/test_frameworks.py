@@ -67,8 +67,10 @@ def test_a_process_that_turns_the_stops_sigterm_into_an_exception_is_stopped_not
 
 def test_the_last_loss_and_epoch_of_a_fast_lightning_fit_are_shown_not_a_stale_one():
     pytest.importorskip("lightning")
-    run = ddp_notebook.launch(framework_code.lightning, devices="cpu*2", kwargs={"epochs": 6})
+    # (a metric the module logs under a name of ctx.log's own parameters is shown as any other)
+    run = ddp_notebook.launch(framework_code.lightning, devices="cpu*2", kwargs={"epochs": 6, "also_log": "self"})
     run.wait(timeout=300)
+    assert run.workers[0].metrics["self"] == 1.0
     for rank in (0, 1):
         last = [e for e in progress_of(run, rank) if "loss" in e["metrics"]][-1]
         assert last["step"] == run.workers[rank].total  # the loss of the last step, not of a step before it

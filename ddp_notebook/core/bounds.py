@@ -15,7 +15,10 @@ log stops taking progress and output once it reaches ``LOG_BYTES`` (saying so in
 """
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_CUT_MARK = re.compile(r"… \[\d+ more characters not kept\]$")  # what cut() appends
 
 __all__ = ["cut", "cut_middle", "bound_event", "bound_metrics", "event_weight", "METRIC_CHARS", "NAME_CHARS",
            "METRICS_KEPT", "TEXT_CHARS", "OUTPUT_CHARS",
@@ -48,8 +51,12 @@ LOG_BYTES = 512 * 2**20
 
 
 def cut(text: str, limit: int) -> str:
-    """``text`` up to ``limit`` characters, saying how much more there was."""
+    """``text`` up to ``limit`` characters, saying how much more there was; a text cut already is
+    kept as it is (a held report merged into the next is bounded again)."""
     if len(text) <= limit:
+        return text
+    marked = _CUT_MARK.search(text)
+    if marked is not None and marked.start() <= limit:
         return text
     return f"{text[:limit]}… [{len(text) - limit} more characters not kept]"
 

@@ -183,6 +183,10 @@ def to_json_value(value: Any, name: str = "value") -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:  # beyond any float: shown as the infinity it is to a plot
+            return "inf" if value > 0 else "-inf"
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)

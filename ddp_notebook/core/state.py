@@ -283,7 +283,7 @@ class RunState:
             if t is not None and isinstance(event.get("step"), int):
                 w._measure_rate(t, event["step"])
             loss = (event.get("metrics") or {}).get("loss")
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and abs(loss) < 1e308:
                 step = event.get("step")
                 w.loss_history.append((float(step if step is not None else len(w.loss_history) + 1), float(loss)))
                 if len(w.loss_history) > LOSS_POINTS_KEPT:

@@ -19,7 +19,7 @@ from accelerate.tracking import GeneralTracker
 from ..core.errors import LaunchOptionError
 from ..recipes.spawn import spawn
 from ..worker.context import current_context
-from ..worker.frameworks.reporting import scalars
+from ..worker.frameworks.reporting import guarded, scalars
 
 __all__ = ["DDPNotebookTracker", "notebook_launcher"]
 
@@ -39,8 +39,8 @@ class DDPNotebookTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         ctx = current_context()
-        if ctx is not None:
-            ctx.log(step=step, **scalars(values))
+        if ctx is not None:  # (a report of ours never breaks the training)
+            guarded(lambda: ctx.log(step=step, **scalars(values)))
 
 
 class _WithoutRank:

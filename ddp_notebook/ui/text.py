@@ -26,6 +26,9 @@ def format_metric(value: Any) -> str:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
+    if isinstance(value, int) and abs(value) >= 10**18:  # (beyond a float's range, no float division)
+        digits = str(abs(value))
+        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
     for size, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
         if abs(value) >= size:
             scaled = value / (1e3 if suffix == "k" else size)

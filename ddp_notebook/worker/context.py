@@ -100,7 +100,7 @@ class WorkerContext(TrainingHelpers):
         a loop can skip reading its metrics (a GPU sync) when it would not."""
         return time.monotonic() - self._last_sent >= self._interval
 
-    def log(self, step: Optional[int] = None, total: Optional[int] = None, epoch: Optional[int] = None,
+    def log(self, /, step: Optional[int] = None, total: Optional[int] = None, epoch: Optional[int] = None,
             epochs: Optional[int] = None, **metrics: Any) -> None:
         """Report progress: ``ctx.log(step=5, total=100, epoch=0, loss=0.31)``.
 

@@ -182,10 +182,18 @@ def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
         "kind": EventKind.ERROR,
         "phase": phase,
         "exc_type": type(exc).__qualname__,
-        "message": str(exc),
+        "message": _text_of(exc),
         "traceback": "".join(tb.format()),
         "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
     })
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or what Python prints when that raises too."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception's own __str__ may be broken
+        return "<exception str() failed>"
 
 
 def flush_std() -> None:

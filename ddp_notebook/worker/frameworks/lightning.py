@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ..context import current_context
-from .reporting import PROGRESS_MARK, epoch_of, finite_int, patch_init, scalars, stop_agreed
+from .reporting import PROGRESS_MARK, epoch_of, finite_int, guarded, patch_init, scalars, stop_agreed
 
 __all__ = ["progress_callback", "patch_trainer", "follow_the_run"]
 
@@ -55,6 +55,9 @@ def progress_callback(base: type) -> type:
             self._report(trainer, force=True)
 
         def _report(self, trainer: Any, force: bool = False) -> None:
+            guarded(self._send, trainer, force)  # a report of ours never breaks the training
+
+        def _send(self, trainer: Any, force: bool) -> None:
             ctx = current_context()
             if ctx is None:
                 return

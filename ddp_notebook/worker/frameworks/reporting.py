@@ -36,7 +36,7 @@ def scalars(values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
         name = str(name)
         if name in _RESERVED:
             continue
-        if isinstance(value, (str, numbers.Number)) and not isinstance(value, bool):
+        if isinstance(value, (str, numbers.Real)) and not isinstance(value, bool):
             out[name] = value
         elif hasattr(value, "numel") and callable(value.numel) and value.numel() == 1:
             out[name] = value.detach() if hasattr(value, "detach") else value

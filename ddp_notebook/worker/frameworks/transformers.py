@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ..context import current_context
-from .reporting import PROGRESS_MARK, epoch_of, finite_int, patch_init, scalars, stop_agreed
+from .reporting import PROGRESS_MARK, epoch_of, finite_int, guarded, patch_init, scalars, stop_agreed
 
 __all__ = ["progress_callback", "patch_trainer"]
 
@@ -44,6 +44,10 @@ def progress_callback(base: type) -> type:
 
 
 def _report(state: Any, logs: Optional[dict[str, Any]]) -> None:
+    guarded(_send, state, logs)  # a report of ours never breaks the training
+
+
+def _send(state: Any, logs: Optional[dict[str, Any]]) -> None:
     ctx = current_context()
     if ctx is not None:
         epochs = finite_int(getattr(state, "num_train_epochs", None)) or None

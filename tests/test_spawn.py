@@ -116,6 +116,24 @@ def test_join_false_gives_what_process_context_callers_use():
     assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, join=False).join() is True
 
 
+def test_a_failure_is_also_the_exception_torch_multiprocessing_spawn_raises():
+    import pickle
+
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    with pytest.raises(ProcessRaisedException) as raised:
+        ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2, 1), nprocs=2)
+    assert isinstance(raised.value, WorkerFailedError) and raised.value.error_index == 1
+    assert raised.value.error_pid == raised.value.failure.pid and "worker 1 (cpu:1)" in raised.value.msg
+    assert type(pickle.loads(pickle.dumps(raised.value))) is WorkerFailedError
+    with pytest.raises(ProcessExitedException) as exited:
+        ddp_notebook.spawn(tutorial_ddp.exits_on, args=(1, 3), nprocs=2)
+    assert (exited.value.error_index, exited.value.exit_code, exited.value.signal_name) == (1, 3, None)
+    run = ddp_notebook.spawn(tutorial_ddp.exits_on, args=(1, 3), nprocs=2, join=False)
+    with pytest.raises(ProcessExitedException):
+        run.join()
+
+
 def test_nprocs_defaults_to_one_as_torchs_does():
     assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(1,)) == (0, 1, pytest.approx(0.0, abs=1e9))
 

@@ -116,3 +116,11 @@ def torchrun_main(total_epochs=2, backend="gloo"):
     result = (int(os.environ["RANK"]), dist.get_world_size(), float(sum(w.sum() for w in weights)))
     dist.destroy_process_group()
     return result
+
+
+def exits_on(rank, bad_rank, code):
+    """Leaves with os._exit(code) on ``bad_rank``; its peer waits in a collective."""
+    setup(rank, 2)
+    if rank == bad_rank:
+        os._exit(code)
+    dist.barrier()

@@ -14,15 +14,16 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ..core.errors import WaitTimeoutError
+from ..core.errors import WaitTimeoutError, WorkerFailedError
 from ..core.events import EventKind
+from ..core.failures import FailureKind, WorkerFailure
 from ..core.state import RunState, WorkerState
 from .options import check_seconds
 
-__all__ = ["AsProcesses", "WorkerProcess", "echo_output"]
+__all__ = ["AsProcesses", "WorkerProcess", "echo_output", "process_failure"]
 
 
 def echo_output(event: dict[str, Any]) -> None:
@@ -39,6 +40,31 @@ def echo_output(event: dict[str, Any]) -> None:
     out.write("".join(mark + line.rstrip("\r").replace("\r", "\r" + mark) + "\n"
                       for line in text.rstrip("\n").split("\n")))
     out.flush()
+
+
+def process_failure(failure: WorkerFailure, failures: Sequence[WorkerFailure],
+                    run_dir: Optional[str] = None) -> WorkerFailedError:
+    """The ``WorkerFailedError`` of a spawn run, which is also what ``torch.multiprocessing.spawn``
+    raises (``ProcessRaisedException`` for a raise, ``ProcessExitedException`` for an exit or a
+    signal), so code that catches torch's types catches it; ``error_index`` is the failed rank."""
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    raised = failure.kind == FailureKind.EXCEPTION
+    cls = _torch_flavoured(ProcessRaisedException if raised else ProcessExitedException)
+    error = cls(failure, failures, run_dir)
+    error.msg, error.error_index, error.error_pid = failure.headline(), failure.rank, failure.pid
+    if not raised:
+        error.exit_code, error.signal_name = failure.exit_code, failure.signal
+    return error
+
+
+@functools.cache
+def _torch_flavoured(torch_type: type) -> type:
+    def __reduce__(self: WorkerFailedError) -> Any:  # torch's own takes other arguments
+        return WorkerFailedError, (self.failure, self.failures, self.run_dir)
+
+    return type(f"WorkerFailedError_{torch_type.__name__}", (WorkerFailedError, torch_type),
+                {"__reduce__": __reduce__, "__module__": WorkerFailedError.__module__})
 
 
 class WorkerProcess:

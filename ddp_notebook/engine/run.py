@@ -54,7 +54,7 @@ from .options import (
     check_option_names,
     check_seconds,
 )
-from .processes import AsProcesses, echo_output
+from .processes import AsProcesses, echo_output, process_failure
 from .queues import QueueFeeder
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
@@ -309,7 +309,8 @@ class Run(AsProcesses):
         state = self.state
         root = state.root_failure
         if state.status == RunStatus.FAILED and root is not None:
-            error = WorkerFailedError(root, state.failures, self.run_dir)
+            make = process_failure if self.settings.mode == CallMode.SPAWN else WorkerFailedError  # torch's type too
+            error = make(root, state.failures, self.run_dir)
             raise error from WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
         if state.supervisor_error is not None:
             raise SupervisionError(f"the supervision of run {self.id} failed ({state.supervisor_error}); its "
@@ -433,8 +434,7 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
     return release
 
 
-def _nothing() -> None:
-    pass
+def _nothing() -> None: pass  # noqa: E704
 
 
 def _sys_path() -> list[str]:

@@ -134,6 +134,15 @@ def test_a_failure_is_also_the_exception_torch_multiprocessing_spawn_raises():
         run.join()
 
 
+def test_a_managers_dict_among_the_arguments_collects_what_the_workers_put_in_it():
+    import multiprocessing
+
+    with multiprocessing.Manager() as manager:  # the usual way to collect results from mp.spawn
+        results = manager.dict()
+        ddp_notebook.spawn(tutorial_ddp.stores_result, args=(results,), nprocs=2)
+        assert dict(results) == {0: 0, 1: 10}
+
+
 def test_nprocs_defaults_to_one_as_torchs_does():
     assert ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(1,)) == (0, 1, pytest.approx(0.0, abs=1e9))
 

@@ -83,6 +83,9 @@ class RankConfig(TypedDict, total=False):
     meet_in_python: bool  # wait for every peer in Python before and after the function (engines)
     data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (core.shared_data)
     share_result: bool  # put the main worker's result in shared memory too (a local worker)
+    # A local worker's multiprocessing authkey: the notebook's, as torch's spawned children have it,
+    # so a Manager's proxies among the arguments connect (sent on the control pipe, never logged).
+    authkey: str
 
 
 def encode(event: dict[str, Any], blob: Optional[bytes] = None) -> bytes:

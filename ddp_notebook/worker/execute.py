@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import linecache
+import multiprocessing
 import os
 import sys
 import threading
@@ -119,6 +120,8 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         # refused at once when it could never meet.
         own_init.guard(rank, world_size, cfg["device"], spawn_mode=cfg.get("mode") == "spawn")
         watch_imports()  # (unpickling may import a framework: Lightning, transformers, accelerate)
+        if cfg.get("authkey"):  # a Manager's proxies among the arguments connect with it
+            multiprocessing.current_process().authkey = bytes.fromhex(cfg["authkey"])
         where.phase = Phase.UNPICKLE
         call = shared_load.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.

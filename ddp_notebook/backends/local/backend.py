@@ -6,6 +6,7 @@ at all, and each CPU worker computes with ``cores // workers`` threads.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Sequence
 from typing import Optional
@@ -106,6 +107,7 @@ class LocalBackend(Backend):
             config["environ"] = dict(os.environ)
             config["data"] = spec.data  # where the call's tensors and arrays are
             config["share_result"] = True  # and where the main worker's result is put, the same way
+            config["authkey"] = bytes(multiprocessing.current_process().authkey).hex()
         pool = get_pool()
         if pool.enabled:
             return _start_ranks(spec, configs, pool.take(n))

@@ -20,7 +20,9 @@ def test_torchrun_style_code_joins_the_runs_group_under_launch():
     assert (rank, world_size) == (0, 2)
     assert not still_initialized  # its destroy_process_group() ended what it asked for, as under torchrun
     # The same weights on both ranks: they trained in one group (rank 1's sum is in its output).
-    again = ddp_notebook.launch(lambda ctx: tutorial_ddp.torchrun_main()[2], devices="cpu*2").wait(timeout=120)
+    # (a backend string that names the run's backend among others is the run's group too)
+    again = ddp_notebook.launch(lambda ctx: tutorial_ddp.torchrun_main(backend="cpu:gloo,cuda:nccl")[2],
+                                devices="cpu*2").wait(timeout=120)
     assert again == pytest.approx(weights)
 
 

@@ -59,11 +59,13 @@ def guard(rank: int, world_size: int, device: str, spawn_mode: bool) -> None:
         if not spawn_mode and dist.is_initialized():
             # torchrun-style code under launch: the run's group is the one it asks for.
             backend, ours = asked.get("backend"), dist.get_backend()
-            if backend is not None and str(backend).lower() not in (ours, "cpu:gloo,cuda:nccl"):
+            named = {part.rsplit(":", 1)[-1].strip() for part in str(backend).lower().split(",")}
+            if backend is not None and ours not in named:  # ("cpu:gloo,cuda:nccl" names gloo and nccl)
+                advice = (f"pass backend={str(backend)!r} to launch" if str(backend).lower() in ("gloo", "nccl")
+                          else f"ask for {ours!r}")
                 raise ProcessGroupMismatchError(
                     f"init_process_group(backend={str(backend)!r}), but the run's process group, set up by launch, "
-                    f"uses {ours!r}; pass backend={str(backend)!r} to launch, or use spawn to set up "
-                    "the group yourself")
+                    f"uses {ours!r}; {advice}, or use spawn to set up the group yourself")
             return None
         return original(*args, **kwargs)
 

@@ -71,6 +71,18 @@ def test_pace_and_eta_are_shown_while_running():
 
 
 @pytest.mark.unit
+def test_escape_sequences_from_a_run_never_reach_the_terminal():
+    evil = "\x1b[2J\x1b[H\x1b]0;pwned\x07"  # clear the screen, retitle the window
+    state = RunState()
+    state.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0"]})
+    state.apply({"kind": "progress", "time": 1.0, "rank": 0, "step": 1, "metrics": {evil + "name": evil + "red"}})
+    root = WorkerFailure(rank=0, device="cpu:0", kind="exception", time=2.0, exc_type="ValueError", message=evil + "boom")
+    state.apply({"kind": "failure", "time": 2.0, "rank": 0, "failure": root.to_dict()})
+    text = format_run(state, now=3.0)
+    assert "\x1b" not in text and "\x07" not in text and "name red" in text and "ValueError: boom" in text
+
+
+@pytest.mark.unit
 def test_hints_fit_the_failure():
     one = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="ValueError", message="x")
     assert hint_for(one, ["cpu:0"]) == ("Only worker 1 raised it: retry on cpu:1 alone to reproduce it in one "

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["shown", "ConsoleLines"]
+__all__ = ["shown", "one_line", "ConsoleLines"]
 
 # CSI (colours, cursor moves, erase), OSC (titles, links) and the two-character escapes.
 _ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what is left of control characters once escapes are gone
 _OPEN_CHARS = 4096  # an unfinished line kept to be written over (a progress bar without a newline)
 
 
@@ -32,6 +33,17 @@ def shown(line: str) -> str:
     for part in text.split("\r"):
         out = part + out[len(part):]
     return out
+
+
+def one_line(text: str) -> str:
+    """A name or value from a run as one line of plain text, safe to print in a terminal: escape
+    sequences removed (a worker must not clear the screen or retitle the window of the notebook's
+    terminal), other control characters shown as ``?``.
+
+    >>> one_line("\\x1b[2J\\x1b]0;title\\x07loss\\nx\\x08")
+    'loss?x?'
+    """
+    return _CONTROL.sub("?", _ESCAPE.sub("", text))
 
 
 class ConsoleLines:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from ..core.console import one_line
 from ..core.state import DataState, RunState, WorkerState
 
 __all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration", "format_bytes",
@@ -103,7 +104,7 @@ def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
             parts.append(f"step {w.step}")
     if w.epoch is not None:
         parts.append(w.epoch_text)
-    parts += [f"{k} {format_metric(v)}" for k, v in w.metrics.items()]
+    parts += [one_line(f"{k} {format_metric(v)}") for k, v in w.metrics.items()]  # (names, values from the run)
     if w.status == "running" and format_rate(w):
         parts.append(f"· {format_rate(w)}")
     silent = w.silent_for(time.time() if now is None else now)
@@ -129,7 +130,7 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
     root = state.root_failure
     if root is not None:
-        lines.append("  " + root.headline())
+        lines.append("  " + one_line(root.headline()))  # (its message is the worker's)
     if state.supervisor_error is not None:
         lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
     return "\n".join(lines)

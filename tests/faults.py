@@ -274,3 +274,13 @@ def logs_odd_names(ctx):
         ctx.log(step=1, cplx=1 + 2j)
     except TypeError as e:
         return str(e)
+
+
+def returns_early(ctx, at_step=5):
+    """Rank 1 returns at ``at_step``; rank 0 goes on calling all_reduce (it waits for rank 1 forever)."""
+    for step in range(1, 10_000):
+        if ctx.rank == 1 and step == at_step:
+            return "left early"
+        dist.all_reduce(torch.ones(1))
+        ctx.log(step=step)
+        time.sleep(0.01)

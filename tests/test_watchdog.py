@@ -122,6 +122,16 @@ def test_the_report_names_the_last_step_even_when_the_throttle_held_it_back(floo
     assert "(last step 5)" in str(e.value) and run.workers[1].step == 5
 
 
+def test_a_rank_left_waiting_by_a_peer_that_returned_early_is_told_so(floor):
+    run = ddp_notebook.launch(faults.returns_early, devices="cpu*2")
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    text = str(e.value)
+    assert text.startswith("Distributed data parallel main worker (cpu:0) failed: stalled: no progress for "), text
+    assert ": it waits in a collective (faults.py:" in text and "for worker 1, which returned from the function" in text
+    assert "nobody" not in text and "no other worker was waiting" not in text
+
+
 def test_seconds_fail_quiet_ranks_and_say_nobody_waited():
     run = ddp_notebook.launch(faults.quiet_without_collective, devices="cpu*2", kwargs=dict(seconds=3600.0),
                               stall_timeout=3.0)

@@ -136,6 +136,8 @@ class WorkerFailure:
             return (f"deadlocked: each waits in a collective for another, no progress for "
                     f"{self.stalled_for or 0.0:.1f} s{step} ({self.message}); which one took the wrong turn "
                     "cannot be told from their stacks")
+        if self.message:  # what it waits for is known (core.stall)
+            return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step}: {self.message}"
         why = ("while the other workers waited for it" if self.peers_waited is not False
                else "(no other worker was waiting for it)")
         return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step} {why}"

@@ -140,9 +140,11 @@ def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int,
 
 
 def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: dict[int, Optional[int]],
-                   idle: float, devices: dict[int, str], pids: dict[int, Optional[int]]) -> list[WorkerFailure]:
+                   idle: float, devices: dict[int, str], pids: dict[int, Optional[int]],
+                   returned: Sequence[int] = ()) -> list[WorkerFailure]:
     """One STALL failure per rank to blame (the first is the root cause), from the stacks of
-    the ranks still running (``stacks`` keys)."""
+    the ranks still running (``stacks`` keys); ``returned``: the ranks that returned from the
+    function meanwhile (a rank waiting in a collective may wait for them)."""
     torch_home = torch_dir()
     frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in stacks}
     waiting = {r: is_waiting_in_collective(frames[r], torch_home) for r in stacks}
@@ -152,6 +154,14 @@ def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: di
                            traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r),
                            peers_waited=any(waiting[o] for o in stacks if o != r))
              for r in blamed]
+    if returned:
+        for failure in found:
+            if waiting[failure.rank]:  # its partner in the collective is a rank that left the function
+                who = ", ".join(map(str, returned))
+                failure.message = (f"it waits in a collective ({call_site(frames[failure.rank], torch_home)}) for "
+                                   f"worker{'s' if len(returned) > 1 else ''} {who}, which returned from the "
+                                   "function: every rank must make the same collective calls, and a rank that "
+                                   "returns early leaves its peers' next one without a partner")
     if len(stacks) > 1 and all(waiting.values()) and blamed == sorted(stacks):
         # Every rank waits in a collective for another, none behind the others: a deadlock of
         # collectives that do not match. Nothing tells which rank is wrong: say so, once, with

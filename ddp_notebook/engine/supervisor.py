@@ -363,8 +363,9 @@ class Supervisor:
             return
         # The ranks inside the function: a rank that returned waits for its peers, never the straggler.
         alive = [r for r in self._alive() if r not in self.reported and r not in self.returned]
+        left = self.returned | {r for r, how in self.reported.items() if how == _DONE}  # (a peer may wait for them)
         found, stacks = self.watchdog.check(alive, self.steps, self.main_ident, {r: self.labels[r] for r in alive},
-                                            {r: self.pids.get(r) for r in alive})
+                                            {r: self.pids.get(r) for r in alive}, sorted(left))
         if not found:
             return
         self._emit({"kind": EventKind.STALLED, "time": time.time(), "ranks": [f.rank for f in found],

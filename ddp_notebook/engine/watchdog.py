@@ -111,9 +111,11 @@ class Watchdog:
         return self._next_look if self.enabled and self.quiet_since is not None else None
 
     def check(self, alive: Sequence[int], steps: dict[int, Optional[int]], main_ident: dict[int, int],
-              labels: dict[int, str], pids: dict[int, Optional[int]]) -> tuple[list[WorkerFailure], dict[int, str]]:
+              labels: dict[int, str], pids: dict[int, Optional[int]],
+              returned: Sequence[int] = ()) -> tuple[list[WorkerFailure], dict[int, str]]:
         """The ranks to fail as stalled (the first is the cause), with the stacks that show it;
-        nothing while the run may still be working. ``alive``: the ranks inside the function."""
+        nothing while the run may still be working. ``alive``: the ranks inside the function;
+        ``returned``: those that returned from it (and wait for their peers)."""
         now = time.monotonic()
         if not self.enabled or self._next_look is None or now < self._next_look or not alive:
             return [], {}
@@ -126,7 +128,7 @@ class Watchdog:
             return [], {}
         sample = self._sample(alive, main_ident)
         if self.strict is not None:
-            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids), sample.stacks
+            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids, returned), sample.stacks
         if self._first is None or set(self._first.frames) != set(alive):
             waiting = [r for r in alive if is_waiting_in_collective(sample.frames[r], torch_dir())]
             if waiting:  # someone waits for a peer: look again shortly, then decide
@@ -137,7 +139,7 @@ class Watchdog:
             return [], {}
         first, self._first = self._first, None
         if self._hung(first, sample):
-            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids), sample.stacks
+            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids, returned), sample.stacks
         self._next_look = now + self.limit()
         return [], {}
 

@@ -79,6 +79,9 @@ def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
     if failure.kind == FailureKind.SERVER:
         return ("The process that forks the workers was ended (by hand, or by the out-of-memory killer), and "
                 "every worker with it: the next run starts a new one.")
+    if failure.kind == FailureKind.STALL and failure.message:
+        return ("A worker returned while this one still calls collectives: every rank must run the same steps "
+                "(as many batches on every rank, or an early stop agreed with an all_reduce, as ctx.batches does).")
     if failure.kind == FailureKind.STALL:
         return ("This worker stopped making progress while its peers waited for it in a collective: its stack "
                 "below shows where it is stuck (a deadlock, a slow data loader, a rank-dependent branch).")

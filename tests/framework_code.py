@@ -23,7 +23,7 @@ def outcome(world_size, weights):
     return {"world_size": world_size, "weights": flat, "same_on_every_rank": all(torch.equal(g, flat) for g in gathered)}
 
 
-def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0, also_log=None):
+def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0, also_log=None, devices=2, num_nodes=1):
     import time
 
     import lightning as L
@@ -49,8 +49,8 @@ def lightning(ctx, fail_rank=None, strategy="ddp", epochs=3, pause=0.0, also_log
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
     model = Regression()
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=epochs, enable_progress_bar=False,
-                        logger=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=num_nodes, strategy=strategy, max_epochs=epochs,
+                        enable_progress_bar=False, logger=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, DataLoader(data(), batch_size=8))
     return dict(outcome(trainer.world_size, list(model.parameters())), model=model)  # the module itself comes back
 
@@ -149,3 +149,10 @@ def ignores_stop_and_raises_on_sigterm(ctx):
         dist.all_reduce(torch.ones(1))
         ctx.log(step=step)
         time.sleep(0.02)
+
+
+def accelerate_launcher_inside(ctx):
+    """accelerate's own notebook_launcher, called in a launched function."""
+    from accelerate import notebook_launcher
+
+    return notebook_launcher(accelerate_launched, args=(3,), num_processes=2)

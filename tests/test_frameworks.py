@@ -81,6 +81,14 @@ def test_lightning_code_written_for_its_own_notebook_strategy_runs_as_it_is():
     pytest.importorskip("lightning")
     result = ddp_notebook.launch(framework_code.lightning, devices="cpu*2", kwargs={"strategy": "ddp_notebook"})
     assert result.wait(timeout=300)["world_size"] == 2
+    # Two nodes of one device each, on one host: the run's ranks, as Lightning counts them per node.
+    nodes = ddp_notebook.launch(framework_code.lightning, devices="cpu*2", kwargs={"devices": 1, "num_nodes": 2})
+    assert nodes.wait(timeout=300)["same_on_every_rank"] and "num_nodes=2 runs on this run's 2" in nodes.output(1)
+
+
+def test_accelerates_own_notebook_launcher_inside_a_launched_function_runs_on_its_rank():
+    pytest.importorskip("accelerate")
+    assert ddp_notebook.launch(framework_code.accelerate_launcher_inside, devices="cpu*2").wait(timeout=300) == (2, 6.0)
 
 
 def test_framework_progress_can_be_turned_off():

@@ -2,7 +2,8 @@
 
 Owns: the import hooks that patch a framework as a worker loads it (``hooks``), the reporters
 (``lightning``, ``transformers``, ``steps``) and what they share (``reporting``: the switch,
-plain metrics, patching a class once).
+plain metrics, patching a class once), and a framework's own notebook launcher called in a
+worker (``launchers``: the function runs on the rank).
 
 A worker watches its imports (``hooks.watch_imports``, before the call is unpickled): once
 PyTorch Lightning's ``Trainer`` or ``Fabric``, Hugging Face's ``Trainer`` or accelerate's

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Optional
 
-from . import lightning, steps, transformers
+from . import launchers, lightning, steps, transformers
 from .reporting import guarded
 
 __all__ = ["PATCHES", "watch_imports"]
@@ -29,6 +29,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "lightning_fabric.fabric": steps.patch_fabric,
     "transformers.trainer": transformers.patch_trainer,
     "accelerate.accelerator": steps.patch_accelerator,
+    "accelerate.launchers": launchers.patch_notebook_launcher,
 }
 
 

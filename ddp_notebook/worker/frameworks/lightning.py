@@ -89,14 +89,15 @@ def follow_the_run(kwargs: dict[str, Any]) -> dict[str, Any]:
     nodes = max(ctx.world_size // max(ctx.local_world_size, 1), 1)
     devices = kwargs.get("devices", "auto")
     count = len(devices) if isinstance(devices, (list, tuple)) else finite_int(devices)
-    if count is not None and count * int(kwargs.get("num_nodes", 1) or 1) == ctx.world_size:
+    # Per host, as Lightning counts: devices=1, num_nodes=2 on one host would put two ranks on node 0.
+    if count == ctx.local_world_size and finite_int(kwargs.get("num_nodes", 1) or 1) == nodes:
         return kwargs
     # One CUDA rank on cuda:3 must stay there: Lightning takes devices=1 as cuda:0.
     wanted: Any = ([ctx.device.index] if ctx.device.type == "cuda" and ctx.local_world_size == 1
                    else ctx.local_world_size)
-    if devices != "auto":
-        print(f"ddp_notebook: devices={devices!r} runs on this run's {ctx.world_size} device(s) "
-              f"(devices={wanted!r}, num_nodes={nodes})", file=sys.stderr)
+    if devices != "auto" or "num_nodes" in kwargs:
+        print(f"ddp_notebook: devices={devices!r}, num_nodes={kwargs.get('num_nodes', 1)!r} runs on this run's "
+              f"{ctx.world_size} device(s) (devices={wanted!r}, num_nodes={nodes})", file=sys.stderr)
     return dict(kwargs, devices=wanted, num_nodes=nodes)
 
 

@@ -122,7 +122,7 @@ class Run(AsProcesses):
         self._supervisor: Optional[Supervisor] = None
         self._result: Optional[Received] = None
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
-        self._release_start: Callable[[], None] = _nothing  # what this start holds until the run ends
+        self._release_start: Callable[[], None] = lambda: None  # what this start holds until the run ends
 
     @classmethod
     def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
@@ -432,9 +432,6 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
         finally:
             second()
     return release
-
-
-def _nothing() -> None: pass  # noqa: E704
 
 
 def _sys_path() -> list[str]:

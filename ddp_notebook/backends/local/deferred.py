@@ -9,6 +9,7 @@ then starts no worker at all (its ranks end as ended by the supervisor, at once)
 """
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ class DeferredTransport(Transport):
             return []
         if self._cancel.is_set():
             self._cancelled = True
-            return [Exited(rank, code=-15, signal="SIGTERM") for rank in range(self._ranks)]
+            return [Exited(rank, code=-signal.SIGTERM, signal="SIGTERM") for rank in range(self._ranks)]
         inner = self._start()  # forks (or, when the server cannot, starts cold workers)
         with self._lock:
             self._inner = inner

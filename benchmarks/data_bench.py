@@ -244,7 +244,9 @@ def main() -> None:
         print(json.dumps(one_data(launcher, size, int(rest[1])) if kind == "data" else one_result(launcher, size)))
         return
     opts.quick = opts.quick or opts.smoke
-    launchers = tuple(k for k in LAUNCHERS if k != "mp-spawn") if opts.smoke else LAUNCHERS
+    # (smoke: torch.multiprocessing fork hangs here on the data, deterministically, after a minute: the
+    # full table says so; its result row still runs)
+    launchers = tuple(k for k in LAUNCHERS if not k.startswith("mp-")) if opts.smoke else LAUNCHERS
     result_launchers = tuple(k for k in RESULT_LAUNCHERS if k != "mp-spawn") if opts.smoke else RESULT_LAUNCHERS
     opts.repeat = opts.repeat or (1 if opts.quick else 3)
     sizes = (1 * MB, 64 * MB) if opts.quick else (1 * MB, 512 * MB, 2048 * MB)

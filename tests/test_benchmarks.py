@@ -1,5 +1,6 @@
 """The benchmark suite's quick mode, as a smoke test (no timing assertions)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "run.py")
 
 def test_benchmark_suite_smoke_mode_prints_every_table():
     # --smoke is --quick without the rows that only add fresh interpreters (torch.multiprocessing
-    # spawn, the warm pool without a fork server): every script and every table, in a third of the time.
+    # spawn, the warm pool without a fork server) or a known hang's minute (fork on the data
+    # benchmark): every script and every table, in a third of the time.
     out = subprocess.run([sys.executable, RUN, "--smoke"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     tables = [block for block in out.stdout.split("\n\n") if block.startswith("| ")]
@@ -34,10 +36,9 @@ def test_benchmark_suite_smoke_mode_prints_every_table():
     data_rows = data.splitlines()[2:]
     assert [row.split("|")[1].strip() for row in data_rows] == [
         "floor: one copy into fresh shared memory, read by waiting processes (no launcher)",
-        "ddp_notebook (fork server warm)", "ddp_notebook, data from `ddp_notebook.share`",
-        "torch.multiprocessing fork"] * 2  # 1 MB, then 64 MB
-    assert all(row.split("|")[4].strip().endswith(" s") for row in data_rows[:4]), data  # measured, not hung
-    assert "| ddp_notebook (fork server warm) | 2 | 64 MB | " in data and " s (" in data_rows[5], data
+        "ddp_notebook (fork server warm)", "ddp_notebook, data from `ddp_notebook.share`"] * 2  # 1 MB, then 64 MB
+    measured = re.compile(r"^\d+\.\d+ s( \(\d+\.\d+ s/GB\))?$")  # not "hung: no outcome after 60 s"
+    assert all(measured.match(row.split("|")[4].strip()) for row in data_rows), data
     assert [row.split("|")[1].strip() for row in result.splitlines()[2:]] == [
         "ddp_notebook (fork server warm)", "torch.multiprocessing fork"]
-    assert all(row.split("|")[2].strip().endswith(" s") for row in result.splitlines()[2:]), result
+    assert all(measured.match(row.split("|")[2].strip()) for row in result.splitlines()[2:]), result

@@ -284,3 +284,14 @@ def returns_early(ctx, at_step=5):
         dist.all_reduce(torch.ones(1))
         ctx.log(step=step)
         time.sleep(0.01)
+
+
+def bar_then_exit(ctx):
+    """Rank 1 draws a progress bar on stderr (redrawn with carriage returns), then exits."""
+    import sys
+
+    if ctx.rank == 1:
+        sys.stderr.write("\x1b[33mload\x1b[0m 10%\rload 50%\rload 90%\n")
+        sys.stderr.flush()
+        os._exit(3)
+    dist.barrier()

@@ -122,6 +122,13 @@ def test_a_metric_may_be_named_self_and_a_value_that_is_no_number_is_named():
     assert run.workers[0].metrics["self"] == 1.0
 
 
+def test_the_stderr_tail_of_a_failure_shows_a_progress_bar_as_one_line():
+    run = ddp_notebook.launch(faults.bar_then_exit, devices="cpu*2")
+    with pytest.raises(WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: exited with code 3"):
+        run.wait(timeout=60)
+    assert run.root_failure.stderr_tail[-1:] == ["load 90%"] and "load 10%" not in run.root_failure.stderr_tail
+
+
 def test_function_raising_sysexit_is_a_failure():
     def leaves(ctx):
         raise SystemExit(2)

@@ -222,9 +222,11 @@ class Supervisor:
             self._maybe_release()
 
     def _on_output(self, obs: Output) -> None:
-        if obs.stream == "stderr":
-            # (as a terminal shows it: a coloured warning or a progress bar is text in the report)
-            self._stderr[obs.rank].extend(cut(shown(line), LINE_CHARS) for line in obs.text.splitlines())
+        if obs.stream == "stderr" and obs.text:
+            # As a terminal shows it: a coloured warning is text, a progress bar redrawn with carriage
+            # returns is one line (splitlines() would cut it at each \r, one line per redraw).
+            lines = obs.text[:-1].split("\n") if obs.text.endswith("\n") else obs.text.split("\n")
+            self._stderr[obs.rank].extend(cut(shown(line), LINE_CHARS) for line in lines)
         self._emit(bound_event({"kind": EventKind.OUTPUT, "time": time.time(), "rank": obs.rank,
                                 "stream": obs.stream, "text": obs.text}))
 

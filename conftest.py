@@ -7,7 +7,7 @@ import uuid
 import psutil
 import pytest
 
-SLOW = ("processes", "kernel", "engines", "browser", "quality")
+SLOW = ("processes", "kernel", "engines", "multihost", "browser", "quality")
 # Doctests of these modules start real runs; notebook cells run in a real kernel.
 DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/engine/launch.py", "ddp_notebook/recipes/fit.py")
 NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)

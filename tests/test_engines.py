@@ -21,6 +21,7 @@ from ddp_notebook import (
     WorkerFailedError,
 )
 from ddp_notebook.backends.ipyparallel.engines import Engines
+from ddp_notebook.backends.ipyparallel.network import NetworkPlan
 
 import faults
 from helpers import wait_for
@@ -316,6 +317,8 @@ def engines_on(*hosts, gpus=1, cores=8):
     fake = Engines(None, list(range(len(hosts))))
     fake._info = [{"host": h, "cuda_count": gpus, "cpu_count": cores, "nccl": True,
                    "ddp_notebook": ddp_notebook.__version__} for h in hosts]
+    # Every engine reaches rank 0 over the network (as the probe would find on a real cluster).
+    fake._plans = {n: NetworkPlan("10.0.0.1", ["10.0.0.1"] * n, ["eth0"] * n, True) for n in range(1, len(hosts) + 1)}
     return fake
 
 

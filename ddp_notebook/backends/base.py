@@ -73,8 +73,7 @@ class StartSpec:
     data: Optional[DataTable] = None  # where the payload's shared tensors and arrays are (maps_memory only)
 
 
-def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], env: dict[str, str],
-                 meet_in_python: bool = False) -> list[RankConfig]:
+def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], env: dict[str, str]) -> list[RankConfig]:
     """Every rank's assignment: ``spec.config`` and where the rank runs. Rank r runs on host
     ``hosts[r]``, which has ``cores[r]`` cores: ``local_rank`` is its index among the ranks on that
     host, and those ranks share its cores (``threads``, unless ``spec.threads_per_worker``).
@@ -93,7 +92,7 @@ def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], en
         rank_env.update(spec.env)
         configs.append({**spec.config, "rank": rank, "device": str(device),
                         "local_rank": hosts[:rank].count(hosts[rank]), "local_world_size": local, "threads": threads,
-                        "env": rank_env, "meet_in_python": meet_in_python})
+                        "env": rank_env})
     return configs
 
 

@@ -41,6 +41,9 @@ class EventKind(TextEnum):
     DONE = "done"  # the rank's outcome: success (rank 0 attaches its pickled return value)
     ERROR = "error"  # the rank's outcome: an exception (phase, type, message, traceback)
     QUEUE_PUT = "queue_put"  # an item put in a queue of the call (queue: its index; attached: the item)
+    MEETING = "meeting"  # rank 0 on an engine serves the run's store (port): the other ranks may start
+    ALIVE = "alive"  # a rank on an engine is alive (every second; its host's link is up)
+    STACKS = "stacks"  # a rank on an engine dumped its stacks (text), for the stall watchdog
 
     RUN_STARTED = "run_started"  # run id, devices, backend, directory, parent, places
     DATA = "data"  # the call's tensors and arrays being placed for the ranks: bytes sent of total, files
@@ -80,7 +83,10 @@ class RankConfig(TypedDict, total=False):
     progress_interval: float
     resume_from: Optional[str]  # a checkpoint file to resume from (or a folder: its latest)
     mode: str  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group
-    meet_in_python: bool  # wait for every peer in Python before and after the function (engines)
+    # Ranks on engines: where they meet (``worker.meeting``): rank 0's address, the port its store
+    # listens on (the other ranks), the run's secret, the address this rank's gloo pairs use
+    # (``local``) and the seconds a silent peer host is given (``network_timeout``; several hosts).
+    meeting: dict[str, Any]
     data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (core.shared_data)
     share_result: bool  # put the main worker's result in shared memory too (a local worker)
     # A local worker's multiprocessing authkey: the notebook's, as torch's spawned children have it,

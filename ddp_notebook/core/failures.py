@@ -33,11 +33,13 @@ class FailureKind(TextEnum):
     STALL = "stall"  # made no progress while its peers waited for it
     ENGINE = "engine"  # the ipyparallel engine running the rank died
     SERVER = "server"  # the fork server that forked the worker died, and Linux ended the worker with it
+    NETWORK = "network"  # the rank's host dropped off the network (its engine unreachable, its link gone)
 
 
 # Deaths without a report: the dead worker closed its sockets before any peer could notice, so
 # it is the cause even when a peer's knock-on error was read first.
-SILENT_KINDS = frozenset({FailureKind.SIGNAL, FailureKind.EXIT, FailureKind.ENGINE, FailureKind.SERVER})
+SILENT_KINDS = frozenset({FailureKind.SIGNAL, FailureKind.EXIT, FailureKind.ENGINE, FailureKind.SERVER,
+                          FailureKind.NETWORK})
 
 
 class Phase(TextEnum):
@@ -131,6 +133,8 @@ class WorkerFailure:
                     "killer's SIGKILL, or a crash in native code)")
         if kind == FailureKind.SERVER:
             return f"{self.message}{when}, and Linux ended the workers it had forked with it"
+        if kind == FailureKind.NETWORK:
+            return f"its host dropped off the network{when}: {self.message}"
         step = f" (last step {self.last_step})" if self.last_step is not None else ""
         if self.same_on:  # every rank waits in a collective for another: see core.stall
             return (f"deadlocked: each waits in a collective for another, no progress for "

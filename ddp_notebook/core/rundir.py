@@ -9,8 +9,6 @@
         rendezvous            the process group's file rendezvous (removed at the end)
         stacks-rank<r>.txt    rank r's stack dumps, for the stall watchdog
         checkpoints/          ctx.save_checkpoint's files; ``latest`` names the newest
-        arrivals/, returned/  ranks on engines meet here in Python (removed at the end)
-        ended                 present once the notebook has finished the run
 
 The notebook side and the worker side both build paths with ``RunDir``.
 
@@ -126,11 +124,8 @@ class RunDir:
     PAYLOAD = "payload.pkl"  # never written: the call travels over each worker's control pipe
     CALL = "call.pkl"  # the call kept for a retry once the notebook is gone (engine.resume); never read by workers
     RENDEZVOUS = "rendezvous"
-    ENDED = "ended"
     CHECKPOINTS = "checkpoints"
     LATEST = "latest"
-    ARRIVALS = "arrivals"
-    RETURNED = "returned"
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(os.path.expanduser(path))
@@ -165,18 +160,6 @@ class RunDir:
     @property
     def checkpoint_dir(self) -> str:
         return self.join(self.CHECKPOINTS)
-
-    @property
-    def arrivals_dir(self) -> str:
-        return self.join(self.ARRIVALS)
-
-    @property
-    def returned_dir(self) -> str:
-        return self.join(self.RETURNED)
-
-    @property
-    def ended_mark(self) -> str:
-        return self.join(self.ENDED)
 
     def stack_file(self, rank: int) -> str:
         return self.join(f"stacks-rank{rank}.txt")
@@ -215,6 +198,12 @@ class RunDir:
         """A new file only its owner can read (stack dumps, checkpoints), never through a link."""
         return open(os.open(path, _CREATE, 0o600), mode)
 
+    def append_private(self, path: str, text: str) -> None:
+        """Append to a file only its owner can read (created so), never through a link."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        with open(os.open(path, flags, 0o600), "a") as f:
+            f.write(text)
+
     def read_result(self) -> Optional[bytes]:
         """The pickled result, from a run directory only this user could have written."""
         check_private_folder(self.path, "the run directory")
@@ -244,17 +233,6 @@ class RunDir:
                 os.unlink(self.join(name))
             except OSError:
                 pass
-
-    def mark_ended(self) -> None:
-        """Tell every rank still waiting for its peers that the run is over."""
-        try:
-            with open(self.ended_mark, "w"):
-                pass
-        except OSError:
-            pass
-
-    def is_ended(self) -> bool:
-        return os.path.exists(self.ended_mark)
 
     def latest_checkpoint(self) -> Optional[str]:
         return latest_checkpoint(self.checkpoint_dir)

@@ -76,6 +76,9 @@ def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
     if failure.kind == FailureKind.ENGINE:
         return ("The engine process died: the cluster's engine log (ipcluster's log directory) holds its last "
                 "words. Start a new engine before retrying on as many engines.")
+    if failure.kind == FailureKind.NETWORK:
+        return ("The worker's host stopped answering (its link, its switch, the host itself): its peers were "
+                "released. Retry on the hosts that remain, or bring the host back and retry on as many engines.")
     if failure.kind == FailureKind.SERVER:
         return ("The process that forks the workers was ended (by hand, or by the out-of-memory killer), and "
                 "every worker with it: the next run starts a new one.")

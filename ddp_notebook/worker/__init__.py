@@ -2,7 +2,8 @@
 
 Owns: running the packed call for one rank (``execute``: set-up, process group, the call, the
 result), the channel that carries its events out (``channel``: frames over a pipe, or ipyparallel
-data messages), meeting peers in Python (``peers``), the ``WorkerContext`` and its training
+data messages), what ranks on engines share: the store they meet in (``meeting``), the pulse that
+tells a host cut off (``pulse``) and the network probes (``network``), the ``WorkerContext`` and its training
 helpers (``context``, ``training``), gloo teardown without torch's deadlock (``teardown``), what
 a rank changes in an engine and gives back (``engine_state``), the first code a worker process
 runs (``boot``: it ties the process to the notebook's before anything is imported), the

@@ -4,7 +4,8 @@
 A rank leaves the engine as it found it (``engine_state``); STACK_SIGNAL/SIGUSR2 are ignored from
 then on, so a late request cannot end an idle engine; an engine that already holds a process
 group of its own is refused, never touched. Events travel as ipyparallel data messages
-(``channel.DataChannel``); the result, or the error event, is the return value of the call.
+(``channel.DataChannel``); the result, or the error event, is the return value of the call. The
+ranks meet in a store rank 0's call hosts (``meeting``); nothing needs a shared file system.
 Signals from the notebook (through ipyparallel's nanny): SIGUSR2 sets ``ctx.should_stop``,
 SIGINT interrupts the function, STACK_SIGNAL dumps the stacks for the stall watchdog.
 """
@@ -13,30 +14,32 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
 from ..core.events import EventKind, RankConfig
-from ..core.rundir import RunDir
 from ..core.version import __version__
 from .boot import STACK_SIGNAL
 from .channel import DataChannel
 from .engine_state import EngineSnapshot
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, remove_stack_dump
-from .peers import await_peers
+from .meeting import Meeting
+from .network import interfaces, machine_key
+from .pulse import Pulse
 
 __all__ = ["describe_engine", "run_rank", "EngineNotReady"]
 
 
 class EngineNotReady(RuntimeError):
-    """The engine cannot take this rank (it cannot see the run directory, or already holds a
-    process group of its own)."""
+    """The engine cannot take this rank (it already holds a process group of its own)."""
 
 
 def describe_engine() -> dict[str, Any]:
     """What validation needs to know about an engine (called there before a run)."""
-    info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "cpu_count": os.cpu_count() or 1}
+    info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "cpu_count": os.cpu_count() or 1,
+                            "machine": machine_key(), "addresses": interfaces()}
     try:
         import torch
 
@@ -54,8 +57,8 @@ def describe_engine() -> dict[str, Any]:
 
 def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
     """Run one rank on this engine; returns ``{"kind": "done", "blob": ...}`` or an error event."""
-    out = DataChannel(cfg["rank"])
-    directory = RunDir(cfg["run_dir"])
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    out = DataChannel(rank)
     stop = threading.Event()
     interrupted = threading.Event()  # the notebook interrupted this rank
     armed = threading.Event()  # an interrupt raises (only while the function runs or waits)
@@ -70,47 +73,71 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
     saved = EngineSnapshot()
     saved_int = signal.signal(signal.SIGINT, on_interrupt)
     signal.signal(signal.SIGUSR2, lambda signum, frame: stop.set())
-    stacks: Optional[IO[str]] = None
-    if os.path.isdir(directory.path):
-        # A late stack signal must not end an idle engine: ignored once the handler is gone.
-        signal.signal(STACK_SIGNAL, signal.SIG_IGN)
-        stacks = install_stack_dump(directory.stack_file(cfg["rank"]))
+    # A late stack signal must not end an idle engine: ignored once the handler is gone. The
+    # stacks go to a file of this host's, and from there to the notebook (``Pulse``).
+    signal.signal(STACK_SIGNAL, signal.SIG_IGN)
+    fd, stack_path = tempfile.mkstemp(prefix=f"ddp-notebook-stacks-rank{rank}-")  # owner-only
+    os.close(fd)
+    stacks = install_stack_dump(stack_path)
+    meeting_cfg = cfg["meeting"]
+    pulse = Pulse(rank, world_size, out.send, stack_path, network_timeout=meeting_cfg.get("network_timeout"))
+    pulse.start()
     out.send({"kind": EventKind.STARTED, "pid": os.getpid(), "host": socket.gethostname(),
               "main_thread": threading.get_ident()})
     where = Where()
+    meeting: Optional[Meeting] = None
     try:
         try:
-            if stacks is None:
-                raise EngineNotReady(
-                    f"this engine (host {socket.gethostname()}) cannot see the run directory {directory.path}, "
-                    "where the workers meet: pass run_root= a directory that every engine sees (a shared file system)")
             if saved.had_group:
                 raise EngineNotReady("this engine already holds a torch.distributed process group of its own; "
                                      "destroy it there (dist.destroy_process_group()) or choose other engines")
-            result = execute(cfg, payload, out.send, stop, where)
+            meeting = _meet(cfg, out)
+            result = execute(cfg, payload, out.send, stop, where, meeting, pulse.watch)
             blob = result.inline() if result is not None else None
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, the engine lives on
             armed.clear()
             # Peers waiting for this rank (to start, or to leave together) need not wait any more.
-            directory.mark_ended()
+            if meeting is not None:
+                meeting.end()
             event = error_event(exc, where.phase)
             event.update(time=time.time(), interrupted=interrupted.is_set())
+            if pulse.unreachable:  # this rank's collective failed because a peer's host was cut off
+                event.update(knock_on=True, unreachable={str(r): why for r, why in pulse.unreachable.items()})
             return event
         out.send({"kind": EventKind.RETURNED})
         try:
             # Like a worker process, stay until every rank has returned: leaving now would
             # destroy the group under a peer still in its last collective.
-            await_peers(directory.returned_dir, directory, cfg["rank"], cfg["world_size"], cfg["timeout"])
+            meeting.arrive("returned", rank, world_size, cfg["timeout"])
         except BaseException:  # noqa: BLE001 - interrupted, a peer failed, or the run ended: the result stands
             pass
         armed.clear()
         return {"kind": EventKind.DONE, "time": time.time(), "blob": blob}
     finally:
         armed.clear()
+        pulse.stop()
         saved.restore()
-        if stacks is not None:
-            remove_stack_dump(stacks)
+        remove_stack_dump(stacks)
+        try:
+            os.unlink(stack_path)
+        except OSError:
+            pass
+        if meeting is not None:
+            meeting.close()  # rank 0's store stops serving: a peer still waiting on it leaves
         # A stop request that arrives after the function ended is ignored, never fatal.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGINT, saved_int)
         flush_std()
+
+
+def _meet(cfg: RankConfig, out: DataChannel) -> Meeting:
+    """Rank 0 hosts the run's store and announces its port (the notebook passes it on to the
+    other ranks' calls); the others join it. Each says which address its gloo pairs use."""
+    m = cfg["meeting"]
+    if cfg["rank"] == 0:
+        meeting = Meeting.host(m["address"], m["secret"], cfg["timeout"])
+        out.send({"kind": EventKind.MEETING, "port": meeting.port})
+    else:
+        meeting = Meeting.join(m["address"], int(m["port"]), m["secret"], cfg["timeout"])
+    meeting.store.set(f"address/{cfg['rank']}", m.get("local") or m["address"])
+    return meeting

@@ -1,10 +1,10 @@
 """Running one rank of a run: set up, call the function, return its result.
 
 Shared by worker processes (``process``) and ipyparallel engines (``engine``): the environment,
-``sys.path`` and threads of the rank, unpickling the call, the device and the process group
-(file rendezvous), the ``WorkerContext``, the call itself and the pickled result. Failures are
-raised with ``where.phase`` saying how far the rank got; ``error_event`` turns them into the
-event the supervisor makes a ``WorkerFailure`` of.
+``sys.path`` and threads of the rank, unpickling the call, the device and the process group (a
+file rendezvous, or the ``Meeting`` of ranks on engines), the ``WorkerContext``, the call itself
+and the pickled result. Failures are raised with ``where.phase`` saying how far the rank got;
+``error_event`` turns them into the event the supervisor makes a ``WorkerFailure`` of.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from . import context, own_init, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
 from .frameworks.hooks import watch_imports
-from .peers import RunEndedError, await_peers
+from .meeting import Meeting, RunEndedError
 from .spawn_store import join_notebook_store
 
 __all__ = ["Where", "execute", "error_event", "flush_std", "warm_up", "install_stack_dump", "remove_stack_dump"]
@@ -85,11 +85,14 @@ def launched_env(cfg: RankConfig) -> dict[str, str]:
 
 
 def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: threading.Event,
-            where: Where) -> Optional[Packed]:
+            where: Where, meeting: Optional[Meeting] = None,
+            arrived: Optional[Callable[[Meeting], None]] = None) -> Optional[Packed]:
     """Set up the rank described by ``cfg``, run the packed call and return the main worker's
     packed result (None on other ranks): its large tensors and arrays by reference when
     ``cfg["share_result"]``, else all by value. Raises whatever the set-up or the function
-    raised, with ``where.phase`` saying in which phase."""
+    raised, with ``where.phase`` saying in which phase. With a ``meeting`` (ranks on engines)
+    the ranks first wait for each other in Python (then ``arrived(meeting)``) and the process
+    group meets in its store; without, in the run directory's rendezvous file."""
     rank, world_size = cfg["rank"], cfg["world_size"]
     directory = RunDir(cfg["run_dir"])
     ctx = None
@@ -133,15 +136,19 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         device = torch.device("cuda", int(index)) if kind == "cuda" else torch.device("cpu")
         if kind == "cuda":
             torch.cuda.set_device(int(index))
-        if cfg.get("meet_in_python"):
-            await_peers(directory.arrivals_dir, directory, rank, world_size, cfg.get("timeout"))
-        join_notebook_store()  # an env:// rendezvous meets at the notebook's store, every rank a client
+        if meeting is not None:
+            meeting.arrive("arrived", rank, world_size, cfg.get("timeout"))
+            if arrived is not None:
+                arrived(meeting)
+        join_notebook_store(meeting)  # an env:// rendezvous meets at the notebook's store, every rank a client
         spawn_mode = cfg.get("mode") == "spawn"  # fn(rank, ...) sets up its own process group
         if not spawn_mode:
+            where_to_meet: dict[str, Any] = ({"store": meeting.group_store()} if meeting is not None
+                                             else {"init_method": "file://" + directory.rendezvous_path})
             dist.init_process_group(
-                backend=cfg["backend"], init_method="file://" + directory.rendezvous_path, rank=rank,
-                world_size=world_size, timeout=datetime.timedelta(seconds=cfg["timeout"]),
-                device_id=device if kind == "cuda" else None,
+                backend=cfg["backend"], rank=rank, world_size=world_size,
+                timeout=datetime.timedelta(seconds=cfg["timeout"]), device_id=device if kind == "cuda" else None,
+                **where_to_meet,
             )
             teardown.keep(dist.group.WORLD)
             if cfg["backend"] == "gloo":

@@ -1,13 +1,14 @@
 """The ipyparallel backend: rank r on the r-th engine of ``Engines``, with the r-th device.
 
-Ranks meet through a file rendezvous in the run directory, which every engine must see; they
-also meet in Python before and after the function (``worker.peers``), so that an engine, which
-cannot be killed, is never left waiting in C++. Ranks on one host use loopback only; ranks on
-several hosts let gloo/NCCL pick the host's interface unless ``env`` names one.
+Ranks meet in a store rank 0's call serves (``worker.meeting``), on loopback when every rank is on
+one host, else on the address of rank 0 its peers reached when validation probed the network
+(``network``); each rank's gloo/NCCL interface is the one that reaches rank 0, unless ``env``
+names one. They also meet in Python before and after the function, so that an engine, which
+cannot be killed, is never left waiting in C++. Nothing needs a shared file system.
 """
 from __future__ import annotations
 
-import shutil
+import secrets
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -18,6 +19,7 @@ from ...core.rundir import RunDir
 from ...core.validation import ValidationReport
 from ..base import Backend, StartSpec, Transport, rank_configs
 from .engines import Engines
+from .network import machines_of, network_timeout
 from .transport import EngineTransport
 from .validation import EngineProbe, validate_on_engines
 
@@ -60,26 +62,26 @@ class IpyparallelBackend(Backend):
     def start(self, spec: StartSpec) -> Transport:
         n = len(spec.devices)
         info = self.engines.describe()[:n]
-        hosts = self.engines.hosts()[:n]
-        env: dict[str, str] = {}
-        if len(set(hosts)) == 1:
-            env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
-        # Ranks on several hosts must reach each other over the network: gloo/nccl pick the host's
-        # interface unless the user's env names one. An engine's torch is already set up, so
-        # CUDA_VISIBLE_DEVICES would not apply there: it is not set.
-        # Engines cannot be killed: ranks also meet in Python, where an interrupt is seen.
-        configs = rank_configs(spec, hosts, [int(i.get("cpu_count", 1)) for i in info], env, meet_in_python=True)
-        for config in configs:
+        plan = self.engines.network(n)
+        timeout = network_timeout() if plan.several_hosts else None
+        secret = secrets.token_hex(16)  # the run's keys in rank 0's store are under it
+        # An engine's torch is already set up, so CUDA_VISIBLE_DEVICES would not apply there: it is
+        # not set. Engines cannot be killed: ranks also meet in Python, where an interrupt is seen.
+        configs = rank_configs(spec, machines_of(info), [int(i.get("cpu_count", 1)) for i in info], {})
+        for rank, config in enumerate(configs):
+            interface = plan.interfaces[rank]
+            found = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface} if interface else {}
+            config["env"] = {**found, **config["env"]}  # the user's env= names another: it wins
             # Even the user's: it would take effect in an engine that has not used CUDA yet, for the
             # rest of the engine's life, and no longer match what validation saw there.
             config["env"].pop("CUDA_VISIBLE_DEVICES", None)
-        return EngineTransport(self.engines.subset(range(n)), configs, spec.payload, spec.directory)
+            config["meeting"] = {"address": plan.address, "port": None, "secret": secret,
+                                 "local": plan.local[rank], "network_timeout": timeout}
+        return EngineTransport(self.engines.subset(range(n)), configs, spec.payload, spec.directory,
+                               [str(i.get("host", "?")) for i in info], timeout)
 
     def finished(self, directory: RunDir, world_size: int) -> None:
-        # A rank still queued on a busy engine sees the mark when it finally starts, and leaves.
-        directory.mark_ended()
-        for folder in (directory.arrivals_dir, directory.returned_dir):
-            shutil.rmtree(folder, ignore_errors=True)
+        """Nothing to tidy: rank 0's store ended with its call."""
 
     def retry_changes(self, devices: Sequence[Device], causing: set[int], retry: DeviceSpec) -> dict[str, Any]:
         """A retry runs on the engines of the ranks whose devices it keeps (a device the run did

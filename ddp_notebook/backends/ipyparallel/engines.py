@@ -11,8 +11,8 @@ ipyparallel cluster: one rank per engine, in the order of the view's engine ids:
 
 The device list pairs with the engines: rank r runs on the r-th engine with the r-th
 device (default: ``cpu`` on every engine). Every engine needs ddp_notebook and torch
-installed, and must see the run directory (``run_root``), where the process group meets
-(a shared file system when the engines are on several hosts).
+installed. The engines may be on several hosts, with no shared file system: the ranks meet
+in a store rank 0's engine serves (``network``, ``worker.meeting``).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from ...core.errors import EngineSelectionError
 from ...worker.engine import describe_engine
+from .network import NetworkPlan, plan_network
 
 __all__ = ["Engines", "engines_of", "DESCRIBE_TIMEOUT"]
 
@@ -39,6 +40,7 @@ class Engines:
         self.client = client
         self.ids = tuple(int(i) for i in ids)
         self._info: Optional[list[dict[str, Any]]] = None
+        self._plans: dict[int, NetworkPlan] = {}
 
     def describe(self, timeout: float = DESCRIBE_TIMEOUT) -> list[dict[str, Any]]:
         """``describe_engine()`` of every engine, in rank order (``{"error": ...}`` for one
@@ -57,6 +59,12 @@ class Engines:
                 info.append(_answer(eid, ar, BUSY_WAIT if eid in busy else timeout))
             self._info = info
         return self._info
+
+    def network(self, n: int) -> NetworkPlan:
+        """How the first ``n`` engines reach each other (probed once, by validation)."""
+        if n not in self._plans:
+            self._plans[n] = plan_network(self, n)
+        return self._plans[n]
 
     def _busy(self) -> set[int]:
         """The engines with a task queued or running now (asked of the controller)."""

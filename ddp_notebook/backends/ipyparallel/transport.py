@@ -1,7 +1,11 @@
 """The ipyparallel transport: a run's ranks on engines as the supervisor sees them.
 
-Each rank is one ``apply_async`` of ``worker.engine.run_rank`` on its engine. Its events arrive
-as ipyparallel data messages, its output as the call's streams, its outcome as the call's value.
+Each rank is one ``apply_async`` of ``worker.engine.run_rank`` on its engine: rank 0's first; the
+others once rank 0 says where its store listens (a ``meeting`` event). Its events arrive as
+ipyparallel data messages, its output as the call's streams, its outcome as the call's value.
+Each rank says it is alive every second; on several hosts a rank silent for the network timeout
+(while its peers are heard), or one a peer reports cut off, is lost: its host dropped off the
+network. Stack dumps arrive as events too, and are written to the run directory's stack files.
 Requests are signals sent through ipyparallel (SIGUSR2 = please stop, SIGINT = interrupt,
 STACK_SIGNAL = dump stacks). An engine is the user's process, never ours to kill: one that does not
 stop after an interrupt is reported and left running.
@@ -12,10 +16,10 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 from ...core.events import EventKind, RankConfig
-from ...core.failures import Phase
+from ...core.failures import FailureKind, Phase
 from ...core.rundir import RunDir
 from ...core.shared_load import Received
 from ...worker.boot import STACK_SIGNAL
@@ -32,34 +36,64 @@ _POLL = 0.05  # data messages are not a file to wait on: look this often
 class EngineTransport(Transport):
     """Watches the calls of a run's ranks until each has ended (or been given up on)."""
 
-    def __init__(self, engines: Engines, configs: Sequence[RankConfig], payload: bytes, directory: RunDir) -> None:
+    def __init__(self, engines: Engines, configs: Sequence[RankConfig], payload: bytes, directory: RunDir,
+                 hosts: Sequence[str], network_timeout: Optional[float] = None) -> None:
         self.engines = engines
         self.configs = list(configs)
+        self.payload = payload
         self.directory = directory
+        self.hosts = list(hosts)
+        self.network_timeout = network_timeout  # None: one host, silence is not a network failure
         self._ars: dict[int, Any] = {}
         self._ended: set[int] = set()
         self._out_pos: dict[tuple[int, str], int] = {}
         self._pids: dict[int, int] = {}  # ranks whose function started (they have our handlers)
+        self._heard: dict[int, float] = {}  # rank -> when it was last heard from
         self._interrupted: dict[int, float] = {}  # rank -> when it was first interrupted
         self._given_up: list[Observation] = []
         self._wake = threading.Event()
-        for rank, cfg in enumerate(self.configs):
-            ar = engines.client[engines.ids[rank]].apply_async(run_rank, cfg, payload)
-            ar.add_done_callback(lambda _f: self._wake.set())
-            self._ars[rank] = ar
+        self._submit(0)
+
+    def _submit(self, rank: int) -> None:
+        ar = self.engines.client[self.engines.ids[rank]].apply_async(run_rank, self.configs[rank], self.payload)
+        ar.add_done_callback(lambda _f: self._wake.set())
+        self._ars[rank] = ar
+
+    def _where(self, rank: int) -> str:
+        return f"host {self.hosts[rank]} (engine {self.engines.ids[rank]})"
 
     # ---- what happened ------------------------------------------------------------------------
     def poll(self, timeout: float) -> list[Observation]:
         self._wake.wait(min(timeout, _POLL))
         self._wake.clear()
         out, self._given_up = self._given_up, []
-        for rank, ar in self._ars.items():
+        for rank, ar in list(self._ars.items()):
             if rank in self._ended:
                 continue
             self._pump(rank, out)
-            if ar.ready():
+            if ar.ready() and rank not in self._ended:
                 self._end(rank, out)
+        self._check_silence(out)
         return out
+
+    def _check_silence(self, out: list[Observation]) -> None:
+        """On several hosts: a started rank not heard from for the network timeout, while another
+        rank was heard from within the last few seconds (the notebook's own link is up), is lost."""
+        if self.network_timeout is None:
+            return
+        now = time.monotonic()
+        live = [r for r in self._pids if r not in self._ended]
+        recent = [r for r in live if now - self._heard.get(r, now) < 3.0]
+        for rank in live:
+            silent = now - self._heard.get(rank, now)
+            if silent > self.network_timeout + 2.0 and recent:
+                self._lose(rank, f"{self._where(rank)} has not been heard from for {silent:.0f} s", out)
+
+    def _lose(self, rank: int, why: str, out: list[Observation]) -> None:
+        if rank in self._ended:
+            return
+        self._ended.add(rank)
+        out.append(Exited(rank, pid=self._pids.get(rank), lost=why, lost_kind=FailureKind.NETWORK))
 
     def settle(self, silent: Sequence[int]) -> list[Observation]:
         # A dead engine is noticed by the cluster a moment after the peers that it left in a
@@ -76,7 +110,20 @@ class EngineTransport(Transport):
         data = ar.data
         for key in sorted(data):
             event = dict(data.pop(key), rank=rank)
-            if event.get("kind") == EventKind.STARTED and event.get("pid") is not None:
+            self._heard[rank] = time.monotonic()
+            kind = event.get("kind")
+            if kind == EventKind.ALIVE:
+                continue
+            if kind == EventKind.STACKS:
+                self._keep_stacks(rank, event)
+                continue
+            if kind == EventKind.MEETING:  # rank 0's store listens: the others may start
+                for other in range(1, len(self.configs)):
+                    if other not in self._ended:
+                        self.configs[other]["meeting"]["port"] = event.get("port")
+                        self._submit(other)
+                continue
+            if kind == EventKind.STARTED and event.get("pid") is not None:
                 self._pids[rank] = event["pid"]
             out.append(WorkerEvent(rank, event))
         for stream in ("stdout", "stderr"):
@@ -84,7 +131,15 @@ class EngineTransport(Transport):
             pos = self._out_pos.get((rank, stream), 0)
             if len(text) > pos:
                 self._out_pos[(rank, stream)] = len(text)
+                self._heard[rank] = time.monotonic()
                 out.append(Output(rank, stream, text[pos:]))
+
+    def _keep_stacks(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's stack dump, into its stack file in the run directory (the watchdog reads it)."""
+        try:
+            self.directory.append_private(self.directory.stack_file(rank), str(event.get("text", "")))
+        except OSError:
+            pass
 
     def _end(self, rank: int, out: list[Observation]) -> None:
         """The call of ``rank`` has ended: its outcome, then its exit."""
@@ -104,6 +159,10 @@ class EngineTransport(Transport):
                                       else None))
             out.append(Exited(rank, code=0, pid=pid))
         else:
+            # A rank whose collective failed because it lost a peer's host: that host is the cause.
+            for peer, why in dict(outcome.get("unreachable") or {}).items():
+                if int(peer) in self._ars:
+                    self._lose(int(peer), f"{self._where(int(peer))} stopped answering worker {rank} ({why})", out)
             out.append(WorkerEvent(rank, dict(outcome, rank=rank)))
             out.append(Exited(rank, code=1, pid=pid))
 
@@ -132,6 +191,12 @@ class EngineTransport(Transport):
         ranks = [r for r in ranks if r not in self._ended]
         started = [r for r in ranks if r in self._pids]
         if sig == signal.SIGINT:
+            for r in ranks:
+                if r not in self._ars:  # never submitted (rank 0's store was not up yet): nothing runs
+                    self._ended.add(r)
+                    self._given_up.append(Exited(r))
+                    self._wake.set()
+            ranks = [r for r in ranks if r in self._ars]
             for r in ranks:
                 if r not in started:
                     try:
@@ -169,12 +234,22 @@ class EngineTransport(Transport):
         self._wake.set()
 
     def request_stacks(self, ranks: Sequence[int]) -> None:
+        """Signal ``ranks``; their dumps come back as events (the engines may be on other hosts):
+        take them into the stack files now, within a couple of seconds, for the watchdog."""
         self._signal(STACK_SIGNAL, ranks)
+        waiting = {r for r in ranks if r in self._pids and r not in self._ended}
+        deadline = time.monotonic() + 2.0
+        while waiting and time.monotonic() < deadline:
+            for rank in list(waiting):
+                data = self._ars[rank].data
+                for key in sorted(data):
+                    if data[key].get("kind") == EventKind.STACKS:
+                        self._keep_stacks(rank, data.pop(key))
+                        waiting.discard(rank)
+            time.sleep(0.02)
 
     def abandon(self) -> None:
-        # Ranks waiting for their peers see the mark even if a signal is lost.
-        self.directory.mark_ended()
-        self.interrupt([r for r in self._ars if r not in self._ended])
+        self.interrupt([r for r in range(len(self.configs)) if r not in self._ended])
 
     def close(self) -> None:
         """Nothing to free: the engines are the cluster's."""

@@ -59,6 +59,7 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     >>> fake = Engines(None, [0, 1])
     >>> fake._info = [{"host": h, "cuda_count": 1, "cpu_count": 8, "nccl": True, "ddp_notebook": "0.1.0"}
     ...               for h in ("gpu-a", "gpu-b")]
+    >>> fake._plans[2] = NetworkPlan("10.0.0.11", ["10.0.0.11", "10.0.0.12"], ["eth0", "eth0"], True)  # as probed
     >>> validate_on_engines("cuda:0,cuda:0", fake).ok
     True
     """
@@ -91,6 +92,9 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
                                     f"this notebook {__version__}: install the same version on every engine."))
     findings += _placement_findings([(rank, eid, i, d) for rank, (eid, i, d) in enumerate(placed)
                                      if "error" not in i and "torch_error" not in i])
+    if not any(f.level == "error" for f in findings) and 0 < len(report.devices) <= len(engines):
+        # Only engines that answered and fit the run: whether they reach rank 0 over the network.
+        findings += [Finding("error", "network", problem) for problem in engines.network(len(report.devices)).problems]
     if min_free_memory is not None:
         findings.append(Finding("warning", "memory", "min_free_memory is not checked on engines."))
     return ValidationReport(report.spec, report.devices, report.backend, tuple(findings))

@@ -1,0 +1,142 @@
+"""What an engine knows and does about the network, for runs whose ranks are on several hosts.
+
+``interfaces`` (this host's IPv4 addresses by interface), ``machine_key`` (what tells two hosts
+apart: two engines with the same key share a loopback), the reachability probe validation runs
+before a run (``open_probe`` on rank 0's engine, ``reach`` on every other engine: the address of
+rank 0 each can connect to, and the interface it leaves by, which becomes its gloo/NCCL
+interface), and ``cut_off`` (shut down this process's TCP connections to hosts that stopped
+answering, so a collective blocked on one fails now instead of after the group's timeout).
+
+Standard library only; Linux (``/proc``) where it matters, harmless elsewhere.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["interfaces", "machine_key", "open_probe", "reach", "cut_off", "PROBE_SECONDS"]
+
+PROBE_SECONDS = 30.0  # how long a probe listener waits for its peers before it closes
+_SIOCGIFADDR = 0x8915
+
+
+def interfaces() -> dict[str, str]:
+    """``{interface: IPv4 address}`` of this host's interfaces that are up and have one."""
+    out: dict[str, str] = {}
+    try:
+        names = [name for _i, name in socket.if_nameindex()]
+    except OSError:
+        return out
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address, or down
+                continue
+            out[name] = socket.inet_ntoa(packed[20:24])
+    return out
+
+
+def machine_key() -> str:
+    """What tells this host from another: its name, its kernel's boot id and its network
+    namespace. Engines with the same key share a loopback interface (one host for the run)."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/net"):
+        try:
+            parts.append(os.readlink(path) if path.endswith("/net") else open(path).read().strip())
+        except OSError:
+            parts.append("?")
+    return "/".join(parts)
+
+
+def open_probe(addresses: Sequence[str], seconds: float = PROBE_SECONDS) -> dict[str, int]:
+    """Listen on each of ``addresses`` (this host's) for ``seconds``, accepting and closing every
+    connection: ``{address: port}`` for those it could listen on. Peers ``reach`` them."""
+    ports: dict[str, int] = {}
+    socks = []
+    for address in addresses:
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((address, 0))
+            s.listen(64)
+            s.settimeout(0.2)
+        except OSError:
+            continue
+        socks.append(s)
+        ports[address] = s.getsockname()[1]
+
+    def serve() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for s in socks:
+                with contextlib.suppress(OSError):
+                    conn, _ = s.accept()
+                    conn.close()
+        for s in socks:
+            s.close()
+
+    threading.Thread(target=serve, name="ddp-probe", daemon=True).start()
+    return ports
+
+
+def reach(targets: Sequence[tuple[str, int]], timeout: float = 5.0) -> dict[str, Any]:
+    """Connect to the first of ``targets`` ((address, port) of rank 0's probe) that answers:
+    ``{"address": ..., "local": this host's address on that route, "interface": its name}``, or
+    ``{"errors": {address: why}}`` when none does."""
+    errors: dict[str, str] = {}
+    for address, port in targets:
+        try:
+            with socket.create_connection((address, port), timeout=timeout) as s:
+                local = s.getsockname()[0]
+        except OSError as e:
+            errors[address] = "timed out" if isinstance(e, socket.timeout) else (e.strerror or str(e))
+            continue
+        names = [name for name, ip in interfaces().items() if ip == local]
+        return {"address": address, "local": local, "interface": names[0] if names else None}
+    return {"errors": errors}
+
+
+def _socket_inodes() -> dict[int, int]:
+    """``{socket inode: fd}`` of this process's open sockets."""
+    out: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{fd}")
+                if link.startswith("socket:["):
+                    out[int(link[8:-1])] = int(fd)
+    return out
+
+
+def _remote_ipv4(hexaddr: str) -> str:
+    return socket.inet_ntoa(struct.pack("<I", int(hexaddr.split(":")[0], 16)))
+
+
+def cut_off(addresses: Iterable[str]) -> int:
+    """Shut down this process's TCP connections to ``addresses``: a gloo pair waiting for a host
+    that stopped answering (no reset comes over a dead link) fails at once. How many were shut."""
+    wanted = set(addresses)
+    fds = _socket_inodes()
+    count = 0
+    with contextlib.suppress(OSError), open("/proc/self/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            inode = int(fields[9])
+            if inode in fds and _remote_ipv4(fields[2]) in wanted:
+                # A duplicate of the descriptor: shutdown acts on the socket, and closing the
+                # duplicate leaves the owner's descriptor to the owner (gloo).
+                with contextlib.suppress(OSError):
+                    dup = socket.socket(fileno=os.dup(fds[inode]))
+                    try:
+                        dup.shutdown(socket.SHUT_RDWR)
+                        count += 1
+                    finally:
+                        dup.close()
+    return count

@@ -1,0 +1,179 @@
+"""Simulated hosts for the ``multihost`` tests: one Linux network namespace per host, each with its
+own address on a bridge, its own hostname (a UTS namespace) and its own runs folder (a private
+tmpfs in a mount namespace), and one ipyparallel engine in each. The controller and the notebook
+(this process) stay in the root namespace, on the bridge's address.
+
+Needs root (``ip netns``, ``unshare``). Every name and address is unique to this process and
+everything is removed at the end, even when the test fails. No route leads beyond the bridge.
+
+    with SimulatedHosts([2, 1], run_root) as hosts:   # two engines on host h1, one on h2
+        hosts.client            # an ipyparallel Client
+        hosts.view([0, 1])      # the first engine of h1, then of h2
+        hosts.cut(1)            # host h2's link goes down (a partition, not a death)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import ipyparallel as ipp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def can_simulate_hosts() -> str:
+    """'' when this machine can simulate hosts, else why not."""
+    if os.geteuid() != 0:
+        return "simulated hosts need root (ip netns, unshare)"
+    for tool in ("ip", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"simulated hosts need {tool}"
+    return ""
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+class SimulatedHosts:
+    """``len(layout)`` hosts, ``layout[h]`` engines on host ``names[h]`` at ``addresses[h]``."""
+
+    def __init__(self, layout: list[int], run_root: str, tag: str = "") -> None:
+        n = self.n = len(layout)
+        self.layout = list(layout)
+        self.engine_host = [h for h, k in enumerate(layout) for _ in range(k)]
+        self.run_root = run_root
+        uid = f"{os.getpid() % 10000}{tag}"
+        self.prefix = f"dn{uid}"
+        self.bridge = f"br{self.prefix}"[:15]
+        subnet = 20 + os.getpid() % 200
+        self.bridge_ip = f"10.213.{subnet}.1"
+        self.names = [f"h{i + 1}" for i in range(n)]
+        self.namespaces = [f"{self.prefix}h{i + 1}" for i in range(n)]
+        self.addresses = [f"10.213.{subnet}.{11 + i}" for i in range(n)]
+        self.veths = [f"v{self.prefix}h{i + 1}"[:15] for i in range(n)]
+        self.procs: list[subprocess.Popen | None] = [None] * len(self.engine_host)
+        self.tmp = tempfile.mkdtemp(prefix="ddp-hosts-")
+        self.cluster = None
+        self.client = None
+
+    # ---- set up / tear down ------------------------------------------------------------------
+    def __enter__(self) -> SimulatedHosts:
+        # A test session ended by SIGTERM (a CI timeout) runs no fixture teardown: clean up then too.
+        self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
+        try:
+            self._network()
+            self.cluster = ipp.Cluster(n=0, controller_ip=self.bridge_ip, profile_dir=os.path.join(self.tmp, "profile"),
+                                       log_level=40)
+            self.cluster.start_controller_sync()
+            for e in range(len(self.engine_host)):
+                self.start_engine(e)
+            self.client = self.cluster.connect_client_sync()
+            self.wait_for_engines()
+            self.client[:].execute(f"import sys; sys.path.insert(0, {HERE!r})", block=True)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        signal.signal(signal.SIGTERM, self._previous_term)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.close()
+        raise SystemExit(128 + signum)
+
+    def _network(self) -> None:
+        self.close_network()
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "set", self.bridge, "up")
+        _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+        for ns, veth, addr in zip(self.namespaces, self.veths, self.addresses):
+            inner = f"e{veth[1:]}"[:15]
+            _run("ip", "netns", "add", ns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", inner)
+            _run("ip", "link", "set", inner, "netns", ns)
+            _run("ip", "link", "set", veth, "master", self.bridge)
+            _run("ip", "link", "set", veth, "up")
+            _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
+            _run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
+            _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+    def start_engine(self, e: int) -> None:
+        """Engine e, on its host: the host's name and network, its own (empty) runs folder."""
+        i = self.engine_host[e]
+        engine_file = os.path.join(self.cluster.profile_dir, "security",
+                                   f"ipcontroller-{self.cluster.cluster_id}-engine.json")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(engine_file):
+            assert time.monotonic() < deadline, "the controller wrote no connection file"
+            time.sleep(0.1)
+        private = [self.run_root, os.path.join(os.path.expanduser("~"), ".cache", "ddp_notebook")]
+        mounts = " && ".join(f"mkdir -p {p} && mount -t tmpfs -o mode=700 tmpfs {p}" for p in private)
+        script = (f"hostname {self.names[i]} && {mounts} && "
+                  f"exec {sys.executable} -m ipyparallel.engine --file={engine_file} --log-level=40")
+        log = open(os.path.join(self.tmp, f"engine-{e}.log"), "ab")
+        self.procs[e] = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespaces[i], "unshare", "--uts", "--mount", "--propagation", "private",
+             "sh", "-c", script], stdout=log, stderr=log, start_new_session=True)
+
+    def wait_for_engines(self) -> None:
+        """Until every engine is up; then ``on_host[h]``: the ids of host h's engines."""
+        self.client.wait_for_engines(len(self.engine_host), timeout=120)
+        ids = list(self.client.ids)
+        hosts = self.client[ids].apply_sync(__import__("socket").gethostname)
+        self.on_host = [[eid for eid, name in zip(ids, hosts) if name == host] for host in self.names]
+        self.client[ids].execute(f"import sys; sys.path.insert(0, {HERE!r})", block=True)
+
+    def view(self, hosts=None):
+        """The DirectView of the first engine of each of ``hosts`` (indices; all by default)."""
+        hosts = range(self.n) if hosts is None else hosts
+        return self.client[[self.on_host[h][0] for h in hosts]]
+
+    def close_network(self) -> None:
+        for ns in self.namespaces:
+            _run("ip", "netns", "del", ns, check=False)
+        for veth in self.veths:
+            _run("ip", "link", "del", veth, check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        for e in range(len(self.procs)):
+            self.stop_engine(e)
+        if self.cluster is not None:
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception:  # noqa: BLE001
+                pass
+        self.close_network()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # ---- faults ------------------------------------------------------------------------------
+    def stop_engine(self, e: int) -> None:
+        proc = self.procs[e]
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        self.procs[e] = None
+
+    def cut(self, i: int) -> None:
+        """Host i drops off the network (its link goes down: peers see silence, not resets)."""
+        _run("ip", "link", "set", self.veths[i], "down")
+
+    def mend(self, i: int) -> None:
+        _run("ip", "link", "set", self.veths[i], "up")

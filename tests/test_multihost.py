@@ -1,0 +1,166 @@
+"""Runs on ipyparallel engines spread over several hosts, simulated with Linux network namespaces
+(``hosts.SimulatedHosts``): each host has its own address, hostname and runs folder (a private
+tmpfs over the notebook's runs folder: nothing is shared on disk), the controller and this
+notebook are on the bridge. Real gloo between the hosts, real faults: a raise, an engine killed,
+a link cut mid-run.
+
+Three hosts: h1 with two engines, h2 and h3 with one each. The tests that break a link or an
+engine come last: the cut link is mended, the killed engine (the very last test) stays dead."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import ddp_notebook
+from ddp_notebook import InvalidDevicesError, WorkerFailedError
+
+import faults
+from helpers import wait_for
+from hosts import SimulatedHosts, can_simulate_hosts
+
+pytestmark = pytest.mark.multihost
+
+CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    why = can_simulate_hosts()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)  # CI runs as root: these tests must run there
+        pytest.skip(why)
+    with SimulatedHosts([2, 1, 1], os.environ["DDP_NOTEBOOK_RUNS"]) as simulated:
+        yield simulated
+
+
+def assert_engines_clean(hosts):
+    states = hosts.client[:].apply_async(faults.engine_is_clean).get(timeout=60)
+    for state in states:
+        assert {k: state[k] for k in CLEAN} == CLEAN, state
+
+
+def where(ctx):
+    import socket
+
+    return [socket.gethostname(), ctx.local_rank, ctx.local_world_size, os.environ["LOCAL_RANK"],
+            os.environ.get("GLOO_SOCKET_IFNAME")]
+
+
+def everyone(ctx):
+    out = [None] * ctx.world_size
+    torch.distributed.all_gather_object(out, where(ctx))
+    return out
+
+
+def test_the_hosts_share_no_runs_folder(hosts):
+    runs = os.environ["DDP_NOTEBOOK_RUNS"]
+    open(os.path.join(runs, "only-here"), "w").close()
+    try:
+        assert hosts.client[:].apply_sync(os.listdir, runs) == [[]] * 4
+    finally:
+        os.unlink(os.path.join(runs, "only-here"))
+
+
+def test_local_rank_and_interface_are_per_host(hosts):
+    view = hosts.client[hosts.on_host[0] + hosts.on_host[1]]  # two ranks on h1, one on h2
+    found = ddp_notebook.launch(everyone, engines=view).wait(timeout=120)
+    assert [f[:4] for f in found] == [["h1", 0, 2, "0"], ["h1", 1, 2, "1"], ["h2", 0, 1, "0"]]
+    assert all(f[4] and f[4].startswith("e") for f in found), found  # each host's bridge link, not lo
+    assert_engines_clean(hosts)
+
+
+def _fit(**where):
+    torch.manual_seed(0)
+    x = torch.randn(384, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+    def model():
+        torch.manual_seed(1)
+        return torch.nn.Linear(4, 1)
+
+    return ddp_notebook.fit(model, (x, y), loss=torch.nn.functional.mse_loss,
+                            optimizer=lambda p: torch.optim.SGD(p, lr=0.05), epochs=2, batch_size=16, shuffle=False,
+                            checkpoint=False, **where)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_same_fit_on_several_hosts_as_on_local_workers(hosts, n):
+    on_hosts = _fit(engines=hosts.view(range(n)))
+    local = _fit(devices=f"cpu*{n}")
+    assert on_hosts.ranks_in_sync
+    for a, b in zip(on_hosts.model.parameters(), local.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert_engines_clean(hosts)
+
+
+def test_a_rank_raising_on_host_2_is_named(hosts):
+    view = hosts.view([0, 1, 2])
+    run = ddp_notebook.launch(faults.ddp_steps, engines=view, kwargs=dict(fault="raise", bad_rank=1))
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    assert str(e.value).startswith(f"Distributed data parallel worker 1 (cpu:1 on engine {hosts.on_host[1][0]}) "
+                                   "failed: ValueError: boom at step 3")
+    assert all(f.consequence for f in run.failures if f is not e.value.failure)
+    assert_engines_clean(hosts)
+
+
+def test_an_engine_that_cannot_reach_rank_0_is_refused_before_the_run(hosts):
+    # h3 still reaches the controller (the notebook's side) but no longer h1, where rank 0 runs.
+    ns, h1 = hosts.namespaces[2], hosts.addresses[0]
+    os.system(f"ip netns exec {ns} ip route add blackhole {h1}/32")
+    try:
+        view = hosts.view([0, 2])
+        runs_before = set(os.listdir(os.environ["DDP_NOTEBOOK_RUNS"]))
+        with pytest.raises(InvalidDevicesError, match=rf"engine {hosts.on_host[2][0]} \(host h3\) cannot reach "
+                                                      rf"rank 0's engine {hosts.on_host[0][0]} \(host h1\) over TCP "
+                                                      rf"\({h1}: "):
+            ddp_notebook.launch(faults.ddp_steps, engines=view)
+        assert set(os.listdir(os.environ["DDP_NOTEBOOK_RUNS"])) == runs_before  # nothing was created
+    finally:
+        os.system(f"ip netns exec {ns} ip route del blackhole {h1}/32")
+
+
+def test_a_host_cut_off_mid_run_is_named_within_the_bound_and_the_retry_runs_on_the_rest(hosts):
+    view = hosts.view([0, 1, 2])  # h2's engine stays busy a moment after the link comes back
+    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=view)
+    wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
+    cut_at = time.monotonic()
+    hosts.cut(1)
+    try:
+        with pytest.raises(WorkerFailedError) as e:
+            run.wait(timeout=120)
+        named_after = time.monotonic() - cut_at
+        failure = e.value.failure
+        assert failure.rank == 1 and failure.kind == "network", failure
+        assert str(e.value).startswith(f"Distributed data parallel worker 1 (cpu:1 on engine {hosts.on_host[1][0]}) "
+                                       "failed: its host dropped off the network: host h2")
+        assert all(f.consequence for f in run.failures if f is not failure)
+        # The peers were released: they report, they do not wait out the group's 30 minutes.
+        assert [w.status for w in run.workers][0::2] != ["running", "running"]
+        assert named_after < 40, named_after  # the network timeout (10 s) plus the peers' release
+        again = run.retry(devices="cpu:0,cpu:2")
+        assert again.options.engines.ids == (hosts.on_host[0][0], hosts.on_host[2][0])
+        wait_for(again, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
+        again.stop(wait=True)
+        assert again.status == "stopped"
+    finally:
+        hosts.mend(1)
+
+
+def test_an_engine_killed_on_another_host_is_the_cause_and_the_retry_runs_on_host_1(hosts):
+    # The last test: h3's engine stays dead.
+    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=hosts.view([0, 2]))
+    wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
+    os.kill(run.workers[1].pid, signal.SIGKILL)  # the engine process on h3
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=120)
+    assert e.value.failure.rank == 1 and e.value.failure.kind == "engine", e.value.failure
+    assert all(f.consequence for f in run.failures if f is not e.value.failure)
+    again = run.retry(devices="cpu:0")
+    assert again.options.engines.ids == (hosts.on_host[0][0],)
+    wait_for(again, lambda s: (s.workers[0].step or 0) >= 2, timeout=120)
+    again.stop(wait=True)
+    assert again.status == "stopped"

@@ -17,6 +17,7 @@ import ddp_notebook
 from ddp_notebook import InvalidDevicesError, WorkerFailedError
 
 import faults
+import models
 from helpers import wait_for
 from hosts import SimulatedHosts, can_simulate_hosts
 
@@ -104,6 +105,23 @@ def test_a_rank_raising_on_host_2_is_named(hosts):
     assert str(e.value).startswith(f"Distributed data parallel worker 1 (cpu:1 on engine {hosts.on_host[1][0]}) "
                                    "failed: ValueError: boom at step 3")
     assert all(f.consequence for f in run.failures if f is not e.value.failure)
+    assert_engines_clean(hosts)
+
+
+def test_checkpoints_reach_the_notebook_and_a_retry_on_host_1_resumes_from_them(hosts):
+    x, y = models.regression_data()
+    kw = dict(train_data=(x[:384], y[:384]), valid_data=(x[384:], y[384:]), loss=torch.nn.MSELoss(),
+              optimizer=models.sgd(0.0), metrics={"same": models.constant(1.0)}, monitor="same", epochs=10,
+              batch_size=32, early_stopping=2)
+    # 6 batches an epoch per rank; rank 1 (on h2) fails in epoch 2, after checkpoints of epochs 0 and 1,
+    # which rank 0 saved on h1, where the notebook's runs folder is an empty tmpfs.
+    run = ddp_notebook.fit(model=models.FailsOnRank1(fail_after=14), engines=hosts.view([0, 1]), wait=False, **kw)
+    with pytest.raises(WorkerFailedError, match="bad batch 15 on rank 1"):
+        run.wait(timeout=120)
+    assert sorted(os.listdir(run.checkpoint_dir)) == ["epoch-0000.pt", "epoch-0001.pt", "latest"]
+    assert hosts.client[hosts.on_host[0][0]].apply_sync(os.path.exists, run.checkpoint_dir) is False
+    resumed = run.retry(resume=True, devices="cpu:0").wait(timeout=120)
+    assert resumed.resumed_from_epoch == 1 and [h["epoch"] for h in resumed.history] == [0, 1, 2]
     assert_engines_clean(hosts)
 
 

@@ -87,6 +87,8 @@ class RankConfig(TypedDict, total=False):
     # listens on (the other ranks), the run's secret, the address this rank's gloo pairs use
     # (``local``) and the seconds a silent peer host is given (``network_timeout``; several hosts).
     meeting: dict[str, Any]
+    resume_data: bytes  # ranks on engines: the checkpoint to resume from (the notebook read it)
+    checkpoints_to_notebook: bool  # ranks on engines: ctx.save_checkpoint sends the checkpoint to the notebook
     data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (core.shared_data)
     share_result: bool  # put the main worker's result in shared memory too (a local worker)
     # A local worker's multiprocessing authkey: the notebook's, as torch's spawned children have it,

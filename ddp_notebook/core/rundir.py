@@ -22,7 +22,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional
 
 from .errors import UnsafeRunDirError
@@ -193,6 +193,24 @@ class RunDir:
         """Write a file only its owner can read (payloads and results may hold private data)."""
         with open(os.open(self.join(name), _CREATE, 0o600), "wb") as f:
             f.write(data)
+
+    def save_checkpoint(self, epoch: int, write: Callable[[IO[bytes]], object]) -> str:
+        """Write the checkpoint of ``epoch`` with ``write(file)`` (owner-only: it is unpickled on
+        resume; never torn: written aside, then renamed) and make it the latest; its path."""
+        os.makedirs(self.checkpoint_dir, mode=0o700, exist_ok=True)
+        path = self.checkpoint_path(epoch)
+        try:
+            os.unlink(path + ".tmp")  # left by a crash mid-save
+        except FileNotFoundError:
+            pass
+        with self.open_private(path + ".tmp", "wb") as f:
+            write(f)
+        os.replace(path + ".tmp", path)
+        latest = os.path.join(self.checkpoint_dir, self.LATEST)
+        with open(latest + ".tmp", "w") as f:
+            f.write(os.path.basename(path))
+        os.replace(latest + ".tmp", latest)
+        return path
 
     def open_private(self, path: str, mode: str = "w") -> IO[Any]:
         """A new file only its owner can read (stack dumps, checkpoints), never through a link."""

@@ -164,6 +164,8 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
             backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=send, stop_event=stop,
             progress_interval=cfg.get("progress_interval", 0.1), resume_from=cfg.get("resume_from"),
         )
+        ctx.resume_data = cfg.get("resume_data")
+        ctx.checkpoints_to_notebook = bool(cfg.get("checkpoints_to_notebook"))
         context.set_current(ctx)
         send({"kind": EventKind.READY})
         where.phase = Phase.RUN

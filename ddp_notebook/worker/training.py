@@ -16,6 +16,7 @@ Example::
 """
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,10 @@ class TrainingHelpers:
     epoch: Optional[int] = None
     total: Optional[int] = None
     resume_from: Optional[str] = None
+    # Ranks on engines (maybe on other hosts, with no shared file system): the checkpoint to resume
+    # from arrives as bytes, and a saved one travels to the notebook as an event.
+    resume_data: Optional[bytes] = None
+    checkpoints_to_notebook: bool = False
     _epochs: Optional[int] = None
     _first_epoch: int = 0
 
@@ -158,21 +163,15 @@ class TrainingHelpers:
         import torch
 
         directory = RunDir(self.run_dir)
-        os.makedirs(directory.checkpoint_dir, mode=0o700, exist_ok=True)
-        path = directory.checkpoint_path(epoch)
-        try:
-            os.unlink(path + ".tmp")  # left by a crash mid-save
-        except FileNotFoundError:
-            pass
-        with directory.open_private(path + ".tmp", "wb") as f:  # owner-only: it is unpickled on resume
-            torch.save(state, f)
-        os.replace(path + ".tmp", path)  # a crash mid-save never leaves a torn checkpoint
-        latest = os.path.join(directory.checkpoint_dir, RunDir.LATEST)
-        with open(latest + ".tmp", "w") as f:
-            f.write(os.path.basename(path))
-        os.replace(latest + ".tmp", latest)
-        self._send({"kind": EventKind.CHECKPOINT, "rank": self.rank, "epoch": epoch, "path": path,
-                    "time": time.time()})
+        event = {"kind": EventKind.CHECKPOINT, "rank": self.rank, "epoch": epoch,
+                 "path": directory.checkpoint_path(epoch), "time": time.time()}
+        if self.checkpoints_to_notebook:  # the notebook writes it where a local run would have
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            self._send(dict(event, data=buffer.getvalue()))
+            return str(event["path"])
+        path = directory.save_checkpoint(epoch, lambda f: torch.save(state, f))
+        self._send(event)
         return path
 
     def load_checkpoint(self) -> Any:
@@ -180,11 +179,13 @@ class TrainingHelpers:
         or None."""
         if not self.resume_from:
             return None
+        import torch
+
+        if self.resume_data is not None:
+            return torch.load(io.BytesIO(self.resume_data), map_location=self.device, weights_only=False)
         path = self.resume_from if os.path.isfile(self.resume_from) else latest_checkpoint(self.resume_from)
         if path is None:
             return None
-        import torch
-
         return torch.load(path, map_location=self.device, weights_only=False)
 
 

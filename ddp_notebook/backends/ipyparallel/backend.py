@@ -8,6 +8,7 @@ cannot be killed, is never left waiting in C++. Nothing needs a shared file syst
 """
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -15,7 +16,7 @@ from typing import Any, Optional
 from ...core.devices import Device, DeviceSpec, parse_devices
 from ...core.errors import EngineUnavailableError
 from ...core.probes import Probe
-from ...core.rundir import RunDir
+from ...core.rundir import RunDir, latest_checkpoint
 from ...core.validation import ValidationReport
 from ..base import Backend, StartSpec, Transport, rank_configs
 from .engines import Engines
@@ -68,7 +69,12 @@ class IpyparallelBackend(Backend):
         # An engine's torch is already set up, so CUDA_VISIBLE_DEVICES would not apply there: it is
         # not set. Engines cannot be killed: ranks also meet in Python, where an interrupt is seen.
         configs = rank_configs(spec, machines_of(info), [int(i.get("cpu_count", 1)) for i in info], {})
+        # Checkpoints travel through ipyparallel: the engines may see none of this host's files.
+        resume = _checkpoint_bytes(spec.config.get("resume_from"))
         for rank, config in enumerate(configs):
+            config["checkpoints_to_notebook"] = True
+            if resume is not None:
+                config["resume_data"] = resume
             interface = plan.interfaces[rank]
             found = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface} if interface else {}
             config["env"] = {**found, **config["env"]}  # the user's env= names another: it wins
@@ -102,3 +108,14 @@ class IpyparallelBackend(Backend):
         """One CPU slot per engine, and the GPUs every engine has."""
         gpus = EngineProbe(self.engines.describe()).cuda_count()
         return [f"cpu:{i}" for i in range(len(self.engines))] + [f"cuda:{i}" for i in range(gpus)]
+
+
+def _checkpoint_bytes(resume_from: Optional[str]) -> Optional[bytes]:
+    """The checkpoint a run resumes from (a file, or a folder: its latest), read here."""
+    if not resume_from:
+        return None
+    path = resume_from if os.path.isfile(resume_from) else latest_checkpoint(resume_from)
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()

@@ -125,6 +125,8 @@ class EngineTransport(Transport):
                 continue
             if kind == EventKind.STARTED and event.get("pid") is not None:
                 self._pids[rank] = event["pid"]
+            if kind == EventKind.CHECKPOINT and "data" in event:
+                self._keep_checkpoint(event)
             out.append(WorkerEvent(rank, event))
         for stream in ("stdout", "stderr"):
             text = getattr(ar, stream) or ""
@@ -133,6 +135,14 @@ class EngineTransport(Transport):
                 self._out_pos[(rank, stream)] = len(text)
                 self._heard[rank] = time.monotonic()
                 out.append(Output(rank, stream, text[pos:]))
+
+    def _keep_checkpoint(self, event: dict[str, Any]) -> None:
+        """A checkpoint an engine saved: written into the run directory, as a local rank would have."""
+        data = event.pop("data")
+        try:
+            event["path"] = self.directory.save_checkpoint(int(event["epoch"]), lambda f: f.write(data))
+        except (OSError, TypeError, ValueError, KeyError) as e:
+            event["error"] = f"the checkpoint could not be written: {e}"
 
     def _keep_stacks(self, rank: int, event: dict[str, Any]) -> None:
         """A rank's stack dump, into its stack file in the run directory (the watchdog reads it)."""

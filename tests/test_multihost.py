@@ -18,6 +18,7 @@ from ddp_notebook import InvalidDevicesError, WorkerFailedError
 
 import faults
 import models
+import tutorial_ddp
 from helpers import wait_for
 from hosts import SimulatedHosts, can_simulate_hosts
 
@@ -94,6 +95,13 @@ def test_the_same_fit_on_several_hosts_as_on_local_workers(hosts, n):
     assert on_hosts.ranks_in_sync
     for a, b in zip(on_hosts.model.parameters(), local.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
+    assert_engines_clean(hosts)
+
+
+def test_tutorial_spawn_code_meets_across_hosts(hosts):
+    # Its env:// rendezvous meets in rank 0's store on h1 (MASTER_ADDR there), under the run's secret.
+    result = ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, engines=hosts.view([0, 1]), join=False)
+    assert result.wait(timeout=120)[:2] == (0, 2)
     assert_engines_clean(hosts)
 
 

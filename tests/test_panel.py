@@ -63,6 +63,19 @@ def test_rows_show_progress_and_the_main_worker():
     assert repr(view).splitlines()[1].strip().startswith("rank 0 cpu:0 (main) running    step 5/20")
 
 
+def test_ranks_on_several_hosts_are_grouped_under_their_host():
+    feed = EventStream()
+    feed.emit(dict(START, devices=["cpu:0", "cpu:1", "cpu:2"], hosts=["h1", "h2", "h1"],
+                   places=["engine 0 on h1", "engine 1 on h2", "engine 2 on h1"]))
+    view = RunView(feed, live=False)
+    children = view.rows_box.children
+    assert "<b>host h1</b> · 2 workers<" in children[0].value
+    assert children[1] is view.rows[0].box and children[2] is view.rows[2].box and children[4] is view.rows[1].box
+    assert "host h2</b> · 1 worker<" in children[3].value
+    one_host = RunView(fed(), live=False)
+    assert list(one_host.rows_box.children) == [row.box for row in one_host.rows.values()]
+
+
 def test_failed_worker_turns_red_and_the_card_offers_retries():
     root = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=102.0, pid=12, exc_type="ValueError",
                          message="boom at step 5", traceback='  File "cell", line 3, in train\nValueError: boom\n')
@@ -93,6 +106,7 @@ def test_failed_worker_turns_red_and_the_card_offers_retries():
     (dict(kind="signal", signal="SIGKILL"), "Out of memory"),
     (dict(kind="unpickle", exc_type="AttributeError"), "could not load the function"),
     (dict(kind="stall", stalled_for=3.0), "stopped making progress"),
+    (dict(kind="network", message="host h2 (engine 1) has not been heard from for 12 s"), "stopped answering"),
 ])
 def test_card_hint_follows_the_failure_kind(kind, words):
     f = WorkerFailure(rank=1, device="cpu:1", time=1.0, **kind)

@@ -179,6 +179,10 @@ class Backend(ABC):
         """Where each of ``n`` ranks runs, when that is not a local process (``engine 1 on host``)."""
         return None
 
+    def hosts(self, n: int) -> Optional[list[str]]:
+        """The host each of ``n`` ranks runs on, when they may be on several (None: this one)."""
+        return None
+
     def held(self, devices: Sequence[Device]) -> list[str]:
         """What the ranks of a run on ``devices`` hold alone while it runs (a GPU, an engine):
         another run of this process may not use it at the same time. CPU slots share the cores."""

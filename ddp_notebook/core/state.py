@@ -60,6 +60,7 @@ class WorkerState:
     rank: int
     device: str
     place: Optional[str] = None  # where the rank runs when not in a local process: "engine 1 on host-a"
+    host: Optional[str] = None  # the rank's host, for runs whose ranks may be on several (engines)
     pid: Optional[int] = None
     status: WorkerStatus = WorkerStatus.STARTING
     step: Optional[int] = None
@@ -227,7 +228,8 @@ class RunState:
             self.parent = event.get("parent")
             self.started_at = t
             places = event.get("places") or [None] * len(self.devices)
-            self.workers = {r: WorkerState(r, d, p) for r, (d, p) in enumerate(zip(self.devices, places))}
+            hosts = event.get("hosts") or [None] * len(self.devices)
+            self.workers = {r: WorkerState(r, d, p, h) for r, (d, p, h) in enumerate(zip(self.devices, places, hosts))}
         elif kind == EventKind.RUN_FINISHED:
             self.status = RunStatus(event["status"])
             self.ended_at = t

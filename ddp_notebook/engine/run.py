@@ -162,7 +162,7 @@ class Run(AsProcesses):
         self.stream.emit({"kind": EventKind.RUN_STARTED, "time": time.time(), "run_id": self.id,
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
-                          "places": self.runs_on.places(n)})
+                          "places": self.runs_on.places(n), "hosts": self.runs_on.hosts(n)})
         if self.settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)

@@ -146,7 +146,7 @@ class RunView(FullText, widgets.VBox):
             self.stop_button.layout.display = "none" if state.finished else ""
             if set(self.rows) != set(state.workers):
                 self.rows = {r: _Row(r, w.device, w.place) for r, w in sorted(state.workers.items())}
-                self.rows_box.children = [row.box for row in self.rows.values()]
+                self.rows_box.children = self._grouped(state)
                 self.outputs.children = [widgets.HTML() for _ in self.rows]
                 for i, r in enumerate(self.rows):
                     self.outputs.set_title(i, f"rank {r} {state.workers[r].label}")
@@ -160,6 +160,20 @@ class RunView(FullText, widgets.VBox):
             self.note.value = self._note(state)
             self._render_plot(state, now, force_plot)
             return final
+
+    def _grouped(self, state: RunState) -> list[widgets.Widget]:
+        """The rows, under a heading per host when the ranks are on several (in rank order within)."""
+        hosts = {r: w.host for r, w in state.workers.items()}
+        if len(set(hosts.values())) <= 1:
+            return [row.box for row in self.rows.values()]
+        out: list[widgets.Widget] = []
+        for host in dict.fromkeys(hosts.values()):  # in the order of their first rank
+            ranks = [r for r in self.rows if hosts[r] == host]
+            count = f"{len(ranks)} worker{'s' if len(ranks) != 1 else ''}"
+            out.append(widgets.HTML(f'<div class="ddp-host" style="margin-top:4px;border-bottom:1px solid #ddd">'
+                                    f"<b>host {escape(str(host))}</b> · {count}</div>"))
+            out += [self.rows[r].box for r in ranks]
+        return out
 
     def _note(self, state: RunState) -> str:
         if state.supervisor_error is not None:

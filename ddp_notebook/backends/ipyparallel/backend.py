@@ -51,6 +51,9 @@ class IpyparallelBackend(Backend):
     def places(self, n: int) -> list[str]:
         return [f"engine {eid} on {host}" for eid, host in zip(self.engines.ids, self.engines.hosts())][:n]
 
+    def hosts(self, n: int) -> list[str]:
+        return [str(h) for h in self.engines.hosts()[:n]]
+
     def held(self, devices: Sequence[Device]) -> list[str]:
         # An engine runs one task at a time; a GPU is its host's.
         hosts = self.engines.hosts()

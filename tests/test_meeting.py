@@ -12,7 +12,7 @@ import pytest
 
 from ddp_notebook.core.events import EventKind
 from ddp_notebook.worker.meeting import Meeting, RunEndedError
-from ddp_notebook.worker.network import cut_off, interfaces, machine_key, open_probe, reach
+from ddp_notebook.worker.network import close_probe, cut_off, interfaces, machine_key, open_probe, reach
 from ddp_notebook.worker.pulse import Pulse
 
 from helpers import wait_until
@@ -31,6 +31,8 @@ def test_reach_finds_the_address_that_answers_and_the_interface_it_leaves_by():
     found = reach([("127.0.0.1", refused), ("127.0.0.1", ports["127.0.0.1"])], timeout=2)
     assert found == {"address": "127.0.0.1", "local": "127.0.0.1", "interface": "lo"}
     assert reach([("127.0.0.1", refused)], timeout=2) == {"errors": {"127.0.0.1": "Connection refused"}}
+    close_probe()  # every peer has tried: the listener goes at once, not after its 5 s
+    wait_until(lambda: "errors" in reach([("127.0.0.1", ports["127.0.0.1"])], timeout=2), timeout=3)
 
 
 def test_cut_off_shuts_this_process_s_connections_to_an_address():

@@ -21,9 +21,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["interfaces", "machine_key", "open_probe", "reach", "cut_off", "PROBE_SECONDS"]
+__all__ = ["interfaces", "machine_key", "open_probe", "close_probe", "reach", "cut_off", "PROBE_SECONDS"]
 
-PROBE_SECONDS = 30.0  # how long a probe listener waits for its peers before it closes
+PROBE_SECONDS = 30.0  # how long a probe listener waits for its peers at most (closed once they came)
+_probes: list[threading.Event] = []  # this engine's open probes: set one to close it
 _SIOCGIFADDR = 0x8915
 
 
@@ -61,6 +62,8 @@ def open_probe(addresses: Sequence[str], seconds: float = PROBE_SECONDS) -> dict
     connection: ``{address: port}`` for those it could listen on. Peers ``reach`` them."""
     ports: dict[str, int] = {}
     socks = []
+    done = threading.Event()
+    _probes.append(done)
     for address in addresses:
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -74,16 +77,24 @@ def open_probe(addresses: Sequence[str], seconds: float = PROBE_SECONDS) -> dict
 
     def serve() -> None:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not done.is_set():
             for s in socks:
                 with contextlib.suppress(OSError):
                     conn, _ = s.accept()
                     conn.close()
         for s in socks:
             s.close()
+        with contextlib.suppress(ValueError):
+            _probes.remove(done)
 
     threading.Thread(target=serve, name="ddp-probe", daemon=True).start()
     return ports
+
+
+def close_probe() -> None:
+    """Close this engine's probes now (every peer has tried)."""
+    for done in list(_probes):
+        done.set()
 
 
 def reach(targets: Sequence[tuple[str, int]], timeout: float = 5.0) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ...core.errors import LaunchOptionError
-from ...worker.network import open_probe, reach
+from ...worker.network import close_probe, open_probe, reach
 
 __all__ = ["NetworkPlan", "plan_network", "machines_of", "network_timeout", "NETWORK_TIMEOUT_ENV"]
 
@@ -86,6 +86,10 @@ def plan_network(engines: Any, n: int) -> NetworkPlan:
             problems.append(f"engine {ids[r]} (host {info[r].get('host')}) cannot reach rank 0's {where0} over TCP "
                             f"({tried}). The engines must reach each other: check firewalls and routes, or choose "
                             "engines on one network.")
+    try:
+        client[ids[0]].apply_async(close_probe).get(timeout=_ANSWER)
+    except Exception:  # noqa: BLE001 - it closes on its own after PROBE_SECONDS
+        pass
     reached = Counter(a["address"] for a in answers.values() if "address" in a)
     address = reached.most_common(1)[0][0] if reached else (candidates[0] if candidates else "127.0.0.1")
     local, interfaces = [], []

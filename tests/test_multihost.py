@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -86,6 +87,30 @@ def _fit(**where):
     return ddp_notebook.fit(model, (x, y), loss=torch.nn.functional.mse_loss,
                             optimizer=lambda p: torch.optim.SGD(p, lr=0.05), epochs=2, batch_size=16, shuffle=False,
                             checkpoint=False, **where)
+
+
+def listening(pids):
+    """(address, port) each process listens on (in its own network namespace)."""
+    return {pid: {(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="inet")
+                  if c.status == psutil.CONN_LISTEN} for pid in pids}
+
+
+def test_what_listens_is_bound_to_the_host_s_address_and_only_while_the_run_runs(hosts):
+    view = hosts.view([0, 1])
+    pids = view.apply_sync(os.getpid)
+    before = listening(pids)
+    run = ddp_notebook.launch(faults.wait_for_stop, engines=view)
+    try:
+        wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()), timeout=120)
+        during = listening(pids)
+    finally:
+        run.stop(wait=True)
+    assert run.status == "stopped"
+    for pid, address in zip(pids, hosts.addresses):
+        opened = during[pid] - before[pid]
+        assert opened and {ip for ip, _port in opened} == {address}, opened  # never 0.0.0.0, never ::
+    assert listening(pids) == before  # the store and gloo are gone with the run
+    assert_engines_clean(hosts)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -16,16 +16,15 @@ Two modes, chosen with ``stall_timeout``:
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from ..backends.base import Transport
-from ..core.errors import LaunchOptionError
 from ..core.failures import WorkerFailure
 from ..core.stall import dump_stacks, is_waiting_in_collective, main_thread_stack, stall_failures, torch_dir
+from ..core.switches import seconds_from_env
 
 __all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV"]
 
@@ -41,16 +40,7 @@ FROZEN_CPU = 0.05  # a rank that used less than this share of a core between the
 
 def auto_floor() -> float:
     """The auto watchdog's floor in seconds: ``$DDP_NOTEBOOK_STALL_FLOOR``, else 300."""
-    text = os.environ.get(FLOOR_ENV)
-    if text is None or not text.strip():
-        return DEFAULT_FLOOR
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise LaunchOptionError(f"${FLOOR_ENV} must be a number of seconds > 0, not {text!r}")
-    return value
+    return seconds_from_env(FLOOR_ENV, DEFAULT_FLOOR)
 
 
 @dataclass

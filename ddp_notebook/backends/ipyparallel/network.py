@@ -12,13 +12,12 @@ is a validation error, found before anything starts.
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ...core.errors import LaunchOptionError
+from ...core.switches import seconds_from_env
 from ...worker.network import close_probe, open_probe, reach
 
 __all__ = ["NetworkPlan", "plan_network", "machines_of", "network_timeout", "NETWORK_TIMEOUT_ENV"]
@@ -30,16 +29,7 @@ _ANSWER = 30.0  # seconds an engine may take to run the probe
 
 def network_timeout() -> float:
     """Seconds a host may be silent before it is taken as cut off: ``$DDP_NOTEBOOK_NETWORK_TIMEOUT``, else 10."""
-    text = os.environ.get(NETWORK_TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_NETWORK_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise LaunchOptionError(f"${NETWORK_TIMEOUT_ENV} must be a number of seconds > 0, not {text!r}")
-    return value
+    return seconds_from_env(NETWORK_TIMEOUT_ENV, DEFAULT_NETWORK_TIMEOUT)
 
 
 @dataclass(frozen=True)

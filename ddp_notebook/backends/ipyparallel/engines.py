@@ -55,8 +55,15 @@ class Engines:
                     pending.append(e)
             info = []
             for eid, ar in zip(self.ids, pending):
-                # An engine busy with a task answers only after it: a second, then say so.
-                info.append(_answer(eid, ar, BUSY_WAIT if eid in busy else timeout))
+                # An engine busy with a task answers only after it: a second, then say so. The
+                # controller's status lags a task that just ended (and an engine's first answer
+                # imports torch): one no longer busy gets the full time.
+                wait = BUSY_WAIT if eid in busy else timeout
+                answer = _answer(eid, ar, wait)
+                if answer is None and eid in busy and eid not in self._busy():
+                    answer, wait = _answer(eid, ar, timeout), timeout
+                info.append(answer if answer is not None else {
+                    "error": f"engine {eid} did not answer within {wait:g} s (busy with another task?)"})
             self._info = info
         return self._info
 
@@ -91,7 +98,8 @@ class Engines:
         return f"Engines({list(self.ids)})"
 
 
-def _answer(eid: int, ar: Any, timeout: float) -> dict[str, Any]:
+def _answer(eid: int, ar: Any, timeout: float) -> Optional[dict[str, Any]]:
+    """What engine ``eid`` said (``{"error": ...}`` when it could not say), None: no answer yet."""
     if isinstance(ar, Exception):
         return {"error": f"engine {eid} is not available: {ar}"}
     try:
@@ -99,7 +107,7 @@ def _answer(eid: int, ar: Any, timeout: float) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError, EngineError
         ename = getattr(e, "ename", type(e).__name__)
         if ename == "TimeoutError":
-            return {"error": f"engine {eid} did not answer within {timeout:g} s (busy with another task?)"}
+            return None
         evalue = getattr(e, "evalue", str(e))
         return {"error": f"engine {eid} could not describe itself ({ename}: {evalue}); is ddp_notebook "
                          "installed in the engine's environment?"}

@@ -346,6 +346,27 @@ def test_cpu_oversubscription_is_judged_per_host():
         "fewer ranks there."]
 
 
+def test_an_interface_named_in_env_must_exist_on_every_engine_and_not_be_loopback_across_hosts():
+    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
+
+    engines = engines_on("a", "b")
+    for info, address in zip(engines._info, ("10.0.0.1", "10.0.0.2")):
+        info.update(machine=info["host"], addresses={"lo": "127.0.0.1", "eth0": address})
+    assert validate_on_engines("cpu*2", engines, env={"GLOO_SOCKET_IFNAME": "eth0"}).ok
+    typo = validate_on_engines("cpu*2", engines, env={"GLOO_SOCKET_IFNAME": "eht0"})
+    assert [f.message for f in typo.errors][0] == (
+        "GLOO_SOCKET_IFNAME='eht0' (env=) names an interface engine 0 (host a) does not have; it has: eth0, lo. "
+        "Leave it unset: each engine's interface to rank 0 is found before the run.")
+    loopback = validate_on_engines("cpu*2", engines, env={"NCCL_SOCKET_IFNAME": "lo"})
+    assert [f.message for f in loopback.errors] == [
+        "NCCL_SOCKET_IFNAME='lo' (env=) is loopback on engine 0 (host a): ranks on several hosts cannot reach each "
+        "other over it. Leave it unset, or name an interface that reaches rank 0's host."]
+    one_host = engines_on("a", "a")
+    for info in one_host._info:
+        info.update(machine="a", addresses={"lo": "127.0.0.1"})
+    assert validate_on_engines("cpu*2", one_host, env={"GLOO_SOCKET_IFNAME": "lo"}).ok
+
+
 def test_validation_tells_gpus_of_engines_pinned_to_one_gpu_each_apart():
     from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
 

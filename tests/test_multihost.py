@@ -191,6 +191,9 @@ def test_an_engine_that_cannot_reach_rank_0_is_refused_before_the_run(hosts):
                                                       rf"rank 0's engine {hosts.on_host[0][0]} \(host h1\) over TCP "
                                                       rf"\({h1}: "):
             ddp_notebook.launch(faults.ddp_steps, engines=view)
+        # Loopback named by hand: gloo would wait out its 30 minutes in C++ on rank 0's engine.
+        with pytest.raises(InvalidDevicesError, match=r"GLOO_SOCKET_IFNAME='lo' \(env=\) is loopback on engine"):
+            ddp_notebook.launch(faults.ddp_steps, engines=hosts.view([0, 1]), env={"GLOO_SOCKET_IFNAME": "lo"})
         assert set(os.listdir(os.environ["DDP_NOTEBOOK_RUNS"])) == runs_before  # nothing was created
     finally:
         os.system(f"ip netns exec {ns} ip route del blackhole {h1}/32")

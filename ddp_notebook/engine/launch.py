@@ -92,7 +92,7 @@ def find_run(run_id: str) -> Optional[Run]:
 
 def backend_for(options: LaunchOptions) -> Backend:
     """Where the ranks of a run with these options execute."""
-    return LocalBackend() if options.engines is None else IpyparallelBackend(options.engines)
+    return LocalBackend() if options.engines is None else IpyparallelBackend(options.engines, options.env)
 
 
 def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions,

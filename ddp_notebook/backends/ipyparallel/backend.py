@@ -32,12 +32,14 @@ class IpyparallelBackend(Backend):
 
     name = "ipyparallel"
 
-    def __init__(self, engines: Engines) -> None:
+    def __init__(self, engines: Engines, env: Optional[dict[str, str]] = None) -> None:
         self.engines = engines
+        self.env = dict(env or {})  # the user's env= (an interface named there is checked on each engine)
 
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
                  probe: Optional[Probe] = None) -> ValidationReport:
-        return validate_on_engines(devices, self.engines, backend=backend, min_free_memory=min_free_memory)
+        return validate_on_engines(devices, self.engines, backend=backend, min_free_memory=min_free_memory,
+                                   env=self.env)
 
     def check_placement(self, devices: Sequence[Device]) -> None:
         """Refuse the run, before anything is logged or started, when one of its engines is gone."""

@@ -47,7 +47,8 @@ _PER_MACHINE = ("duplicate", "missing", "oversubscribed", "too_many")
 
 
 def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend: Optional[str] = None,
-                        min_free_memory: Optional[int] = None) -> ValidationReport:
+                        min_free_memory: Optional[int] = None,
+                        env: Optional[dict[str, str]] = None) -> ValidationReport:
     """``validate_devices`` for a run on engines, where rank r runs on the r-th engine.
 
     A GPU is checked on the host of its engine: ``cuda:0,cuda:0`` is valid on two hosts and a
@@ -93,12 +94,41 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
                                     f"this notebook {__version__}: install the same version on every engine."))
     findings += _placement_findings([(rank, eid, i, d) for rank, (eid, i, d) in enumerate(placed)
                                      if "error" not in i and "torch_error" not in i])
+    if 0 < len(report.devices) <= len(engines):
+        findings += _interface_findings(env or {}, engines.ids[:len(report.devices)], info[:len(report.devices)])
     if not any(f.level == "error" for f in findings) and 0 < len(report.devices) <= len(engines):
         # Only engines that answered and fit the run: whether they reach rank 0 over the network.
         findings += [Finding("error", "network", problem) for problem in engines.network(len(report.devices)).problems]
     if min_free_memory is not None:
         findings.append(Finding("warning", "memory", "min_free_memory is not checked on engines."))
     return ValidationReport(report.spec, report.devices, report.backend, tuple(findings))
+
+
+_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def _interface_findings(env: dict[str, str], ids: Sequence[int], info: Sequence[dict[str, Any]]) -> list[Finding]:
+    """An interface the user's ``env=`` names must exist on every engine, and must not be loopback
+    when the ranks are on several hosts (they could never connect: gloo would wait out its timeout)."""
+    described = [(eid, i) for eid, i in zip(ids, info) if "error" not in i and "addresses" in i]
+    several = len({str(i.get("machine") or i.get("host")) for _eid, i in described}) > 1
+    out = []
+    for variable in _INTERFACE_VARIABLES:
+        wanted = [name.strip() for name in str(env.get(variable) or "").split(",") if name.strip()]
+        for name in wanted:
+            for eid, i in described:
+                addresses = i["addresses"]
+                if name not in addresses:
+                    has = ", ".join(sorted(addresses)) or "none with an IPv4 address"
+                    out.append(Finding("error", "network", f"{variable}={name!r} (env=) names an interface engine "
+                                       f"{eid} (host {i.get('host')}) does not have; it has: {has}. Leave it unset: "
+                                       "each engine's interface to rank 0 is found before the run."))
+                elif several and addresses[name].startswith("127."):
+                    out.append(Finding("error", "network", f"{variable}={name!r} (env=) is loopback on engine {eid} "
+                                       f"(host {i.get('host')}): ranks on several hosts cannot reach each other "
+                                       "over it. Leave it unset, or name an interface that reaches rank 0's host."))
+                    break
+    return out
 
 
 def _physical_gpu(info: dict[str, Any], index: int) -> str:

@@ -31,6 +31,7 @@ __all__ = ["EngineTransport"]
 
 _SETTLE = 2.0  # seconds to wait for every outcome before the cause is named (a death is seen late)
 _POLL = 0.05  # data messages are not a file to wait on: look this often
+_DEATH_SEEN_WITHIN = 3.0  # seconds: a rank silent longer before its engine "died" was cut off first
 
 
 class EngineTransport(Transport):
@@ -182,6 +183,13 @@ class EngineTransport(Transport):
         eid = self.engines.ids[rank]
         pid = self._pids.get(rank)
         if ename == "EngineError":
+            # The cluster also drops an engine whose heartbeats stopped (its host cut off): on several
+            # hosts, one silent for a while before that is lost to the network, not dead. A death is
+            # reported at once by the engine's nanny, within a beat of the rank's last word.
+            silent = time.monotonic() - self._heard.get(rank, time.monotonic())
+            if self.network_timeout is not None and rank in self._pids and silent > _DEATH_SEEN_WITHIN:
+                return [Exited(rank, pid=pid, lost=f"{self._where(rank)} was not heard from for {silent:.0f} s, then "
+                                                   "the cluster dropped its engine", lost_kind=FailureKind.NETWORK)]
             return [Exited(rank, pid=pid, lost=f"engine {eid} died")]
         evalue = getattr(error, "evalue", str(error))
         # Our own interrupt takes a queued call out of the engine's queue: that is a stop.

@@ -59,6 +59,7 @@ class EngineTransport(Transport):
         ar = self.engines.client[self.engines.ids[rank]].apply_async(run_rank, self.configs[rank], self.payload)
         ar.add_done_callback(lambda _f: self._wake.set())
         self._ars[rank] = ar
+        self._heard[rank] = time.monotonic()
 
     def _where(self, rank: int) -> str:
         return f"host {self.hosts[rank]} (engine {self.engines.ids[rank]})"
@@ -186,10 +187,13 @@ class EngineTransport(Transport):
             # The cluster also drops an engine whose heartbeats stopped (its host cut off): on several
             # hosts, one silent for a while before that is lost to the network, not dead. A death is
             # reported at once by the engine's nanny, within a beat of the rank's last word.
+            # A rank whose call never started (cut off before it arrived) was silent since it was sent.
             silent = time.monotonic() - self._heard.get(rank, time.monotonic())
-            if self.network_timeout is not None and rank in self._pids and silent > _DEATH_SEEN_WITHIN:
-                return [Exited(rank, pid=pid, lost=f"{self._where(rank)} was not heard from for {silent:.0f} s, then "
-                                                   "the cluster dropped its engine", lost_kind=FailureKind.NETWORK)]
+            if self.network_timeout is not None and silent > _DEATH_SEEN_WITHIN:
+                since = "" if rank in self._pids else " since its call was sent"
+                why = (f"{self._where(rank)} was not heard from{since} for {silent:.0f} s, then the cluster dropped "
+                       "its engine")
+                return [Exited(rank, pid=pid, lost=why, lost_kind=FailureKind.NETWORK)]
             return [Exited(rank, pid=pid, lost=f"engine {eid} died")]
         evalue = getattr(error, "evalue", str(error))
         # Our own interrupt takes a queued call out of the engine's queue: that is a stop.

@@ -295,3 +295,13 @@ def bar_then_exit(ctx):
         sys.stderr.flush()
         os._exit(3)
     dist.barrier()
+
+
+def holds_the_gil_on_rank_1(ctx, seconds: float):
+    """Rank 1 sleeps in C holding the GIL (as a long C call does) while rank 0 waits in an all_reduce."""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if ctx.rank == 1:
+        ctypes.PyDLL(None).sleep(int(seconds))  # PyDLL keeps the GIL for the call: no Python thread runs
+    dist.all_reduce(t)
+    return t.item()

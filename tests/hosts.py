@@ -176,4 +176,8 @@ class SimulatedHosts:
         _run("ip", "link", "set", self.veths[i], "down")
 
     def mend(self, i: int) -> None:
+        """Host i's link comes back; the neighbours it could not reach meanwhile are forgotten (a
+        failed ARP entry answers "no route to host" for a while, as on a real network)."""
         _run("ip", "link", "set", self.veths[i], "up")
+        for ns in self.namespaces:
+            _run("ip", "-n", ns, "neigh", "flush", "all", check=False)

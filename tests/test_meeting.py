@@ -1,7 +1,7 @@
 """Where ranks on engines meet (``worker.meeting``), their pulse (``worker.pulse``) and the network
 probes (``worker.network``), in this process: a real TCPStore, real sockets, threads for ranks.
 
-Connections are made on 127.0.0.2 (loopback too) where a test cuts them off, so nothing else of
+Connections are made on 127.0.0.2 (loopback too) where a test changes them, so nothing else of
 this process (a cluster's client on 127.0.0.1) is touched."""
 import os
 import socket
@@ -12,7 +12,7 @@ import pytest
 
 from ddp_notebook.core.events import EventKind
 from ddp_notebook.worker.meeting import Meeting, RunEndedError
-from ddp_notebook.worker.network import close_probe, cut_off, interfaces, machine_key, open_probe, reach
+from ddp_notebook.worker.network import close_probe, interfaces, keep_alive, machine_key, open_probe, reach
 from ddp_notebook.worker.pulse import Pulse
 
 from helpers import wait_until
@@ -35,15 +35,17 @@ def test_reach_finds_the_address_that_answers_and_the_interface_it_leaves_by():
     wait_until(lambda: "errors" in reach([("127.0.0.1", ports["127.0.0.1"])], timeout=2), timeout=3)
 
 
-def test_cut_off_shuts_this_process_s_connections_to_an_address():
+def test_keep_alive_sets_the_kernel_s_timeouts_on_this_process_s_connections_to_an_address():
     with socket.create_server(("127.0.0.2", 0)) as server:
         client = socket.create_connection(server.getsockname())
         peer, _ = server.accept()
         try:
-            assert cut_off(["127.0.0.3"]) == 0
-            assert cut_off(["127.0.0.2"]) >= 1
-            client.settimeout(5)
-            assert client.recv(1) == b""  # shut down: the read ends at once, as gloo's would
+            assert keep_alive(["127.0.0.3"], 10) == set()
+            done = keep_alive(["127.0.0.2"], 10)
+            assert len(done) == 1 and keep_alive(["127.0.0.2"], 10, done) == set()  # each socket once
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1  # on the owner's socket
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 5
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10_000
             assert client.fileno() >= 0  # the descriptor is still the owner's
         finally:
             client.close()
@@ -82,7 +84,7 @@ def test_ranks_meet_under_the_run_s_secret_and_leave_when_the_run_ends():
         Meeting.join("127.0.0.1", host.port, "s3cret", timeout=30, connect=1)
 
 
-def test_a_pulse_says_alive_forwards_stacks_and_cuts_off_a_silent_peer(tmp_path):
+def test_a_pulse_says_alive_forwards_stacks_keeps_links_alive_and_names_a_silent_peer(tmp_path):
     host = Meeting.host("127.0.0.1", "k", timeout=30)
     guest = Meeting.join("127.0.0.1", host.port, "k", timeout=30)
     host.store.set("address/0", "127.0.0.1")
@@ -90,8 +92,8 @@ def test_a_pulse_says_alive_forwards_stacks_and_cuts_off_a_silent_peer(tmp_path)
     sent = []
     stacks = tmp_path / "stacks"
     stacks.write_text("")
-    zero = Pulse(0, 2, sent.append, str(stacks), network_timeout=1.0)
-    one = Pulse(1, 2, lambda event: None, str(tmp_path / "none"), network_timeout=1.0)
+    zero = Pulse(0, 2, sent.append, str(stacks), network_timeout=2.0)
+    one = Pulse(1, 2, lambda event: None, str(tmp_path / "none"), network_timeout=2.0)
     with socket.create_server(("127.0.0.2", 0)) as server:
         pair = socket.create_connection(server.getsockname())
         try:
@@ -104,13 +106,12 @@ def test_a_pulse_says_alive_forwards_stacks_and_cuts_off_a_silent_peer(tmp_path)
             assert [e["text"] for e in sent if e["kind"] == EventKind.STACKS] == [
                 "Thread 0x1 (most recent call first):\n"]
             assert any(e["kind"] == EventKind.ALIVE for e in sent)
-            time.sleep(2)  # both beat: nobody is cut off
-            assert zero.unreachable == {} and one.unreachable == {}
+            wait_until(lambda: pair.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1, timeout=10)
+            time.sleep(2)  # both beat: nobody is silent
+            assert zero.unreachable() == {} and one.unreachable() == {}
             one.stop()  # rank 1 falls silent
-            wait_until(lambda: zero.unreachable, timeout=15)
-            assert list(zero.unreachable) == [1]
-            pair.settimeout(5)
-            assert pair.recv(1) == b""  # rank 0's connection to rank 1's address was shut down
+            wait_until(lambda: zero.unreachable(), timeout=15)
+            assert list(zero.unreachable()) == [1]
         finally:
             zero.stop()
             one.stop()

@@ -199,6 +199,14 @@ def test_an_engine_that_cannot_reach_rank_0_is_refused_before_the_run(hosts):
         os.system(f"ip netns exec {ns} ip route del blackhole {h1}/32")
 
 
+def test_a_rank_that_holds_the_gil_past_the_network_timeout_is_not_taken_as_cut_off(hosts, monkeypatch):
+    # Its pulse thread cannot beat meanwhile, but its host's kernel still answers for it.
+    monkeypatch.setenv("DDP_NOTEBOOK_NETWORK_TIMEOUT", "3")
+    run = ddp_notebook.launch(faults.holds_the_gil_on_rank_1, engines=hosts.view([0, 1]), kwargs={"seconds": 8})
+    assert run.wait(timeout=120) == 4.0
+    assert_engines_clean(hosts)
+
+
 def test_a_host_cut_off_mid_run_is_named_within_the_bound_and_the_retry_runs_on_the_rest(hosts):
     view = hosts.view([0, 1, 2])  # h2's engine stays busy a moment after the link comes back
     run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=view)

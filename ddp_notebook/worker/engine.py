@@ -101,8 +101,9 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
                 meeting.end()
             event = error_event(exc, where.phase)
             event.update(time=time.time(), interrupted=interrupted.is_set())
-            if pulse.unreachable:  # this rank's collective failed because a peer's host was cut off
-                event.update(knock_on=True, unreachable={str(r): why for r, why in pulse.unreachable.items()})
+            unreachable = pulse.unreachable()
+            if unreachable:  # this rank's collective failed because a peer's host was cut off
+                event.update(knock_on=True, unreachable={str(r): why for r, why in unreachable.items()})
             return event
         out.send({"kind": EventKind.RETURNED})
         try:

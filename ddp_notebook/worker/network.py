@@ -4,8 +4,9 @@
 apart: two engines with the same key share a loopback), the reachability probe validation runs
 before a run (``open_probe`` on rank 0's engine, ``reach`` on every other engine: the address of
 rank 0 each can connect to, and the interface it leaves by, which becomes its gloo/NCCL
-interface), and ``cut_off`` (shut down this process's TCP connections to hosts that stopped
-answering, so a collective blocked on one fails now instead of after the group's timeout).
+interface), and ``keep_alive`` (the kernel ends this process's TCP connections to a host that
+stopped answering, so a collective blocked on one fails within the network timeout instead of
+after the group's).
 
 Standard library only; Linux (``/proc``) where it matters, harmless elsewhere.
 """
@@ -21,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["interfaces", "machine_key", "open_probe", "close_probe", "reach", "cut_off", "PROBE_SECONDS"]
+__all__ = ["interfaces", "machine_key", "open_probe", "close_probe", "reach", "keep_alive", "PROBE_SECONDS"]
 
 PROBE_SECONDS = 30.0  # how long a probe listener waits for its peers at most (closed once they came)
 _probes: list[threading.Event] = []  # this engine's open probes: set one to close it
@@ -130,24 +131,43 @@ def _remote_ipv4(hexaddr: str) -> str:
     return socket.inet_ntoa(struct.pack("<I", int(hexaddr.split(":")[0], 16)))
 
 
-def cut_off(addresses: Iterable[str]) -> int:
-    """Shut down this process's TCP connections to ``addresses``: a gloo pair waiting for a host
-    that stopped answering (no reset comes over a dead link) fails at once. How many were shut."""
+def _connections_to(addresses: Iterable[str]) -> dict[int, int]:
+    """``{socket inode: fd}`` of this process's TCP connections to ``addresses``."""
     wanted = set(addresses)
     fds = _socket_inodes()
-    count = 0
+    out: dict[int, int] = {}
     with contextlib.suppress(OSError), open("/proc/self/net/tcp") as f:
         for line in f.readlines()[1:]:
             fields = line.split()
             inode = int(fields[9])
             if inode in fds and _remote_ipv4(fields[2]) in wanted:
-                # A duplicate of the descriptor: shutdown acts on the socket, and closing the
-                # duplicate leaves the owner's descriptor to the owner (gloo).
-                with contextlib.suppress(OSError):
-                    dup = socket.socket(fileno=os.dup(fds[inode]))
-                    try:
-                        dup.shutdown(socket.SHUT_RDWR)
-                        count += 1
-                    finally:
-                        dup.close()
-    return count
+                out[inode] = fds[inode]
+    return out
+
+
+def keep_alive(addresses: Iterable[str], seconds: float, done: Iterable[int] = ()) -> set[int]:
+    """Have the kernel end this process's TCP connections to ``addresses`` once the other end has
+    not answered for about ``seconds`` (keepalive probes on an idle connection, a user timeout on
+    unacknowledged data): gloo then sees an error instead of waiting for its own timeout. The
+    kernel answers probes for a host that is up whatever its processes do. Returns the inodes of
+    the sockets set (skipping ``done``)."""
+    idle = max(1, int(seconds / 2))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", max(1, int(seconds) - idle)),
+                        ("TCP_USER_TIMEOUT", int(seconds * 1000))):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    skip = set(done)
+    out = set()
+    for inode, fd in _connections_to(addresses).items():
+        if inode in skip:
+            continue
+        with contextlib.suppress(OSError):
+            dup = socket.socket(fileno=os.dup(fd))  # options belong to the socket: the duplicate sets them
+            try:
+                for level, option, value in options:
+                    dup.setsockopt(level, option, value)
+                out.add(inode)
+            finally:
+                dup.close()
+    return out

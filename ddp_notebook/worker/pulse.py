@@ -4,10 +4,14 @@
   is gone falls silent, and the notebook names it);
 - forwards what the rank's faulthandler dumped into its local stack file (``stacks`` events:
   the notebook may be on another host, with no shared file system);
-- on several hosts, beats in the run's store and watches its peers' beats: a peer silent for
-  ``network_timeout`` seconds (or rank 0's store, for the others) is taken as cut off, and this
-  rank's connections to it are shut down (``network.cut_off``), so a collective blocked on it
-  fails now. ``unreachable`` then names the ranks, for the error event.
+- on several hosts, turns on TCP keepalive on this rank's connections to its peers' hosts
+  (``network.keep_alive``): the kernel, which answers for a peer whatever its Python does (a rank
+  may hold the GIL for a minute), ends a connection whose other end stopped answering for about
+  ``network_timeout`` seconds, so a collective blocked on a host cut off fails then, not after
+  the group's timeout;
+- beats in the run's store and watches its peers' beats, to name the cause when a collective
+  fails that way: ``unreachable()`` gives the peers silent for half the timeout or more (for the
+  others, rank 0 when its store does not answer).
 
     pulse = Pulse(rank, world_size, send, stack_path, network_timeout=10.0)
     pulse.start()
@@ -24,7 +28,7 @@ from typing import Any, Optional
 
 from ..core.events import EventKind
 from .meeting import Meeting
-from .network import cut_off
+from .network import keep_alive
 
 __all__ = ["Pulse", "BEAT"]
 
@@ -39,12 +43,12 @@ class Pulse:
         self.stack_path = stack_path
         self.meeting: Optional[Meeting] = None
         self.network_timeout = network_timeout or 0.0
-        self.unreachable: dict[int, str] = {}  # rank -> why, once taken as cut off
+        self._store_failing_since: Optional[float] = None
+        self._kept_alive: set[int] = set()  # the socket inodes keepalive was turned on for
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddp-pulse", daemon=True)
         self._stack_pos = 0
         self._beats: dict[int, tuple[int, float]] = {}  # peer -> (its last count, when it changed)
-        self._store_ok = time.monotonic()
         self._beater: Any = None
         self._addresses: dict[int, str] = {}  # rank -> the address its gloo pairs use
 
@@ -58,7 +62,6 @@ class Pulse:
             return
         self._beater = meeting.beater(min(self.network_timeout, 5.0))
         self._addresses = {r: self._beater.get(f"address/{r}").decode() for r in range(self.world_size)}
-        self._store_ok = time.monotonic()
         self.meeting = meeting
 
     def stop(self) -> None:
@@ -76,7 +79,7 @@ class Pulse:
                     self.send({"kind": EventKind.ALIVE})
                 except Exception:  # noqa: BLE001 - the notebook's side is gone: nothing to tell
                     pass
-                if self.meeting is not None and not self.unreachable:
+                if self.meeting is not None:
                     self._beat(now)
 
     def _forward_stacks(self) -> None:
@@ -102,26 +105,29 @@ class Pulse:
 
     def _beat(self, now: float) -> None:
         assert self.meeting is not None
+        self._kept_alive |= keep_alive(set(self._addresses.values()), self.network_timeout, self._kept_alive)
         try:
             store = self._beater
             store.add(f"beat/{self.rank}", 1)
             counts = {r: store.add(f"beat/{r}", 0) for r in range(self.world_size) if r != self.rank}
-            self._store_ok = now
+            self._store_failing_since = None
         except Exception:  # noqa: BLE001 - rank 0's store (its host) does not answer
-            if self.rank != 0 and now - self._store_ok > self.network_timeout:
-                self._lose({0: f"its store did not answer for {now - self._store_ok:.0f} s"})
+            if self._store_failing_since is None:
+                self._store_failing_since = now
             return
-        lost = {}
         for r, count in counts.items():
             last = self._beats.get(r)
             if last is None or count != last[0]:
                 self._beats[r] = (count, now)
-            elif now - last[1] > self.network_timeout:
-                lost[r] = f"no beat for {now - last[1]:.0f} s"
-        if lost:
-            self._lose(lost)
 
-    def _lose(self, lost: dict[int, str]) -> None:
-        """Take ``lost`` as cut off: release what waits on them (every connection to their host)."""
-        self.unreachable.update(lost)
-        cut_off({self._addresses[r] for r in lost if r in self._addresses})
+    def unreachable(self) -> dict[int, str]:
+        """The peers silent for half the network timeout or more (the likely cause when a
+        collective failed): ``{rank: why}``. Empty with one host."""
+        if self.meeting is None:
+            return {}
+        now = time.monotonic()
+        limit = self.network_timeout / 2
+        if self.rank != 0 and self._store_failing_since is not None and now - self._store_failing_since >= limit:
+            return {0: f"its store did not answer for {now - self._store_failing_since:.0f} s"}
+        return {r: f"no beat for {now - since:.0f} s" for r, (_count, since) in self._beats.items()
+                if now - since >= limit}

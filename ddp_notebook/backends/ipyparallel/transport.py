@@ -3,9 +3,9 @@
 Each rank is one ``apply_async`` of ``worker.engine.run_rank`` on its engine: rank 0's first; the
 others once rank 0 says where its store listens (a ``meeting`` event). Its events arrive as
 ipyparallel data messages, its output as the call's streams, its outcome as the call's value.
-Each rank says it is alive every second; on several hosts a rank silent for the network timeout
-(while its peers are heard), or one a peer reports cut off, is lost: its host dropped off the
-network. Stack dumps arrive as events too, and are written to the run directory's stack files.
+Each rank says it is alive every second. On several hosts a rank a peer reports cut off is lost
+(its host dropped off the network), and so is one the cluster drops after it fell silent. Stack
+dumps arrive as events too, and are written to the run directory's stack files.
 Requests are signals sent through ipyparallel (SIGUSR2 = please stop, SIGINT = interrupt,
 STACK_SIGNAL = dump stacks). An engine is the user's process, never ours to kill: one that does not
 stop after an interrupt is reported and left running.
@@ -75,21 +75,7 @@ class EngineTransport(Transport):
             self._pump(rank, out)
             if ar.ready() and rank not in self._ended:
                 self._end(rank, out)
-        self._check_silence(out)
         return out
-
-    def _check_silence(self, out: list[Observation]) -> None:
-        """On several hosts: a started rank not heard from for the network timeout, while another
-        rank was heard from within the last few seconds (the notebook's own link is up), is lost."""
-        if self.network_timeout is None:
-            return
-        now = time.monotonic()
-        live = [r for r in self._pids if r not in self._ended]
-        recent = [r for r in live if now - self._heard.get(r, now) < 3.0]
-        for rank in live:
-            silent = now - self._heard.get(rank, now)
-            if silent > self.network_timeout + 2.0 and recent:
-                self._lose(rank, f"{self._where(rank)} has not been heard from for {silent:.0f} s", out)
 
     def _lose(self, rank: int, why: str, out: list[Observation]) -> None:
         if rank in self._ended:

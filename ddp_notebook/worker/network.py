@@ -154,7 +154,9 @@ def keep_alive(addresses: Iterable[str], seconds: float, done: Iterable[int] = (
     idle = max(1, int(seconds / 2))
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
     for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", max(1, int(seconds) - idle)),
-                        ("TCP_USER_TIMEOUT", int(seconds * 1000))):
+                        # Twice: data sent into a short outage is retransmitted with a growing backoff,
+                        # and a link back within the timeout must not end the connection.
+                        ("TCP_USER_TIMEOUT", int(seconds * 2000))):
         if hasattr(socket, name):
             options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     skip = set(done)

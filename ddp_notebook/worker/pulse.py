@@ -45,6 +45,7 @@ class Pulse:
         self.network_timeout = network_timeout or 0.0
         self._store_failing_since: Optional[float] = None
         self._kept_alive: set[int] = set()  # the socket inodes keepalive was turned on for
+        self._gaps: dict[int, tuple[float, float]] = {}  # peer -> (its last long silence, when it ended)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddp-pulse", daemon=True)
         self._stack_pos = 0
@@ -118,7 +119,13 @@ class Pulse:
         for r, count in counts.items():
             last = self._beats.get(r)
             if last is None or count != last[0]:
+                if last is not None and now - last[1] >= self._silent_after():
+                    self._gaps[r] = (now - last[1], now)  # silent a while, then back (a link that dropped)
                 self._beats[r] = (count, now)
+
+    def _silent_after(self) -> float:
+        """Seconds without a beat that make a peer silent: half the timeout, and a few beats."""
+        return max(self.network_timeout / 2, 3 * BEAT)
 
     def unreachable(self) -> dict[int, str]:
         """The peers silent for half the network timeout or more (the likely cause when a
@@ -126,8 +133,12 @@ class Pulse:
         if self.meeting is None:
             return {}
         now = time.monotonic()
-        limit = self.network_timeout / 2
+        limit = self._silent_after()
         if self.rank != 0 and self._store_failing_since is not None and now - self._store_failing_since >= limit:
             return {0: f"its store did not answer for {now - self._store_failing_since:.0f} s"}
-        return {r: f"no beat for {now - since:.0f} s" for r, (_count, since) in self._beats.items()
-                if now - since >= limit}
+        out = {r: f"no beat for {now - since:.0f} s" for r, (_count, since) in self._beats.items()
+               if now - since >= limit}
+        for r, (gap, back) in self._gaps.items():  # a link back too late for the connections
+            if r not in out and now - back <= 2 * self.network_timeout:
+                out[r] = f"no beat for {gap:.0f} s, {now - back:.0f} s ago"
+        return out

@@ -9,7 +9,7 @@ import pytest
 
 SLOW = ("processes", "kernel", "engines", "multihost", "browser", "quality")
 # Doctests of these modules start real runs; notebook cells run in a real kernel.
-DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/engine/launch.py", "ddp_notebook/recipes/fit.py")
+DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/lifecycle/launch.py", "ddp_notebook/recipes/fit.py")
 NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)
 
 # In the command line of every worker: a fresh one runs worker.process, a forked one keeps the fork
@@ -34,7 +34,7 @@ def _workers() -> list[psutil.Process]:
 
 def _standing() -> set:
     """Processes kept between runs: the pool's idle workers and their watchers, the fork server."""
-    from ddp_notebook.backends.local.backend import standing_processes
+    from ddp_notebook.executors.local.executor import standing_processes
 
     return standing_processes()
 

@@ -19,7 +19,6 @@ This module is the public API and the IPython extension (``%load_ext ddp_noteboo
 """
 from typing import Any
 
-from .backends.local import forkserver, pool
 from .core.devices import Device, parse_devices
 from .core.errors import (
     ArgumentsError,
@@ -44,15 +43,16 @@ from .core.errors import (
 )
 from .core.failures import WorkerFailure
 from .core.probes import Probe, StaticProbe
-from .core.shared_load import share
 from .core.state import RunState, RunStatus, WorkerState, WorkerStatus
 from .core.validation import Finding, InvalidDevicesError, ValidationReport, validate_devices
 from .core.version import __version__
-from .engine.launch import default_devices, last_run, launch, runs, set_default_devices
-from .engine.options import LaunchOptions
-from .engine.run import Run
+from .executors.local import forkserver, pool
+from .lifecycle.launch import default_devices, last_run, launch, runs, set_default_devices
+from .lifecycle.options import LaunchOptions
+from .lifecycle.run import Run
 from .recipes.fit import FitResult, fit
 from .recipes.spawn import spawn
+from .transfer.loading import share
 from .ui import display as _display
 from .ui.magics import load_ipython_extension as _load
 from .ui.magics import unload_ipython_extension as _unload

@@ -30,7 +30,7 @@ def started_processes():
     pool's idle workers and their watchers, the fork server): what a test started."""
     import psutil
 
-    from ddp_notebook.backends.local.backend import standing_processes
+    from ddp_notebook.executors.local.executor import standing_processes
 
     standing = standing_processes()
     found = set()

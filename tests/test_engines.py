@@ -20,8 +20,8 @@ from ddp_notebook import (
     NotPicklableError,
     WorkerFailedError,
 )
-from ddp_notebook.backends.ipyparallel.engines import Engines
-from ddp_notebook.backends.ipyparallel.network import NetworkPlan
+from ddp_notebook.executors.ipyparallel.engines import Engines
+from ddp_notebook.executors.ipyparallel.network_plan import NetworkPlan
 
 import faults
 from helpers import wait_for
@@ -323,7 +323,7 @@ def engines_on(*hosts, gpus=1, cores=8):
 
 
 def test_validation_judges_each_gpu_on_the_host_of_its_engine():
-    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
+    from ddp_notebook.executors.ipyparallel.engine_checks import validate_on_engines
 
     two_hosts = validate_on_engines("cuda:0,cuda:0", engines_on("gpu-a", "gpu-b"))
     assert two_hosts.ok and two_hosts.backend == "nccl"
@@ -336,7 +336,7 @@ def test_validation_judges_each_gpu_on_the_host_of_its_engine():
 
 
 def test_cpu_oversubscription_is_judged_per_host():
-    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
+    from ddp_notebook.executors.ipyparallel.engine_checks import validate_on_engines
 
     spread = validate_on_engines("cpu*4", engines_on("a", "a", "b", "b", cores=2))
     assert spread.ok and not spread.warnings
@@ -347,7 +347,7 @@ def test_cpu_oversubscription_is_judged_per_host():
 
 
 def test_an_interface_named_in_env_must_exist_on_every_engine_and_not_be_loopback_across_hosts():
-    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
+    from ddp_notebook.executors.ipyparallel.engine_checks import validate_on_engines
 
     engines = engines_on("a", "b")
     for info, address in zip(engines._info, ("10.0.0.1", "10.0.0.2")):
@@ -368,7 +368,7 @@ def test_an_interface_named_in_env_must_exist_on_every_engine_and_not_be_loopbac
 
 
 def test_validation_tells_gpus_of_engines_pinned_to_one_gpu_each_apart():
-    from ddp_notebook.backends.ipyparallel.validation import validate_on_engines
+    from ddp_notebook.executors.ipyparallel.engine_checks import validate_on_engines
 
     pinned = engines_on("gpu-a", "gpu-a")
     for i, info in enumerate(pinned._info):

@@ -34,20 +34,20 @@ from ddp_notebook import (
     pool,
     validate_devices,
 )
-from ddp_notebook.backends.local.backend import LocalBackend, set_default_devices
 from ddp_notebook.core import probes
 from ddp_notebook.core.devices import KINDS, MAX_WORKERS
 from ddp_notebook.core.events import EventKind
 from ddp_notebook.core.failures import FailureKind, WorkerFailure
-from ddp_notebook.core.pickling import dumps
 from ddp_notebook.core.rundir import RunDir
-from ddp_notebook.core.shared_data import Packed
-from ddp_notebook.core.shared_load import Received
 from ddp_notebook.core.stream import EventStream
 from ddp_notebook.core.validation import CPU_WORKERS_PER_CORE, ValidationReport
-from ddp_notebook.engine import launch as launch_module
-from ddp_notebook.engine.options import OPTION_NAMES
+from ddp_notebook.executors.local.executor import LocalExecutor, set_default_devices
+from ddp_notebook.lifecycle import launch as launch_module
+from ddp_notebook.lifecycle.options import OPTION_NAMES
 from ddp_notebook.recipes import fit as fit_module
+from ddp_notebook.transfer.loading import Received
+from ddp_notebook.transfer.packing import Packed
+from ddp_notebook.transfer.pickling import dumps
 from ddp_notebook.ui import magics as magics_module
 
 pytestmark = pytest.mark.unit
@@ -110,7 +110,7 @@ FAILURE = WorkerFailure(rank=1, device="cpu:1", kind=FailureKind.EXCEPTION, time
 NOWHERE = os.path.join(tempfile.gettempdir(), "ddp-notebook-fuzz-nowhere")  # never created
 
 
-def a_run(run_id, status="failed", finished=True, restart=None, runs_on=None, devices=("cpu:0", "cpu:1")):
+def a_run(run_id, status="failed", finished=True, restart=None, executor=None, devices=("cpu:0", "cpu:1")):
     """A run that never ran: its log says it started on ``devices`` and (if ``finished``) ended."""
     events = [{"kind": EventKind.RUN_STARTED, "time": 1.0, "run_id": run_id, "devices": list(devices),
                "backend": "gloo"}]
@@ -118,7 +118,7 @@ def a_run(run_id, status="failed", finished=True, restart=None, runs_on=None, de
         events.append({"kind": EventKind.FAILURE, "time": 2.0, "rank": 1, "failure": FAILURE.to_dict()})
     if finished:
         events.append({"kind": EventKind.RUN_FINISHED, "time": 3.0, "status": status})
-    run = Run(RunDir(os.path.join(NOWHERE, run_id)), EventStream.replay(events), parse_devices(list(devices)), runs_on=runs_on,
+    run = Run(RunDir(os.path.join(NOWHERE, run_id)), EventStream.replay(events), parse_devices(list(devices)), executor=executor,
               restart=restart)
     if finished:
         run._end(Received(dumps(4.0)) if status == "succeeded" else None)
@@ -131,9 +131,9 @@ def restart(devices, options, settings, parent):
 
 
 STARTED = a_run("20260101-000009-started", status="succeeded")
-FAILED = a_run("20260101-000000-aaaaaa", restart=restart, runs_on=LocalBackend())
-RUNNING = a_run("20260101-000001-bbbbbb", status="running", finished=False, runs_on=LocalBackend())
-SUCCEEDED = a_run("20260101-000002-cccccc", status="succeeded", restart=restart, runs_on=LocalBackend())
+FAILED = a_run("20260101-000000-aaaaaa", restart=restart, executor=LocalExecutor())
+RUNNING = a_run("20260101-000001-bbbbbb", status="running", finished=False, executor=LocalExecutor())
+SUCCEEDED = a_run("20260101-000002-cccccc", status="succeeded", restart=restart, executor=LocalExecutor())
 
 
 @pytest.fixture

@@ -240,7 +240,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
     # Linux kills a worker when the *thread* that started it ends: a run's supervisor thread
     # refills the pool as it finishes, and users may launch from threads of their own.
-    from ddp_notebook.backends.local.processes import spawn_process
+    from ddp_notebook.executors.local.processes import spawn_process
 
     started, tied = [], []
 
@@ -273,7 +273,7 @@ def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
 def test_a_worker_whose_notebook_died_before_it_was_tied_to_it_leaves_at_once():
     # The notebook may die between starting a worker and the worker asking for the death signal:
     # the worker then has another parent than the one it was told of.
-    from ddp_notebook.backends.local.processes import _BOOT_SCRIPT
+    from ddp_notebook.executors.local.processes import _BOOT_SCRIPT
     from ddp_notebook.worker.boot import EXIT_ORPHANED, MODULE
 
     elsewhere = 1 if os.getpid() != 1 else 2

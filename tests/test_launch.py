@@ -6,7 +6,7 @@ import pytest
 
 import ddp_notebook
 from ddp_notebook import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
-from ddp_notebook.engine import resume
+from ddp_notebook.lifecycle import resume
 
 import faults
 from helpers import wait_for
@@ -148,7 +148,7 @@ def test_local_rank_counts_the_ranks_on_this_host():
 
 
 def test_a_broken_supervisor_ends_the_workers_and_says_so(monkeypatch):
-    from ddp_notebook.engine.supervisor import Supervisor
+    from ddp_notebook.lifecycle.supervisor import Supervisor
 
     def broken(self):
         if self.steps:  # once a rank has made progress

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.quality
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "ddp_notebook")
 # Lowest first: a module may import its own layer and the layers below it, never one above.
-LAYERS = ["core", "worker", "backends", "engine", "recipes", "integrations", "ui"]
+LAYERS = ["core", "transfer", "worker", "executors", "lifecycle", "recipes", "integrations", "ui"]
 MAX_LINES = 450
 # What the pure core, and what runs inside a rank, must not import when they are imported.
 NOT_IN_CORE = {"torch", "IPython", "ipywidgets", "ipyparallel", "matplotlib", "numpy"}
@@ -102,7 +102,7 @@ def test_a_package_says_what_it_owns_and_may_import():
 
 
 def test_launch_options_are_declared_once():
-    from ddp_notebook.engine.options import LaunchKwargs, LaunchOptions
+    from ddp_notebook.lifecycle.options import LaunchKwargs, LaunchOptions
 
     hints = typing.get_type_hints(LaunchOptions)
     assert {f.name: hints[f.name] for f in fields(LaunchOptions)} == typing.get_type_hints(LaunchKwargs)

@@ -9,7 +9,7 @@ import torch
 
 import ddp_notebook
 from ddp_notebook.core import remap
-from ddp_notebook.core.shared_data import pack
+from ddp_notebook.transfer.packing import pack
 
 from helpers import mapping_at
 

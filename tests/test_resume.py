@@ -1,5 +1,5 @@
 """A fit cut off by the death of its notebook process goes on from its last checkpoint, through
-``Run.load(...).retry(resume=True)`` and ``fit(resume_from=...)`` (engine.resume)."""
+``Run.load(...).retry(resume=True)`` and ``fit(resume_from=...)`` (lifecycle.resume)."""
 import os
 import signal
 import subprocess

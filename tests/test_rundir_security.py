@@ -111,7 +111,7 @@ def test_resume_from_refuses_a_checkpoint_another_user_could_have_written(tmp_pa
     import torch
 
     from ddp_notebook.core.errors import NoCheckpointError
-    from ddp_notebook.engine.resume import checkpoint_to_resume
+    from ddp_notebook.lifecycle.resume import checkpoint_to_resume
 
     os.chmod(tmp_path, 0o700)
     folder = tmp_path / "checkpoints"

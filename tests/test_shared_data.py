@@ -1,4 +1,4 @@
-"""Tensors and arrays by reference (core.shared_data): packed, placed once, mapped copy-on-write.
+"""Tensors and arrays by reference (transfer.packing): packed, placed once, mapped copy-on-write.
 
 The unit tests pack, place and load in this process (its own /proc/PID/fd); the process tests
 check what real ranks map, what comes back, and that nothing is left when a worker or the
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook.core.shared_data import MIN_SHARED, SharedDataError, pack
-from ddp_notebook.core.shared_load import load
+from ddp_notebook.transfer.loading import load
+from ddp_notebook.transfer.packing import MIN_SHARED, SharedDataError, pack
 from ddp_notebook.ui.text import format_run
 
 import faults
@@ -51,7 +51,7 @@ def my_memfds():
 def test_a_multiprocessing_queue_travels_as_a_reference_and_only_to_local_workers():
     import multiprocessing
 
-    from ddp_notebook.core.queues import QueueEnd
+    from ddp_notebook.transfer.queues import QueueEnd
 
     queue = multiprocessing.SimpleQueue()
     packed, (first, second, plain) = roundtrip((queue, queue, 3))
@@ -157,7 +157,7 @@ def test_views_of_the_same_bytes_with_another_dtype_shape_or_order_stay_what_the
     objs = (a, a.view(np.int64), a.reshape(64, -1), a.reshape(64, -1).T,
             t, t.view(torch.int32), t.view(torch.uint8)[8:], torch.view_as_complex(t.view(-1, 2)))
     _, out = roundtrip(objs)
-    by_value = ddp_notebook.core.pickling.loads(pack(objs).inline())
+    by_value = ddp_notebook.transfer.pickling.loads(pack(objs).inline())
     for got in (out, by_value):
         for g, want in zip(got, objs):
             assert g.dtype == want.dtype and tuple(g.shape) == tuple(want.shape)
@@ -196,7 +196,7 @@ def test_a_replaced_file_is_refused_by_name(tmp_path):
 def test_inline_is_the_same_object_by_value():  # what an engine gets
     x = torch.randn(BIG)
     packed = pack({"x": x, "v": x[5:]})
-    plain = ddp_notebook.core.pickling.loads(packed.inline())
+    plain = ddp_notebook.transfer.pickling.loads(packed.inline())
     assert torch.equal(plain["x"], x) and torch.equal(plain["v"], x[5:])
 
 
@@ -323,7 +323,7 @@ def test_the_notebook_dying_frees_the_shared_memory():
 
 @pytest.mark.processes
 def test_a_long_copy_shows_while_launch_makes_it(capsys):
-    from ddp_notebook.engine.sending import SHOWN_FROM, show_while_sending
+    from ddp_notebook.lifecycle.sending import SHOWN_FROM, show_while_sending
     from ddp_notebook.ui.display import show_sending
 
     show_while_sending(show_sending)  # as the front end registers it (stderr outside a notebook)
@@ -366,7 +366,7 @@ def test_a_result_over_the_kept_limit_is_not_written_to_disk_and_a_reload_says_s
 
 @pytest.mark.processes
 def test_only_the_last_runs_given_data_keep_it_for_a_retry():
-    from ddp_notebook.engine.launch import KEEP_DATA_OF
+    from ddp_notebook.lifecycle.launch import KEEP_DATA_OF
 
     runs = [ddp_notebook.launch(faults.data_steps, devices="cpu*2", args=(torch.ones(2**16),),
                                 kwargs=dict(fault="raise", bad_rank=1)) for _ in range(KEEP_DATA_OF + 1)]

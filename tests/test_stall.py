@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from ddp_notebook.core.stall import is_waiting_in_collective, main_thread_stack, pick_stalled, torch_dir
+from ddp_notebook.lifecycle.stall import is_waiting_in_collective, main_thread_stack, pick_stalled, torch_dir
 
 pytestmark = pytest.mark.unit
 

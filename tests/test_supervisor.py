@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from ddp_notebook.backends.base import Exited, Output, Transport, WorkerEvent
 from ddp_notebook.core.state import RunStatus
 from ddp_notebook.core.stream import EventStream
-from ddp_notebook.engine import supervisor
-from ddp_notebook.engine.supervisor import Supervisor, SupervisorOptions
+from ddp_notebook.executors.base import Exited, Output, Transport, WorkerEvent
+from ddp_notebook.lifecycle import supervisor
+from ddp_notebook.lifecycle.supervisor import Supervisor, SupervisorOptions
 
 
 class Scripted(Transport):

@@ -7,7 +7,7 @@ import pytest
 
 import ddp_notebook
 from ddp_notebook import LaunchOptionError, RunStoppedError, WorkerFailedError
-from ddp_notebook.engine.options import LaunchOptions
+from ddp_notebook.lifecycle.options import LaunchOptions
 
 import faults
 

@@ -44,7 +44,7 @@ TAIL_BYTES = 16 * 2**20
 """Bytes of progress and output kept in memory per run (the most recent)."""
 ENDED_TAIL_EVENTS, ENDED_TAIL_BYTES = 2_000, 2**20
 """What memory keeps of a run's progress and output once it has ended (a notebook holds its last
-100 runs: ``engine.launch.runs()``)."""
+100 runs: ``lifecycle.launch.runs()``)."""
 LOG_BYTES = 512 * 2**20
 """Bytes of a run's event log on disk past which progress and output are no longer written
 (lifecycle events, failures and checkpoints always are)."""

@@ -89,7 +89,7 @@ class RankConfig(TypedDict, total=False):
     meeting: dict[str, Any]
     resume_data: bytes  # ranks on engines: the checkpoint to resume from (the notebook read it)
     checkpoints_to_notebook: bool  # ranks on engines: ctx.save_checkpoint sends the checkpoint to the notebook
-    data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (core.shared_data)
+    data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (transfer.packing)
     share_result: bool  # put the main worker's result in shared memory too (a local worker)
     # A local worker's multiprocessing authkey: the notebook's, as torch's spawned children have it,
     # so a Manager's proxies among the arguments connect (sent on the control pipe, never logged).

@@ -9,6 +9,7 @@ Pure Python; the supervisor builds these, the exception and every front end rend
 """
 from __future__ import annotations
 
+import os
 import signal as _signal
 import time as _time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any, Optional
 from ._text import TextEnum
 
 __all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "order_failures",
-           "render_failure_report", "signal_name", "failure_from_error"]
+           "render_failure_report", "signal_name", "failure_from_error", "is_runner_file"]
 
 
 class FailureKind(TextEnum):
@@ -136,11 +137,11 @@ class WorkerFailure:
         if kind == FailureKind.NETWORK:
             return f"its host dropped off the network{when}: {self.message}"
         step = f" (last step {self.last_step})" if self.last_step is not None else ""
-        if self.same_on:  # every rank waits in a collective for another: see core.stall
+        if self.same_on:  # every rank waits in a collective for another: see lifecycle.stall
             return (f"deadlocked: each waits in a collective for another, no progress for "
                     f"{self.stalled_for or 0.0:.1f} s{step} ({self.message}); which one took the wrong turn "
                     "cannot be told from their stacks")
-        if self.message:  # what it waits for is known (core.stall)
+        if self.message:  # what it waits for is known (lifecycle.stall)
             return f"stalled: no progress for {self.stalled_for or 0.0:.1f} s{step}: {self.message}"
         why = ("while the other workers waited for it" if self.peers_waited is not False
                else "(no other worker was waiting for it)")
@@ -243,3 +244,14 @@ def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure]
     parts.append("")
     parts.append(f"WorkerFailedError: {root.headline()}")
     return "\n".join(parts) + "\n"
+
+
+# The worker side's runner: the two entry points and the code that calls the user's function.
+RUNNER_FILES = tuple(os.path.join("ddp_notebook", "worker", name) for name in ("process.py", "engine.py", "execute.py"))
+
+
+def is_runner_file(path: str) -> bool:
+    """True for the files whose frames head every worker traceback and stack (the runner of a
+    worker process or an engine) and mean nothing to users. A path test, not an import: the
+    worker process's module runs as ``__main__`` (through runpy) and must not be imported first."""
+    return path.endswith(RUNNER_FILES)

@@ -1,6 +1,6 @@
 """Moving a buffer's memory onto shared memory in place, so that a call's data is held once.
 
-Once a tensor's bytes are copied into the memfd the ranks map (``core.shared_data``), the pages
+Once a tensor's bytes are copied into the memfd the ranks map (``transfer.packing``), the pages
 wholly inside the tensor are replaced, at the same addresses, by a private (copy-on-write)
 mapping of that memfd: its anonymous pages are freed, and the notebook and every rank share one
 copy. Nothing else changes for the notebook: the tensor, its views and any NumPy array or raw

@@ -122,7 +122,7 @@ class RunDir:
     EVENTS = "events.jsonl"
     RESULT = "result.pkl"
     PAYLOAD = "payload.pkl"  # never written: the call travels over each worker's control pipe
-    CALL = "call.pkl"  # the call kept for a retry once the notebook is gone (engine.resume); never read by workers
+    CALL = "call.pkl"  # the call kept for a retry once the notebook is gone (lifecycle.resume); never read by workers
     RENDEZVOUS = "rendezvous"
     CHECKPOINTS = "checkpoints"
     LATEST = "latest"

@@ -155,7 +155,7 @@ class WorkerState:
 
 @dataclass
 class DataState:
-    """The call's large tensors and arrays on their way to the ranks (``core.shared_data``): bytes
+    """The call's large tensors and arrays on their way to the ranks (``transfer.packing``): bytes
     copied into shared memory so far, of ``total``; files mapped from themselves; ``seconds`` once done."""
 
     total: int = 0

@@ -12,6 +12,6 @@ frameworks' own notebook launchers.
 Each module imports its framework (``pip install ddp-notebook[lightning]`` or ``[hf]``); this
 package imports none.
 
-May import: ``ddp_notebook.recipes``, ``ddp_notebook.engine``, ``ddp_notebook.worker`` and
+May import: ``ddp_notebook.recipes``, ``ddp_notebook.lifecycle``, ``ddp_notebook.worker`` and
 ``ddp_notebook.core``. Never a front end.
 """

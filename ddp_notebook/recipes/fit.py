@@ -18,11 +18,11 @@ from typing import Any, Optional, Union
 from ..core.devices import Device, DeviceSpec
 from ..core.errors import FitConfigError, PreflightError, WorkerFailedError
 from ..core.validation import InvalidDevicesError, shard_problem
-from ..engine.launch import launch_with, validate_for, wait_showing
-from ..engine.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
-from ..engine.packing import first_unpicklable
-from ..engine.resume import checkpoint_to_resume
-from ..engine.run import Run
+from ..lifecycle.call import first_unpicklable
+from ..lifecycle.launch import launch_with, validate_for, wait_showing
+from ..lifecycle.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from ..lifecycle.resume import checkpoint_to_resume
+from ..lifecycle.run import Run
 from .fit_loop import FitSpec, build_model, fit_worker, preflight_step
 
 __all__ = ["fit", "FitResult"]

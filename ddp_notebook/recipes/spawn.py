@@ -8,7 +8,7 @@ per-rank output and retry as ``launch``.
 
 The process group's ``env://`` rendezvous meets at a TCPStore the notebook serves on a loopback
 socket it holds from bind to close (every rank a client, as under torchrun's agent:
-``engine.store``, ``worker.spawn_store``), so nothing listens on another interface and no other local user can
+``lifecycle.store``, ``worker.spawn_store``), so nothing listens on another interface and no other local user can
 take the port between its choice and its use; code that sets its own ``MASTER_PORT`` keeps
 torch's rendezvous there (rank 0 serves it). What this mode cannot guarantee:
 ``run.retry()`` re-runs the same arguments, so a function that is given the world size as an
@@ -31,8 +31,9 @@ from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
 from ..core.errors import LaunchOptionError
-from ..engine.launch import launch_with, wait_showing
-from ..engine.options import (
+from ..lifecycle.call import call_parts
+from ..lifecycle.launch import launch_with, wait_showing
+from ..lifecycle.options import (
     CallMode,
     LaunchKwargs,
     RunSettings,
@@ -41,8 +42,7 @@ from ..engine.options import (
     options_from,
     takes_launch_options,
 )
-from ..engine.packing import call_parts
-from ..engine.run import Run
+from ..lifecycle.run import Run
 
 __all__ = ["spawn"]
 

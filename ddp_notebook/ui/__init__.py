@@ -6,6 +6,6 @@ Validate, Launch, and a run with its retries); what shows where (``display``: th
 notebook, text elsewhere, registered as the display of a ``Run``); and the ``%ddp_*`` magics
 with the extension's load and unload (``magics``).
 
-May import: ``ddp_notebook.recipes``, ``ddp_notebook.engine`` and ``ddp_notebook.core``;
+May import: ``ddp_notebook.recipes``, ``ddp_notebook.lifecycle`` and ``ddp_notebook.core``;
 IPython and ipywidgets. Nothing below imports a front end.
 """

@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 from ..core.state import DataState
 from ..core.validation import ValidationReport
-from ..engine.launch import show_while_waiting
-from ..engine.run import Run
-from ..engine.sending import show_while_sending
+from ..lifecycle.launch import show_while_waiting
+from ..lifecycle.run import Run
+from ..lifecycle.sending import show_while_sending
 from .html import report_html
 from .terminal import watch
 from .text import format_data, format_run

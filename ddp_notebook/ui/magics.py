@@ -17,7 +17,6 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..backends.local import forkserver, pool
 from ..core.devices import parse_devices
 from ..core.errors import (
     ArgumentsError,
@@ -34,10 +33,11 @@ from ..core.errors import (
 )
 from ..core.rundir import default_run_root
 from ..core.validation import InvalidDevicesError, validate_devices
-from ..engine.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
-from ..engine.options import MAX_SECONDS
-from ..engine.run import Run
-from ..engine.stored import find_stored_run
+from ..executors.local import forkserver, pool
+from ..lifecycle.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
+from ..lifecycle.options import MAX_SECONDS
+from ..lifecycle.run import Run
+from ..lifecycle.stored import find_stored_run
 from ..recipes.fit import fit
 from . import display
 from .display import show_report, show_run

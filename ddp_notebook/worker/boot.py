@@ -5,7 +5,7 @@ The backend runs this file as a script, ``python .../worker/boot.py MODULE PAREN
 ``BOOT_ENV`` holding the numbers of two inherited pipe ends (``event_fd`` to report,
 ``control_fd`` to hear) and whether the process is pooled. Before anything is imported (the
 package, torch: seconds, more under load) the worker ties its life to the notebook process
-(``guard``), then runs ``MODULE`` (``process``) as ``__main__``. The assignment (a
+(``tie_to_parent``), then runs ``MODULE`` (``process``) as ``__main__``. The assignment (a
 ``RankConfig``) arrives as one frame on the control pipe.
 
 Only the standard library here: this module runs before the package is importable.
@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-TYPE_CHECKING = False  # typing itself is not imported before the guard: it costs time
+TYPE_CHECKING = False  # typing itself is not imported before the tie: it costs time
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MODULE", "ZYGOTE_MODULE", "READY", "FORKED", "FAILED", "EXITED", "BOOT_ENV", "WATCHER_ENV",
            "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE",
-           "FLUSH", "STACK_SIGNAL", "guard", "take_watcher", "dismiss_watcher", "set_name"]
+           "FLUSH", "STACK_SIGNAL", "tie_to_parent", "take_watcher", "dismiss_watcher", "set_name"]
 
 MODULE = "ddp_notebook.worker.process"
 ZYGOTE_MODULE = "ddp_notebook.worker.zygote"  # the fork server (``zygote``), run the same way
@@ -32,7 +32,7 @@ ZYGOTE_MODULE = "ddp_notebook.worker.zygote"  # the fork server (``zygote``), ru
 # which runs as ``__main__``).
 READY, FORKED, FAILED, EXITED = "ready", "forked", "failed", "exited"
 BOOT_ENV = "DDP_NOTEBOOK_WORKER"
-WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``guard``), for ``process``
+WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``tie_to_parent``), for ``process``
 EXIT_FAILED = 1  # the rank reported an error
 EXIT_ORPHANED = 75  # the notebook process went away
 STOP = b"s"  # on the control pipe: the run asks the rank to stop (ctx.should_stop)
@@ -50,7 +50,7 @@ _PR_SET_NAME = 15
 _WATCH_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
 
-def guard(parent: int, watch: bool = True) -> None:
+def tie_to_parent(parent: int, watch: bool = True) -> None:
     """Tie this worker, and every process it will start, to the notebook process ``parent``.
 
     The OS kills the worker (SIGKILL) the moment its parent dies: no pipe a forked helper of the
@@ -61,7 +61,7 @@ def guard(parent: int, watch: bool = True) -> None:
 
     Linux only (``PR_SET_PDEATHSIG``); elsewhere the lifeline pipe alone ends workers, as before.
     Linux sends the signal when the parent *thread* ends: the backend starts every process from one
-    thread that lives as long as the notebook process (``backends.local.spawner``), and the fork
+    thread that lives as long as the notebook process (``executors.local.spawner``), and the fork
     server, the parent of the workers it forks, has one thread. Without ``watch`` (the fork server,
     whose group holds nothing else: each worker it forks leads its own), no watcher.
     """
@@ -167,7 +167,7 @@ def _main() -> None:
         sys.path.insert(0, package_parent)
     else:
         sys.path[0] = package_parent
-    guard(parent, watch=module != ZYGOTE_MODULE)
+    tie_to_parent(parent, watch=module != ZYGOTE_MODULE)
     del sys.argv[1:]
     import runpy
 

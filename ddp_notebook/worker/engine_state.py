@@ -38,7 +38,7 @@ class EngineSnapshot:
                 teardown.release()
             except BaseException:  # noqa: BLE001 - a broken group is gone either way
                 pass
-        own_init.unguard()
+        own_init.restore_own_init()
         context.set_current(None)
         os.environ.clear()
         os.environ.update(self.env)

@@ -20,13 +20,12 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
-from ..core import pickling, shared_data, shared_load
 from ..core.bounds import bound_event
 from ..core.events import EventKind, RankConfig
-from ..core.failures import Phase
+from ..core.failures import Phase, is_runner_file
 from ..core.rundir import RunDir
-from ..core.shared_data import Packed
-from ..core.stall import is_runner_file
+from ..transfer import loading, packing, pickling
+from ..transfer.packing import Packed
 from . import context, own_init, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
@@ -121,12 +120,12 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         teardown.hold()
         # A function's own init_process_group (torchrun-style code) joins the run's group, or is
         # refused at once when it could never meet.
-        own_init.guard(rank, world_size, cfg["device"], spawn_mode=cfg.get("mode") == "spawn")
+        own_init.check_own_init(rank, world_size, cfg["device"], spawn_mode=cfg.get("mode") == "spawn")
         watch_imports()  # (unpickling may import a framework: Lightning, transformers, accelerate)
         if cfg.get("authkey"):  # a Manager's proxies among the arguments connect with it
             multiprocessing.current_process().authkey = bytes.fromhex(cfg["authkey"])
         where.phase = Phase.UNPICKLE
-        call = shared_load.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
+        call = loading.load(payload, cfg.get("data"))  # the tensors and arrays are mapped, not copied
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
         linecache.cache.update(call.get("sources", {}))
         fn, args, kwargs = call["fn"], call["args"], call["kwargs"]
@@ -174,7 +173,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         where.phase = Phase.RESULT
         if rank != 0:
             return None
-        return shared_data.pack(result) if cfg.get("share_result") else Packed(pickling.dumps(result))
+        return packing.pack(result) if cfg.get("share_result") else Packed(pickling.dumps(result))
     except BaseException:
         if ctx is not None:
             ctx.flush()  # the last progress before the failure, for the panel and the report

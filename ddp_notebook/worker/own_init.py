@@ -23,12 +23,12 @@ from typing import Any, Optional
 
 from ..core.errors import ProcessGroupMismatchError
 
-__all__ = ["guard", "unguard"]
+__all__ = ["check_own_init", "restore_own_init"]
 
 _original: Optional[Any] = None
 
 
-def guard(rank: int, world_size: int, device: str, spawn_mode: bool) -> None:
+def check_own_init(rank: int, world_size: int, device: str, spawn_mode: bool) -> None:
     """Check every ``init_process_group`` call of this rank (on ``device``) from now on."""
     global _original
     import torch.distributed as dist
@@ -74,7 +74,7 @@ def guard(rank: int, world_size: int, device: str, spawn_mode: bool) -> None:
     dist.init_process_group = distributed_c10d.init_process_group = init_process_group
 
 
-def unguard() -> None:
+def restore_own_init() -> None:
     """Give torch its own ``init_process_group`` back (an engine outlives the run)."""
     global _original
     if _original is None:

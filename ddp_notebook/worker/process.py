@@ -5,7 +5,7 @@ such processes warm between runs. It reports over an inherited pipe (never a soc
 second pipe as its lifeline (EOF = the notebook is gone: exit at once), runs its rank, and
 leaves with ``os._exit`` once the supervisor has every rank's result, so interpreter teardown
 can neither hang nor turn a success into a failure. Leaving on its own, it first ends its
-watcher (``boot.guard``); leaving because the notebook is gone, it lets the watcher end its
+watcher (``boot.tie_to_parent``); leaving because the notebook is gone, it lets the watcher end its
 process group.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import time
 from typing import Any, Optional
 
 from ..core.events import EventKind, encode, read_frame, write_all
-from ..core.queues import send_items_with
 from ..core.rundir import RunDir
-from ..core.shared_data import Placement, pack
+from ..transfer.packing import Placement, pack
+from ..transfer.queues import send_items_with
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
 from .channel import PipeChannel, watch_lifeline
 from .context import current_context
@@ -35,7 +35,7 @@ def _flush_progress() -> None:
 
 
 def _items_through(channel: PipeChannel) -> None:
-    """Send what the function puts in a queue of the call (``core.queues``) to the notebook, its
+    """Send what the function puts in a queue of the call (``transfer.queues``) to the notebook, its
     tensors in shared memory this process holds until it exits, as it holds its result's."""
     held: list[Placement] = []
 

@@ -1,7 +1,7 @@
 """The fork server: a clean interpreter that has imported torch and forks a worker for each rank.
 
 Run as ``__main__`` by ``boot`` (``python .../worker/boot.py ddp_notebook.worker.zygote PID``),
-tied to the notebook process like any worker, and started by ``backends.local.forkserver``. It
+tied to the notebook process like any worker, and started by ``executors.local.forkserver``. It
 imports what a run needs (torch, torch.distributed, what DDP loads on first use, the worker's own
 modules) and then only waits, on one thread, for requests on a Unix socket (``SOCK_SEQPACKET``,
 one JSON message each):
@@ -32,7 +32,7 @@ import tempfile
 import threading
 from typing import Any
 
-from .boot import BOOT_ENV, EXIT_FAILED, EXITED, FAILED, FORKED, MODULE, READY, guard, set_name
+from .boot import BOOT_ENV, EXIT_FAILED, EXITED, FAILED, FORKED, MODULE, READY, set_name, tie_to_parent
 from .execute import warm_up
 
 _MAX_MESSAGE = 1 << 16
@@ -102,7 +102,7 @@ def _become_worker(fds: list[int], server: int, close: tuple[int, ...], state: d
             os.dup2(source, target)
             os.close(source)
         set_name(b"ddp-worker")
-        guard(server)
+        tie_to_parent(server)
         _take_process_state(state)
         _reseed()
         os.environ[BOOT_ENV] = json.dumps({"event_fd": event_fd, "control_fd": control_fd, "pooled": True})

@@ -20,7 +20,7 @@ import psutil
 
 from ...core.events import FrameDecoder
 from ...core.failures import FailureKind, signal_name
-from ...core.shared_load import Received
+from ...transfer.loading import Received
 from ...worker.boot import FLUSH, RELEASE, STACK_SIGNAL, STOP
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .processes import WorkerProcess

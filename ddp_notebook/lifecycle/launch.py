@@ -11,25 +11,25 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..backends.base import Backend
-from ..backends.ipyparallel.backend import IpyparallelBackend
-from ..backends.local.backend import LocalBackend, default_devices, set_default_devices
 from ..core.devices import DeviceSpec
 from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
 from ..core.probes import Probe
 from ..core.rundir import RunDir
-from ..core.shared_data import Packed
 from ..core.state import RunStatus
 from ..core.stream import EventStream
 from ..core.switches import switched_on
 from ..core.validation import InvalidDevicesError, ValidationReport
+from ..executors.base import Executor
+from ..executors.ipyparallel.executor import IpyparallelExecutor
+from ..executors.local.executor import LocalExecutor, default_devices, set_default_devices
+from ..transfer.packing import Packed
+from .call import call_parts, check_arguments, pack_call
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
-from .packing import call_parts, check_arguments, pack_call
 from .resume import keep_call
 from .run import Run, restart_loaded_runs_with, validate_on
 
-__all__ = ["launch", "launch_with", "start_run", "backend_for", "validate_for", "last_run", "runs", "find_run",
+__all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",
            "default_devices", "set_default_devices", "wait_showing", "show_while_waiting", "PROGRESS_ENV"]
 
 # How a run the caller blocks on (``fit()``, ``spawn(join=True)``) is shown while it runs: set by
@@ -90,15 +90,15 @@ def find_run(run_id: str) -> Optional[Run]:
     return matches[-1] if len({r.id for r in matches}) == 1 else None
 
 
-def backend_for(options: LaunchOptions) -> Backend:
+def executor_for(options: LaunchOptions) -> Executor:
     """Where the ranks of a run with these options execute."""
-    return LocalBackend() if options.engines is None else IpyparallelBackend(options.engines, options.env)
+    return LocalExecutor() if options.engines is None else IpyparallelExecutor(options.engines, options.env)
 
 
 def validate_for(devices: Optional[DeviceSpec], options: LaunchOptions,
                  probe: Optional[Probe] = None) -> ValidationReport:
     """The validation report for a launch with these options, where its ranks would run."""
-    return validate_on(backend_for(options), devices, backend=options.backend,
+    return validate_on(executor_for(options), devices, backend=options.backend,
                        min_free_memory=options.min_free_memory, probe=probe)
 
 
@@ -115,11 +115,11 @@ def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, sett
     """Start a run of an already packed call; ``devices`` are validated here unless ``report``
     says they already were. Nothing is created when validation or placement refuses the run."""
     report = report or _validated(devices, options, probe)
-    backend = backend_for(options)
+    backend = executor_for(options)
     backend.check_placement(report.devices)
     directory = RunDir.create(options.run_root)
     keep_call(directory, payload, options, settings)  # so it can be retried after a kernel restart
-    run = Run(directory, EventStream(directory.open_log()), report.devices, runs_on=backend, options=options,
+    run = Run(directory, EventStream(directory.open_log()), report.devices, executor=backend, options=options,
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
     run.start(payload)
     _runs.append(run)

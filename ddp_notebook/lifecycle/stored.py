@@ -14,15 +14,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..core import bounds, pickling
+from ..core import bounds
 from ..core.devices import Device, parse_devices
 from ..core.errors import RunLoadError
 from ..core.events import EventKind
 from ..core.failures import FailureKind, Phase, WorkerFailure
 from ..core.rundir import RunDir, default_run_root
-from ..core.shared_load import Received
 from ..core.state import RunStatus
 from ..core.stream import EventStream
+from ..transfer import pickling
+from ..transfer.loading import Received
 from .resume import KEEP_LIMIT, KeptCall, read_call
 
 __all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF", "keep_result", "load_result", "output_of"]

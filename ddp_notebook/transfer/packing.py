@@ -21,7 +21,7 @@ holds or maps it ends, however it ends.
 >>> [p.nbytes for p in packed.pieces]
 [524288]
 >>> placed = packed.place()
->>> from ddp_notebook.core.shared_load import load  # in the process that maps them
+>>> from ddp_notebook.transfer.loading import load  # in the process that maps them
 >>> out = load(packed.data, placed.table)
 >>> float(out["x"][-1]), out["n"]
 (65535.0, 3)
@@ -43,7 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import pickling, remap
+from ..core import remap
+from . import pickling
 from .file_mappings import OURS, FileMappings, unwritten
 from .queues import is_queue
 
@@ -107,7 +108,7 @@ class Packed:
     data: bytes
     pieces: list[Piece] = field(default_factory=list)
     files: list[FileSegment] = field(default_factory=list)
-    queues: list[Any] = field(default_factory=list)  # multiprocessing queues, by reference (core.queues)
+    queues: list[Any] = field(default_factory=list)  # multiprocessing queues, by reference (transfer.queues)
     released: Optional[str] = None  # why the pieces were let go (then it cannot be placed again)
     _closer: Optional[Callable[[], Any]] = field(default=None, repr=False)  # closes the files it holds
 

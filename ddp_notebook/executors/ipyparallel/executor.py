@@ -18,16 +18,16 @@ from ...core.errors import EngineUnavailableError
 from ...core.probes import Probe
 from ...core.rundir import RunDir, latest_checkpoint
 from ...core.validation import ValidationReport
-from ..base import Backend, StartSpec, Transport, rank_configs
+from ..base import Executor, StartSpec, Transport, rank_configs
+from .engine_checks import EngineProbe, validate_on_engines
 from .engines import Engines
-from .network import machines_of, network_timeout
+from .network_plan import machines_of, network_timeout
 from .transport import EngineTransport
-from .validation import EngineProbe, validate_on_engines
 
-__all__ = ["IpyparallelBackend"]
+__all__ = ["IpyparallelExecutor"]
 
 
-class IpyparallelBackend(Backend):
+class IpyparallelExecutor(Executor):
     """One rank per engine of ``engines``."""
 
     name = "ipyparallel"

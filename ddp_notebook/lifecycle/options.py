@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional, TypedDict, TypeVar, Union
 
-from ..backends.ipyparallel.engines import engines_of
 from ..core._text import TextEnum
 from ..core.errors import ArgumentsError, LaunchOptionError
 from ..core.validation import BACKENDS
+from ..executors.ipyparallel.engines import engines_of
 from .watchdog import auto_floor
 
 if sys.version_info >= (3, 11):

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from ...core.errors import EngineSelectionError
 from ...worker.engine import describe_engine
-from .network import NetworkPlan, plan_network
+from .network_plan import NetworkPlan, plan_network
 
 __all__ = ["Engines", "engines_of", "DESCRIBE_TIMEOUT"]
 

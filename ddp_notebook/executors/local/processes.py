@@ -7,7 +7,7 @@ interpreter that imported torch and never touches CUDA) or a fresh interpreter s
 supervisor sees of either. Each worker leads its own process group so that terminating it also
 ends anything it started (DataLoader workers), and is handed exactly two pipe ends: one to report
 events, one to hear from the supervisor (whose EOF means the notebook is gone). On Linux the OS
-also kills it when its parent dies (``worker.boot.guard``), which is why every process started
+also kills it when its parent dies (``worker.boot.tie_to_parent``), which is why every process started
 here is started from the spawner thread.
 """
 from __future__ import annotations

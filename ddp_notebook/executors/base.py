@@ -1,6 +1,6 @@
 """The contract between the supervision core and a backend, after torch elastic's ``PContext``.
 
-A ``Backend`` answers for placement: it validates a device list where the ranks will run, says
+A ``Executor`` answers for placement: it validates a device list where the ranks will run, says
 where each rank runs, refuses a run that cannot be placed, and starts a ``Transport`` for a run.
 A ``Transport`` is one run's ranks as the supervisor sees them: it reports what happened as
 observations (``WorkerEvent``, ``Output``, ``Exited``) and takes a handful of requests (stop,
@@ -19,11 +19,11 @@ from ..core.events import RankConfig
 from ..core.failures import FailureKind
 from ..core.probes import Probe
 from ..core.rundir import RunDir
-from ..core.shared_data import DataTable
-from ..core.shared_load import Received
 from ..core.validation import ValidationReport
+from ..transfer.loading import Received
+from ..transfer.packing import DataTable
 
-__all__ = ["Backend", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs"]
+__all__ = ["Executor", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs"]
 
 
 @dataclass(frozen=True)
@@ -159,11 +159,11 @@ class Transport(ABC):
         """Free what the transport holds; no rank may be left running by it."""
 
 
-class Backend(ABC):
+class Executor(ABC):
     """Where a run's ranks execute: validated there, placed there, started there."""
 
     name: str
-    # Whether the ranks can map this process's shared memory (``core.shared_data``): then a call's
+    # Whether the ranks can map this process's shared memory (``transfer.packing``): then a call's
     # large tensors and arrays reach them by reference (``StartSpec.data``), else by value.
     maps_memory: bool = False
 

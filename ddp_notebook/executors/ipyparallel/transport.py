@@ -21,7 +21,7 @@ from typing import Any, Optional
 from ...core.events import EventKind, RankConfig
 from ...core.failures import FailureKind, Phase
 from ...core.rundir import RunDir
-from ...core.shared_load import Received
+from ...transfer.loading import Received
 from ...worker.boot import STACK_SIGNAL
 from ...worker.engine import run_rank
 from ..base import Exited, Observation, Output, Transport, WorkerEvent

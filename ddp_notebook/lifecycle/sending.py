@@ -1,5 +1,5 @@
 """Sending a run's call to its ranks: the pickle, and its large tensors and arrays placed once in
-shared memory where the ranks can map them (``core.shared_data``), or inlined by value for ranks
+shared memory where the ranks can map them (``transfer.packing``), or inlined by value for ranks
 that cannot (ipyparallel engines). ``data`` events say how far the copy is, then what it took:
 the panel shows "sending data 1.2/4.0 GB" meanwhile.
 
@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..core import shared_data
 from ..core.events import EventKind
-from ..core.shared_data import Packed, Placement
+from ..transfer import packing
+from ..transfer.packing import Packed, Placement
 
 __all__ = ["send_data", "show_while_sending", "PROGRESS_EVERY", "SHOWN_FROM"]
 
@@ -45,7 +45,7 @@ def send_data(payload: Packed, maps_memory: bool,
     releases the placement once the ranks are gone)."""
     if not payload.pieces:
         return payload.data, None
-    if not (maps_memory and shared_data.supported()):
+    if not (maps_memory and packing.supported()):
         return payload.inline(), None
     payload.refresh()  # pages written since the call was packed (a retry) are copied
     total = payload.copied_bytes

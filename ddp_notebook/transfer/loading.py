@@ -1,4 +1,4 @@
-"""Loading what ``core.shared_data`` packed, in the process that uses it: each segment of the
+"""Loading what ``transfer.packing`` packed, in the process that uses it: each segment of the
 table opened through ``/proc/<pid>/fd/<fd>`` of the process that placed it (checked to be the file
 it was), mapped once, copy-on-write, and every piece rebuilt over that mapping: a torch storage, a
 numpy array. ``Received`` is a result that arrived from a worker, opened at once, loaded later.
@@ -14,10 +14,10 @@ import warnings
 import weakref
 from typing import Any, Optional
 
+from ..core.errors import NotPicklableError
 from . import pickling
-from .errors import NotPicklableError
+from .packing import PAGE, TAG, DataTable, SharedDataError, close_all, pack, supported
 from .queues import QueueEnd
-from .shared_data import PAGE, TAG, DataTable, SharedDataError, close_all, pack, supported
 
 __all__ = ["load", "open_table", "Received", "share"]
 

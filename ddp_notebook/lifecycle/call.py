@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from ..core.errors import ArgumentsError, NotPicklableError
-from ..core.shared_data import Packed, pack
+from ..transfer.packing import Packed, pack
 
 __all__ = ["pack_call", "first_unpicklable", "check_arguments", "call_parts"]
 
@@ -95,11 +95,11 @@ def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], k
 
 
 def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Packed:
-    """cloudpickle the call, its large tensors and arrays by reference (``core.shared_data``: they
+    """cloudpickle the call, its large tensors and arrays by reference (``transfer.packing``: they
     are placed in shared memory when the run starts); on failure, find the piece that cannot be
     pickled and say which.
 
-    >>> from ddp_notebook.core.pickling import loads
+    >>> from ddp_notebook.transfer.pickling import loads
     >>> loads(pack_call(len, ([1, 2],), {}).data)["args"]
     ([1, 2],)
     """

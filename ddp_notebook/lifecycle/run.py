@@ -21,8 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Optional, Union
 
-from ..backends.base import Backend, StartSpec
-from ..backends.local.backend import LocalBackend
 from ..core.devices import Device, DeviceSpec, format_devices
 from ..core.errors import (
     ArgumentsError,
@@ -39,11 +37,14 @@ from ..core.events import EventKind, RankConfig
 from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.rundir import RunDir
-from ..core.shared_data import Packed
-from ..core.shared_load import Received
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
+from ..executors.base import Executor, StartSpec
+from ..executors.local.executor import LocalExecutor
+from ..transfer.loading import Received
+from ..transfer.packing import Packed
+from ..transfer.queues import QueueFeeder
 from .options import (
     CallMode,
     LaunchKwargs,
@@ -54,13 +55,12 @@ from .options import (
     check_option_names,
     check_seconds,
 )
-from .processes import AsProcesses, echo_output, process_failure
-from .queues import QueueFeeder
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
 from .store import loopback_store
 from .stored import keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
+from .torch_compat import AsProcesses, echo_output, process_failure
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
 __all__ = ["Run", "WorkerTraceback", "Restart", "validate_on", "restart_loaded_runs_with"]
@@ -70,27 +70,27 @@ _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 # How a run starts another with the same call: start_run with the packed call bound (a retry is a
 # new start, not a special path).
 Restart = Callable[[DeviceSpec, LaunchOptions, RunSettings, "Run"], "Run"]
-# How a run read back from disk starts again from its kept call: given by ``engine.launch``,
+# How a run read back from disk starts again from its kept call: given by ``lifecycle.launch``,
 # which starts runs (and imports this module, so it cannot be imported here).
 _restart_of_payload: Optional[Callable[[bytes], Restart]] = None
 
 
 def restart_loaded_runs_with(restart_of_payload: Callable[[bytes], Restart]) -> None:
-    """Set how ``Run.load``'s runs are retried (``engine.launch`` calls this once)."""
+    """Set how ``Run.load``'s runs are retried (``lifecycle.launch`` calls this once)."""
     global _restart_of_payload
     _restart_of_payload = restart_of_payload
 
 
-def validate_on(runs_on: Backend, devices: Optional[DeviceSpec], *, backend: Optional[str] = None,
+def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: Optional[str] = None,
                 min_free_memory: Optional[int] = None, probe: Optional[Probe] = None) -> ValidationReport:
     """The backend's validation of ``devices``, and a ``busy`` error for what another run of this
     process still holds (a GPU, an engine): two runs must not share it by accident."""
-    report = runs_on.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
-    wanted = set(runs_on.held(report.devices))
+    report = executor.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
+    wanted = set(executor.held(report.devices))
     busy = [Finding("error", "busy", f"{item} is in use by run {run.id} ({run.status}): stop it first (run.stop(), "
                     "%ddp_stop) or choose another device.", item)
-            for run in list(_live_runs) if not run.done and run.runs_on is not None
-            for item in sorted(wanted & set(run.runs_on.held(run.devices)))]
+            for run in list(_live_runs) if not run.done and run.executor is not None
+            for item in sorted(wanted & set(run.executor.held(run.devices)))]
     return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 
@@ -102,7 +102,7 @@ class Run(AsProcesses):
     """
 
     def __init__(self, directory: RunDir, stream: EventStream, devices: Sequence[Device], *,
-                 runs_on: Optional[Backend] = None, options: Optional[LaunchOptions] = None,
+                 executor: Optional[Executor] = None, options: Optional[LaunchOptions] = None,
                  settings: Optional[RunSettings] = None, report: Optional[ValidationReport] = None,
                  parent: Optional[Run] = None, restart: Optional[Restart] = None) -> None:
         self.dir = directory
@@ -112,7 +112,7 @@ class Run(AsProcesses):
         self.devices: list[Device] = list(devices)
         self.report = report
         self.backend: str = (report.backend if report else stream.state.backend) or "gloo"
-        self.runs_on = runs_on
+        self.executor = executor
         self.options = options or LaunchOptions()
         self.settings = settings or RunSettings()
         self.parent = parent
@@ -139,7 +139,7 @@ class Run(AsProcesses):
         kept = stored.call
         restart = _restart_of_payload(kept.payload) if kept is not None and _restart_of_payload else None
         run = cls(stored.directory, stored.stream, stored.devices, options=kept.options if kept else None,
-                  runs_on=LocalBackend() if kept is not None and not kept.on_engines else None,
+                  executor=LocalExecutor() if kept is not None and not kept.on_engines else None,
                   settings=kept.settings if kept else None, restart=restart)
         run._end(Received(stored.result) if stored.result is not None else None)
         return run
@@ -148,8 +148,8 @@ class Run(AsProcesses):
     def start(self, payload: Packed) -> Run:
         """Start the ranks of this run (once) on its backend, and the thread that supervises them.
         The call's large tensors and arrays are placed for the ranks here, once (see
-        ``core.shared_data``), or sent by value to ranks that cannot map them."""
-        assert self.runs_on is not None and self._supervisor is None
+        ``transfer.packing``), or sent by value to ranks that cannot map them."""
+        assert self.executor is not None and self._supervisor is None
         # Read before anything starts (a bad value is refused with nothing running), and only when used.
         floor = auto_floor() if self.options.stall_timeout == AUTO else DEFAULT_FLOOR
         n = len(self.devices)
@@ -162,16 +162,16 @@ class Run(AsProcesses):
         self.stream.emit({"kind": EventKind.RUN_STARTED, "time": time.time(), "run_id": self.id,
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
-                          "places": self.runs_on.places(n), "hosts": self.runs_on.hosts(n)})
+                          "places": self.executor.places(n), "hosts": self.executor.hosts(n)})
         if self.settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)
         env, self._release_start = loopback_store(n, needed=self.settings.mode == CallMode.SPAWN)
         try:
-            data, placement = send_data(payload, self.runs_on.maps_memory, self.stream.emit)
+            data, placement = send_data(payload, self.executor.maps_memory, self.stream.emit)
             if placement is not None:
                 self._release_start = _both(self._release_start, placement.release)
-            transport = self.runs_on.start(StartSpec(self.dir, self.devices, data, config,
+            transport = self.executor.start(StartSpec(self.dir, self.devices, data, config,
                                                      threads_per_worker=self.options.threads_per_worker,
                                                      env={**self.options.env, **env},
                                                      data=placement.table if placement else None))
@@ -181,7 +181,7 @@ class Run(AsProcesses):
         thread = threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True)
         try:
             self._supervisor = Supervisor(
-                transport, [self.runs_on.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
+                transport, [self.executor.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
                 SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                   stall_timeout=self.options.stall_timeout, stall_floor=floor),
                 self.stream.emit, QueueFeeder(payload.queues).deliver if payload.queues else None)
@@ -200,7 +200,7 @@ class Run(AsProcesses):
         return self
 
     def _supervise(self) -> None:
-        assert self._supervisor is not None and self.runs_on is not None
+        assert self._supervisor is not None and self.executor is not None
         outcome = Outcome(RunStatus.FAILED, None, "the supervisor did not return")
         try:
             outcome = self._supervisor.supervise()
@@ -215,7 +215,7 @@ class Run(AsProcesses):
             self.stream.emit({**finished, "time": time.time()})
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
-            self.runs_on.finished(self.dir, len(self.devices))
+            self.executor.finished(self.dir, len(self.devices))
         finally:  # whatever failed above, wait() must not block forever
             self._release_start()
             self._end(outcome.result)
@@ -376,7 +376,7 @@ class Run(AsProcesses):
             raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
                                    f"and its arguments) was not kept there, as calls over {KEEP_LIMIT // 2**20} MB "
                                    "are not; launch it again (fit(..., resume_from=run) goes on from its checkpoint)")
-        if self.runs_on is None and "engines" not in changes:
+        if self.executor is None and "engines" not in changes:
             raise DDPNotebookError(f"run {self.id} ran on ipyparallel engines and was loaded from disk: give the "
                                    "engines to retry it on, retry(engines=client)")
         if devices is None:
@@ -387,7 +387,7 @@ class Run(AsProcesses):
                 raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
                                         f"(looked in {self.checkpoint_dir})")
             settings = replace(settings, resume_from=checkpoint_to_resume(self.checkpoint_dir))
-        where = self.runs_on.retry_changes(self.devices, self.state.causing_ranks, devices) if self.runs_on else {}
+        where = self.executor.retry_changes(self.devices, self.state.causing_ranks, devices) if self.executor else {}
         options = replace(self.options, **{**where, **changes})  # what the caller chose wins
         return self._restart(devices, options, settings, self)
 
@@ -413,13 +413,13 @@ class Run(AsProcesses):
     # ---- what a front end offers for a relaunch -------------------------------------------------
     def device_choices(self) -> list[str]:
         """The devices a relaunch of this run can choose from (where its backend runs ranks)."""
-        return self.runs_on.device_choices() if self.runs_on is not None else []
+        return self.executor.device_choices() if self.executor is not None else []
 
     def validate_devices(self, devices: DeviceSpec) -> ValidationReport:
         """Validate ``devices`` for a relaunch where this run ran (this machine, or its engines)."""
-        if self.runs_on is None:
+        if self.executor is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no backend to validate on")
-        return validate_on(self.runs_on, devices)
+        return validate_on(self.executor, devices)
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"

@@ -14,7 +14,7 @@ ended. It owns the run's bookkeeping, written once for every backend:
   collective would otherwise wait out a 10-30 minute timeout; ``request_stop`` asks for a
   cooperative stop and interrupts after ``stop_grace``; an interrupted rank still running after
   ``kill_grace`` is killed (or given up on, where the backend cannot kill);
-- the stall watchdog (``engine.watchdog``): when no rank makes progress, it decides from the
+- the stall watchdog (``lifecycle.watchdog``): when no rank makes progress, it decides from the
   ranks' stacks whether one hangs, and the supervisor fails the run naming the straggler.
 """
 from __future__ import annotations
@@ -27,13 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..backends.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..core.bounds import LINE_CHARS, bound_event, cut
 from ..core.console import shown
 from ..core.events import EventKind
 from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, failure_from_error, order_failures
-from ..core.shared_load import Received
 from ..core.state import RunStatus
+from ..executors.base import Exited, Observation, Output, Transport, WorkerEvent
+from ..transfer.loading import Received
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
 __all__ = ["Supervisor", "SupervisorOptions", "Outcome"]
@@ -51,7 +51,7 @@ SAME_ERROR_WINDOW = 1.0
 class SupervisorOptions:
     kill_grace: float = 3.0  # interrupt → kill
     stop_grace: float = 10.0  # cooperative stop → interrupt
-    stall_timeout: StallSetting = None  # seconds, "auto" or None: see engine.watchdog
+    stall_timeout: StallSetting = None  # seconds, "auto" or None: see lifecycle.watchdog
     stall_floor: float = DEFAULT_FLOOR  # the auto watchdog's least quiet period
 
 
@@ -75,7 +75,7 @@ class Supervisor:
                  options: SupervisorOptions, emit: Callable[[dict[str, Any]], None],
                  deliver: Optional[Callable[[Any, Received], None]] = None) -> None:
         self.transport = transport
-        self._deliver = deliver  # where items the ranks put in the call's queues go (engine.queues)
+        self._deliver = deliver  # where items the ranks put in the call's queues go (transfer.queues)
         self.labels = list(labels)
         self.ranks = range(len(self.labels))
         self.options = options

@@ -1,11 +1,11 @@
 """Multiprocessing queues in a call: how a worker's ``q.put(x)`` reaches the notebook's queue.
 
 ``torch.multiprocessing.spawn(fn, args=(q,))`` hands its children a queue they inherit; our
-workers are not the notebook's children, so a queue cannot travel as itself. ``core.shared_data``
+workers are not the notebook's children, so a queue cannot travel as itself. ``transfer.packing``
 packs each ``multiprocessing`` queue of the call as a reference, and the worker gets a
 ``QueueEnd`` in its place: ``put`` sends the item to the notebook over the worker's event pipe
-(its tensors through shared memory, as a result comes back), where the run puts it into the
-very queue the user made (``engine.queues``). Items go one way, from the workers to the
+(its tensors through shared memory, as a result comes back), where the run's ``QueueFeeder``
+puts it into the very queue the user made. Items go one way, from the workers to the
 notebook, which is how spawn's examples use a queue; ``get`` in a worker says so.
 
 Example (the worker's side; the notebook's ``q.get()`` then returns ``(0, 0.5)``)::
@@ -16,12 +16,18 @@ Example (the worker's side; the notebook's ``q.get()`` then returns ``(0, 0.5)``
 from __future__ import annotations
 
 import functools
+import threading
+import warnings
+from collections import deque
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import QueueUseError
+from ..core.errors import QueueUseError
 
-__all__ = ["QueueEnd", "is_queue", "send_items_with"]
+if TYPE_CHECKING:
+    from .loading import Received
+
+__all__ = ["QueueEnd", "QueueFeeder", "is_queue", "send_items_with"]
 
 _sender: Optional[Callable[[int, Any], None]] = None
 
@@ -86,3 +92,46 @@ class QueueEnd:
 
     def __repr__(self) -> str:
         return f"<QueueEnd {self.index}: put() sends to the notebook's queue>"
+
+
+# ---- the notebook's end ---------------------------------------------------------------------
+class QueueFeeder:
+    """Puts the items of one run's ranks into ``queues``, from a thread of its own: a queue's
+    ``put`` can block (a ``SimpleQueue`` writes to a pipe that holds 64 kB until someone reads),
+    and the thread that supervises the ranks must never wait for the user."""
+
+    def __init__(self, queues: list[Any]) -> None:
+        self.queues = queues
+        self._pending: deque[tuple[Any, Any]] = deque()
+        self._lock = threading.Lock()
+        self._feeding = False
+
+    def deliver(self, index: Any, received: Received) -> None:
+        """The item a rank put in queue ``index`` of the call (its tensors mapped, not copied)."""
+        if not (isinstance(index, int) and 0 <= index < len(self.queues)):
+            return  # not a queue of this call: nothing a worker of ours sends
+        try:
+            item = received.load()
+        except Exception as exc:  # noqa: BLE001 - the item is lost, and the user is told why
+            warnings.warn(f"an item a worker put in a queue could not be loaded in the notebook, and was dropped: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1)
+            return
+        with self._lock:
+            self._pending.append((self.queues[index], item))
+            if self._feeding:
+                return
+            self._feeding = True
+        threading.Thread(target=self._feed, name="ddp-queue-feeder", daemon=True).start()
+
+    def _feed(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._feeding = False
+                    return
+                queue, item = self._pending.popleft()
+            try:
+                queue.put(item)
+            except Exception as exc:  # noqa: BLE001 - a closed queue: this item is lost, the next may not be
+                warnings.warn(f"an item a worker put in a queue was dropped: the notebook's queue refused it: "
+                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1)

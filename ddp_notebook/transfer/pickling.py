@@ -2,7 +2,7 @@
 
 cloudpickle (3.x) replaces ``co_filename`` with ``"<dynamic-code>"`` to make payloads
 deterministic; tracebacks from the workers would then not say which cell or file a frame is
-in. We keep the real name (and ship the cells' sources, see ``engine.packing``).
+in. We keep the real name (and ship the cells' sources, see ``lifecycle.call``).
 """
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from ...core.events import RankConfig
 from ...core.probes import Probe, cpu_count, default_probe
 from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
-from ..base import Backend, StartSpec, Transport, rank_configs
+from ..base import Executor, StartSpec, Transport, rank_configs
 from . import forkserver
 from .deferred import DeferredTransport
 from .pool import get_pool
 from .processes import Prestarted, WorkerProcess, start_worker
 from .transport import LocalTransport
 
-__all__ = ["LocalBackend", "default_devices", "set_default_devices", "standing_processes"]
+__all__ = ["LocalExecutor", "default_devices", "set_default_devices", "standing_processes"]
 
 _default_spec: Optional[DeviceSpec] = None
 
@@ -85,11 +85,11 @@ def _start_ranks(spec: StartSpec, configs: list[RankConfig], processes: list[Opt
         raise
 
 
-class LocalBackend(Backend):
+class LocalExecutor(Executor):
     """Worker processes on this machine: forked by the fork server, or fresh interpreters."""
 
     name = "local"
-    maps_memory = True  # a call's tensors reach the ranks through shared memory (core.shared_data)
+    maps_memory = True  # a call's tensors reach the ranks through shared memory (transfer.packing)
 
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
                  probe: Optional[Probe] = None) -> ValidationReport:

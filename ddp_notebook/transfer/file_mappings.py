@@ -1,5 +1,5 @@
 """Which memory of this process another process can map instead of being sent a copy: memory
-inside a mapping of a regular file, or of shared memory that ``core.shared_data`` placed, whose
+inside a mapping of a regular file, or of shared memory that ``transfer.packing`` placed, whose
 pages still say what the file says (none of them written here since: a private mapping's written
 pages are this process's own copies, which /proc/self/pagemap tells apart page by page).
 

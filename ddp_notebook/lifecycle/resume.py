@@ -20,10 +20,10 @@ import zipfile
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from ..core import pickling
 from ..core.errors import NoCheckpointError
 from ..core.rundir import RunDir, check_private_file, check_private_folder, default_run_root, latest_checkpoint
-from ..core.shared_data import Packed
+from ..transfer import pickling
+from ..transfer.packing import Packed
 from .options import LaunchOptions, RunSettings
 
 __all__ = ["KeptCall", "keep_call", "read_call", "checkpoint_to_resume", "KEEP_LIMIT"]

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ..backends.base import Transport
 from ..core.failures import WorkerFailure
-from ..core.stall import dump_stacks, is_waiting_in_collective, main_thread_stack, stall_failures, torch_dir
 from ..core.switches import seconds_from_env
+from ..executors.base import Transport
+from .stall import dump_stacks, is_waiting_in_collective, main_thread_stack, stall_failures, torch_dir
 
 __all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV"]
 

@@ -1,7 +1,7 @@
 """Every worker process is started from one thread that lives as long as the notebook process.
 
 A worker asks the OS to kill it when its parent dies (``PR_SET_PDEATHSIG``, see
-``worker.boot.guard``), and to Linux the parent is the *thread* that started it: a worker
+``worker.boot.tie_to_parent``), and to Linux the parent is the *thread* that started it: a worker
 started from a thread that then ends would be killed with that thread. Workers are started from
 short-lived threads (a run's supervisor refills the pool as it finishes; a user may call
 ``launch`` from a thread of their own), so every ``Popen`` of a worker runs here instead.

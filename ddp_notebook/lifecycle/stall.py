@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Optional
 
-from .failures import FailureKind, WorkerFailure
+from ..core.failures import FailureKind, WorkerFailure, is_runner_file
 
 __all__ = ["torch_dir", "dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective",
-           "pick_stalled", "format_stack", "is_runner_file"]
+           "pick_stalled", "format_stack"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
@@ -36,17 +36,6 @@ def torch_dir() -> Optional[str]:
 # Where a rank that waits for its peers sits: collectives, DDP's reducer, autograd's engine
 # (DDP all-reduces gradients from backward hooks).
 _WAITING_PARTS = (("distributed",), ("nn", "parallel"), ("autograd",))
-
-
-# The worker side's runner: the two entry points and the code that calls the user's function.
-RUNNER_FILES = tuple(os.path.join("ddp_notebook", "worker", name) for name in ("process.py", "engine.py", "execute.py"))
-
-
-def is_runner_file(path: str) -> bool:
-    """True for the files whose frames head every worker traceback and stack (the runner of a
-    worker process or an engine) and mean nothing to users. A path test, not an import: the
-    worker process's module runs as ``__main__`` (through runpy) and must not be imported first."""
-    return path.endswith(RUNNER_FILES)
 
 
 def main_thread_stack(dump: str, main_ident: Optional[int]) -> list[tuple[str, int, str]]:

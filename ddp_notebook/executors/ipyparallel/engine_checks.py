@@ -60,7 +60,7 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     >>> fake = Engines(None, [0, 1])
     >>> fake._info = [{"host": h, "cuda_count": 1, "cpu_count": 8, "nccl": True, "ddp_notebook": "0.1.0"}
     ...               for h in ("gpu-a", "gpu-b")]
-    >>> from ddp_notebook.backends.ipyparallel.network import NetworkPlan
+    >>> from ddp_notebook.executors.ipyparallel.network_plan import NetworkPlan
     >>> fake._plans[2] = NetworkPlan("10.0.0.11", ["10.0.0.11", "10.0.0.12"], ["eth0", "eth0"], True)  # as probed
     >>> validate_on_engines("cuda:0,cuda:0", fake).ok
     True

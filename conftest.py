@@ -33,7 +33,7 @@ def _workers() -> list[psutil.Process]:
 
 
 def _standing() -> set:
-    """Processes kept between runs: the pool's idle workers and their watchers, the fork server."""
+    """Processes kept between runs: the fork server."""
     from ddp_notebook.executors.local.executor import standing_processes
 
     return standing_processes()
@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
 def no_leaked_processes(request):
     """Fail a test that leaves a worker (or any child process) running.
 
-    Idle workers of this process's warm pool, and its fork server, are kept between runs: not leaks. Notebook cells run
+    This process's fork server is kept between runs: not a leak. Notebook cells run
     by nbval are checked once their kernel is gone, at the end of the session."""
     if type(request.node).__name__ == "IPyNbCell":
         yield
@@ -113,9 +113,8 @@ def ipython_shell():
 
 def pytest_sessionfinish(session, exitstatus):
     """At the very end, after every kernel and pool is gone, no worker of this session may be left."""
-    from ddp_notebook import forkserver, pool
+    from ddp_notebook.executors.local import forkserver
 
-    pool.disable()
     forkserver.stop()
     _, alive = psutil.wait_procs(_workers(), timeout=10)
     if alive:

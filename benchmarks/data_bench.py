@@ -124,7 +124,8 @@ def one_data(launcher: str, nbytes: int, ranks: int) -> dict:
     flags = tempfile.mkdtemp()
     ours = launcher.startswith("ours")
     if ours:
-        from ddp_notebook import forkserver, launch, share
+        from ddp_notebook import launch, share
+        from ddp_notebook.executors.local import forkserver
 
         forkserver.start()
         while not forkserver.status()["ready"]:
@@ -164,7 +165,8 @@ def one_result(launcher: str, nbytes: int) -> dict:
     import torch  # noqa: F401 - a notebook that trains has torch, before the memory is measured
 
     if launcher == "ours":
-        from ddp_notebook import forkserver, launch
+        from ddp_notebook import launch
+        from ddp_notebook.executors.local import forkserver
 
         forkserver.start()
         while not forkserver.status()["ready"]:

@@ -1,7 +1,7 @@
 """Runs on ipyparallel engines beside local workers and torch.multiprocessing, in one process.
 
 A notebook that already holds a cluster relaunches onto warm engines; the local anchors are
-a relaunch with ddp_notebook's warm pool and torch.multiprocessing fork/spawn. Each trial:
+a relaunch with ddp_notebook's fork server and torch.multiprocessing fork/spawn. Each trial:
 launch → every rank past step 1 (one all_reduce), → the run has ended; and a raise on rank 1
 → the error in the notebook. Trials are interleaved; medians are printed as a markdown table:
 
@@ -55,39 +55,32 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one trial each")
     parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
-                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
+                        "interpreters (torch.multiprocessing spawn): the CI "
                         "smoke test")
     args = parser.parse_args()
     trials = 1 if args.quick or args.smoke else args.trials
 
     import ipyparallel as ipp
 
-    import ddp_notebook
 
     cluster = ipp.Cluster(n=2, log_level=40)
     rc = cluster.start_and_connect_sync(activate=False)
     try:
-        ddp_notebook.pool.enable(2)
-        ddp_notebook.pool.get_pool().wait_warm()
-        _ours(rc), _ours()  # first contact: engines import torch, the pool warms up
-        ddp_notebook.pool.get_pool().wait_warm()
+        _ours(rc), _ours()  # first contact: engines import torch, the fork server starts
         rows: dict[str, list] = {"ipyparallel engines (warm), ddp_notebook": [],
-                                 "local workers, ddp_notebook warm pool": [],
+                                 "local workers, ddp_notebook fork server": [],
                                  "torch.multiprocessing fork": [], "torch.multiprocessing spawn": []}
         errors: dict[str, list] = {"ipyparallel engines (warm), ddp_notebook": [],
-                                   "local workers, ddp_notebook warm pool": []}
+                                   "local workers, ddp_notebook fork server": []}
         for _ in range(trials):
             rows["ipyparallel engines (warm), ddp_notebook"].append(_ours(rc))
             errors["ipyparallel engines (warm), ddp_notebook"].append(_ours(rc, fail=True)[1])
-            ddp_notebook.pool.get_pool().wait_warm()
-            rows["local workers, ddp_notebook warm pool"].append(_ours())
-            ddp_notebook.pool.get_pool().wait_warm()
-            errors["local workers, ddp_notebook warm pool"].append(_ours(fail=True)[1])
+            rows["local workers, ddp_notebook fork server"].append(_ours())
+            errors["local workers, ddp_notebook fork server"].append(_ours(fail=True)[1])
             rows["torch.multiprocessing fork"].append(_mp_once("fork"))
             if not args.smoke:
                 rows["torch.multiprocessing spawn"].append(_mp_once("spawn"))
     finally:
-        ddp_notebook.pool.disable()
         rc.close()
         cluster.stop_cluster_sync()
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-LAUNCHERS = ("ddp_notebook", "ddp_notebook-pool", "mp-fork", "mp-spawn")
+LAUNCHERS = ("ddp_notebook", "ddp_notebook-fresh", "mp-fork", "mp-spawn")
 
 
 def _mp_rank(rank, queue, init_file):
@@ -151,22 +151,18 @@ def failure_latency(launcher: str, fault: str) -> dict:
 def trial(launcher: str) -> dict:
     import torch.multiprocessing  # noqa: F401
 
-    import ddp_notebook  # imported before timing, like torch.multiprocessing (a notebook's %load_ext)
+    import ddp_notebook  # noqa: F401 - imported before timing, like torch.multiprocessing (a notebook's %load_ext)
 
-    if launcher == "ddp_notebook-pool":
-        ddp_notebook.forkserver.disable()  # the pool is how workers start without a fork server
-        ddp_notebook.pool.enable(2)  # what %load_ext does then
-        ddp_notebook.pool.get_pool().wait_warm()  # the user writes the next cell meanwhile
+    if launcher == "ddp_notebook-fresh":
+        from ddp_notebook.executors.local import forkserver
+
+        forkserver.disable()  # every worker a fresh interpreter (no fork server: off Linux, or switched off)
     once = _ours_once if launcher.startswith("ddp_notebook") else (lambda: _mp_once(launcher.split("-")[1]))
     first, done = once()
-    if launcher == "ddp_notebook-pool":
-        ddp_notebook.pool.get_pool().wait_warm()  # refilled after the first run
     again, _ = once()  # relaunch in the same process
     out = {"first_step": first, "done": done, "relaunch": again, "misreported": len(MISREPORTED)}
     for fault in FAULTS:
         out.update({f"{fault}_{k}": v for k, v in failure_latency(launcher, fault).items()})
-    if launcher.startswith("ddp_notebook"):
-        ddp_notebook.pool.disable()
     return out
 
 
@@ -175,7 +171,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
-                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
+                        "interpreters (torch.multiprocessing spawn, ddp_notebook without a fork server): the CI "
                         "smoke test")
     parser.add_argument("--trial", choices=LAUNCHERS)
     args = parser.parse_args()
@@ -200,10 +196,10 @@ def main() -> None:
     print("| launcher | CUDA-safe | cell-defined fn | first launch → all ranks past step 1 | relaunch in the same "
           "process | rank 1 raises / exits / is SIGKILLed → parent has the error | → all peers reaped |")
     print("|---|---|---|---|---|---|---|")
-    notes = {"ddp_notebook": ("yes", "yes"), "ddp_notebook-pool": ("yes", "yes"), "mp-fork": ("no", "yes"),
+    notes = {"ddp_notebook": ("yes", "yes"), "ddp_notebook-fresh": ("yes", "yes"), "mp-fork": ("no", "yes"),
              "mp-spawn": ("yes", "no")}
     names = {"ddp_notebook": "ddp_notebook, fork server started by the launch",
-             "ddp_notebook-pool": "ddp_notebook, warm pool, fork server off",
+             "ddp_notebook-fresh": "ddp_notebook, fresh interpreters (fork server off)",
              "mp-fork": "torch.multiprocessing fork", "mp-spawn": "torch.multiprocessing spawn"}
     for launcher in launchers:
         med = {k: statistics.median(r[k] for r in results[launcher]) for k in results[launcher][0]}

@@ -49,15 +49,16 @@ def main() -> None:
     args = parser.parse_args()
     trials, steps = (1, 100) if args.quick else (args.trials, args.steps)
     os.environ.setdefault("DDP_NOTEBOOK_RUNS", tempfile.mkdtemp())
-    import ddp_notebook
 
-    ddp_notebook.pool.enable(2)
+    from ddp_notebook.executors.local import forkserver
+
+    forkserver.start()  # what %load_ext does
+    while not forkserver.status()["ready"]:
+        time.sleep(0.05)
     rates: dict[bool, list[float]] = {True: [], False: []}
     for trial in range(trials):
         for report in ((False, True) if trial % 2 == 0 else (True, False)):  # alternate: no order bias
-            ddp_notebook.pool.get_pool().wait_warm()
             rates[report].append(measure(steps, report))
-    ddp_notebook.pool.disable()
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
     print("trials (steps/s): none", [round(r) for r in rates[False]], "reporting", [round(r) for r in rates[True]])
     print(f"Monitoring overhead, 2 gloo ranks, small MLP, {steps} timed steps, median of {trials}")

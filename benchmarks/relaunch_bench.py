@@ -2,7 +2,7 @@
 
 Side by side in one run, each launcher in a fresh Python process (a notebook), trials interleaved:
 ddp_notebook with its fork server (the default: started by the first launch, or ahead of it as
-``%load_ext`` does), with the warm pool of fresh interpreters (the server off), and
+``%load_ext`` does), with fresh interpreters (the server off, as off Linux), and
 torch.multiprocessing with fork and with spawn. Every launcher runs the same rank body (a gloo
 process group from a file rendezvous, one all_reduce, the result back to the parent):
 
@@ -28,14 +28,14 @@ import threading
 import time
 from collections.abc import Callable
 
-LAUNCHERS = ("forkserver", "forkserver-early", "pool", "mp-fork", "mp-spawn")
+LAUNCHERS = ("forkserver", "forkserver-early", "fresh", "mp-fork", "mp-spawn")
 NAMES = {"forkserver": "ddp_notebook, fork server (default)",
          "forkserver-early": "ddp_notebook, fork server started by `%load_ext`",
-         "pool": "ddp_notebook, warm pool, fork server off", "mp-fork": "torch.multiprocessing fork",
+         "fresh": "ddp_notebook, fresh interpreters, fork server off", "mp-fork": "torch.multiprocessing fork",
          "mp-spawn": "torch.multiprocessing spawn"}
 PAUSES = (0, 1, 2, 4, 8)
 # Launchers that take seconds a run get a tenth of the clean runs (a hang is still a minute's wait).
-SLOW = ("pool", "mp-spawn")
+SLOW = ("fresh", "mp-spawn")
 HANG = 60.0
 
 
@@ -68,17 +68,17 @@ def _mp_rank(rank, queue, init_file, fail=False):
 class Launcher:
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        if kind.startswith(("forkserver", "pool")):
+        if kind.startswith(("forkserver", "fresh")):
             import ddp_notebook
+            from ddp_notebook.executors.local import forkserver
 
             self.dn = ddp_notebook
-            if kind == "pool":
-                ddp_notebook.forkserver.disable()
-                ddp_notebook.pool.enable(2)  # what %load_ext does without a fork server
-                ddp_notebook.pool.get_pool().wait_warm()  # the user writes the next cell meanwhile
+            self.forkserver = forkserver
+            if kind == "fresh":
+                forkserver.disable()  # every worker a fresh interpreter, as where there is no fork server
             elif kind == "forkserver-early":
-                ddp_notebook.forkserver.start()  # what %load_ext does
-                while not ddp_notebook.forkserver.status()["ready"]:  # the user writes the next cell
+                forkserver.start()  # what %load_ext does
+                while not forkserver.status()["ready"]:  # the user writes the next cell
                     time.sleep(0.05)
 
     def once(self, fail: bool = False, timeout: float = HANG) -> float:
@@ -125,8 +125,7 @@ class Launcher:
 
     def settle(self) -> None:
         """Between measured runs: what the launcher does in the background after a run is its own."""
-        if self.kind == "pool":
-            pass  # the refill is what a relaunch races with: not waited for
+        # (nothing: the fork server keeps nothing of a run, and fresh interpreters start anew)
 
 
 MISREPORTED: list[str] = []
@@ -181,9 +180,9 @@ def trial(kind: str, started: float, clean_runs: int, pauses: tuple[int, ...]) -
     if kind.startswith("forkserver"):
         import psutil
 
-        info = psutil.Process(launcher.dn.forkserver.status()["pid"]).memory_full_info()
+        info = psutil.Process(launcher.forkserver.status()["pid"]).memory_full_info()
         out.update(server_rss=info.rss, server_pss=info.pss, server_uss=info.uss,
-                   server_threads=launcher.dn.forkserver.status()["threads"])
+                   server_threads=launcher.forkserver.status()["threads"])
     return out
 
 
@@ -193,7 +192,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
-                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
+                        "interpreters (torch.multiprocessing spawn, ddp_notebook without a fork server): the CI "
                         "smoke test")
     parser.add_argument("--trial", choices=LAUNCHERS)
     parser.add_argument("--started", type=float)

@@ -80,14 +80,14 @@ def part(dynamo: bool, runs: int) -> dict:
 
     if dynamo:
         import torch._dynamo  # noqa: F401 - what a notebook that used torch.compile has done
-    import ddp_notebook
 
-    ddp_notebook.pool.enable(2)
+    from ddp_notebook.executors.local import forkserver
+
+    forkserver.start()  # what %load_ext does
     counts = {name: {"ok": 0, "hang": 0, "misreported": 0} for name in ("ddp_notebook", "fork")}
     for _ in range(runs):
         counts["ddp_notebook"][one_ours()] += 1
         counts["fork"][one_fork()] += 1
-    ddp_notebook.pool.disable()
     return counts
 
 

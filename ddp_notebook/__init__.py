@@ -9,44 +9,28 @@
 The package is layered; imports point one way, from the top of this list down:
 
 - ``ui``: front ends (text, HTML, widget panel, magics) that render state and call the API;
-- ``recipes``: ``fit``, ``spawn`` and the demo, built on the engine;
-- ``engine``: launch, ``Run``, options, packing, and the one supervision core;
-- ``backends``: where ranks run (``local`` processes, ``ipyparallel`` engines) beneath it;
+- ``integrations``: the frameworks' callbacks and drop-ins, for explicit use;
+- ``recipes``: ``fit``, ``spawn`` and the demo, built on the lifecycle;
+- ``lifecycle``: launch, ``Run``, options, the call, and the one supervision core;
+- ``executors``: where ranks run (``local`` processes, ``ipyparallel`` engines) beneath it;
 - ``worker``: what runs inside a rank;
-- ``core``: pure Python: devices, validation, events, state, failures, run directories.
+- ``transfer``: how a call and its data travel to the ranks, and results back;
+- ``core``: plain Python: devices, validation, errors, events, state, failures, run directories.
 
-This module is the public API and the IPython extension (``%load_ext ddp_notebook``).
+This module is the public API (``__all__``) and the IPython extension (``%load_ext
+ddp_notebook``); every exception is in ``ddp_notebook.errors``.
 """
+import warnings
 from typing import Any
 
+from . import errors  # noqa: F401 - the exceptions' public home, ddp_notebook.errors
 from .core.devices import Device, parse_devices
-from .core.errors import (
-    ArgumentsError,
-    DDPNotebookError,
-    DeviceSpecError,
-    EngineSelectionError,
-    EngineUnavailableError,
-    FitConfigError,
-    LaunchOptionError,
-    NoCheckpointError,
-    NoResultError,
-    NotPicklableError,
-    PreflightError,
-    ProcessGroupMismatchError,
-    QueueUseError,
-    RunLoadError,
-    RunStoppedError,
-    SupervisionError,
-    UnsafeRunDirError,
-    WaitTimeoutError,
-    WorkerFailedError,
-)
 from .core.failures import WorkerFailure
-from .core.probes import Probe, StaticProbe
-from .core.state import RunState, RunStatus, WorkerState, WorkerStatus
-from .core.validation import Finding, InvalidDevicesError, ValidationReport, validate_devices
+from .core.state import RunStatus
+from .core.validation import ValidationReport, validate_devices
 from .core.version import __version__
-from .executors.local import forkserver, pool
+from .errors import *  # noqa: F403 - every exception, importable from here as in the first release
+from .errors import DDPNotebookError, InvalidDevicesError, NonFiniteLossError, WorkerFailedError
 from .lifecycle.launch import default_devices, last_run, launch, runs, set_default_devices
 from .lifecycle.options import LaunchOptions
 from .lifecycle.run import Run
@@ -59,26 +43,68 @@ from .ui.magics import unload_ipython_extension as _unload
 from .worker.context import WorkerContext, current_context
 
 __all__ = [
-    "forkserver", "pool", "launch", "fit", "FitResult", "spawn", "current_context", "Run", "WorkerContext",
-    "LaunchOptions", "share",
-    "last_run", "runs", "default_devices", "set_default_devices", "load_ipython_extension", "unload_ipython_extension",
-    "Device", "parse_devices", "validate_devices", "ValidationReport", "Finding", "Probe", "StaticProbe",
-    "RunState", "RunStatus", "WorkerState", "WorkerStatus", "WorkerFailure",
-    "DDPNotebookError", "ArgumentsError", "DeviceSpecError", "InvalidDevicesError", "NotPicklableError",
-    "WorkerFailedError", "SupervisionError", "RunStoppedError", "WaitTimeoutError", "NoResultError",
-    "NoCheckpointError", "PreflightError", "FitConfigError", "LaunchOptionError", "EngineSelectionError",
-    "EngineUnavailableError", "UnsafeRunDirError", "RunLoadError", "QueueUseError", "ProcessGroupMismatchError",
+    # running
+    "launch", "fit", "spawn", "share", "Run", "RunStatus", "FitResult", "LaunchOptions",
+    # inside a worker
+    "WorkerContext", "current_context",
+    # devices
+    "Device", "parse_devices", "validate_devices", "ValidationReport", "default_devices", "set_default_devices",
+    # runs of this kernel
+    "last_run", "runs",
+    # failures (every exception: ddp_notebook.errors)
+    "WorkerFailure", "DDPNotebookError", "WorkerFailedError", "InvalidDevicesError", "NonFiniteLossError",
     "__version__",
 ]
 
+# Names of the first releases that are no longer part of the API: still found, for a release, with a
+# DeprecationWarning that says where they live now.
+_MOVED = {
+    "pool": ("ddp_notebook.pool", None, "the warm pool is retired: workers are forked by the fork server, which "
+             "%load_ext ddp_notebook starts"),
+    "forkserver": ("ddp_notebook.executors.local.forkserver", None, "it is started by %load_ext ddp_notebook and "
+                   "switched off with DDP_NOTEBOOK_FORKSERVER=0"),
+    "Probe": ("ddp_notebook.core.probes", "Probe", None),
+    "StaticProbe": ("ddp_notebook.core.probes", "StaticProbe", None),
+    "RunState": ("ddp_notebook.core.state", "RunState", None),
+    "WorkerState": ("ddp_notebook.core.state", "WorkerState", None),
+    "WorkerStatus": ("ddp_notebook.core.state", "WorkerStatus", None),
+    "Finding": ("ddp_notebook.core.validation", "Finding", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module 'ddp_notebook' has no attribute {name!r}")
+    import importlib
+
+    module, attribute, why = _MOVED[name]
+    where = f"{module}.{attribute}" if attribute else module
+    warnings.warn(f"ddp_notebook.{name} is no longer part of the package's API: "
+                  + (why if why else f"import it from {where}"), DeprecationWarning, stacklevel=2)
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
+
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext ddp_notebook``: the ``%ddp_*`` magics, the live panel as a run's display, a warm pool."""
+    """``%load_ext ddp_notebook``: the ``%ddp_*`` magics, the live panel as a run's display, and
+    the fork server started at once (the first launch then forks its workers in milliseconds).
+
+    Parameters
+    ----------
+    ipython : IPython.core.interactiveshell.InteractiveShell
+        The shell to extend (IPython passes it).
+    """
     _load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext ddp_notebook``: undoes what loading did; runs in progress go on."""
+    """``%unload_ext ddp_notebook``: undoes what loading did; runs in progress go on.
+
+    Parameters
+    ----------
+    ipython : IPython.core.interactiveshell.InteractiveShell
+        The shell the extension was loaded into.
+    """
     _unload(ipython)
 
 

@@ -305,3 +305,27 @@ def holds_the_gil_on_rank_1(ctx, seconds: float):
         ctypes.PyDLL(None).sleep(int(seconds))  # PyDLL keeps the GIL for the call: no Python thread runs
     dist.all_reduce(t)
     return t.item()
+
+
+def means_unless_two(ctx, net):
+    """Fails on a run of two ranks (rank 1 raises); on one rank, the means of the model's weight and bias."""
+    if ctx.world_size == 2 and ctx.rank == 1:
+        raise ValueError("the first try fails")
+    return float(net.weight.mean()), float(net.bias.mean())
+
+
+def fails_when_two(ctx, *args):
+    """Rank 1 of a run of two raises; a run of one returns its arguments."""
+    if ctx.world_size == 2 and ctx.rank == 1:
+        raise ValueError("the first try fails")
+    return args
+
+
+def sum_when_told(ctx, data, flag: str):
+    """Waits until the file ``flag`` exists (the notebook changed something meanwhile), then sums ``data``."""
+    import numpy as np
+
+    ctx.log(step=0)
+    while not os.path.exists(flag):
+        time.sleep(0.02)
+    return float(np.asarray(data).sum())

@@ -26,8 +26,8 @@ def wait_until(condition, timeout=60.0, every=0.05):
 
 
 def started_processes():
-    """The pids of this process's children and theirs, less the processes kept between runs (the
-    pool's idle workers and their watchers, the fork server): what a test started."""
+    """The pids of this process's children and theirs, less the process kept between runs (the
+    fork server): what a test started."""
     import psutil
 
     from ddp_notebook.executors.local.executor import standing_processes

@@ -299,8 +299,8 @@ def test_panel_of_an_engine_run_offers_engine_slots_and_validates_on_the_engines
         run.wait(timeout=60)
     relaunched = []
     panel = DDPPanel(run, launcher=lambda devices: relaunched.append(devices) or run,
-                     available=run.device_choices(), selected=[str(d) for d in run.devices],
-                     validator=run.validate_devices)
+                     available=run._device_choices(), selected=[str(d) for d in run.devices],
+                     validator=run._validate_devices)
     assert panel.picker.options == ("cpu:0", "cpu:1")  # one slot per engine, no GPU on these engines
     assert "<small>engine 1 on " in panel.views[0].rows[1].name.value
     panel.picker.value = ("cpu:0", "cpu:1")
@@ -400,7 +400,7 @@ def test_engines_busy_with_a_run_are_refused_to_another(rc):
         wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
         with pytest.raises(InvalidDevicesError, match=rf"engine 0 is in use by run {run.id} \(running\): stop it first"):
             ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,))
-        assert "engine 1 is in use" in run.validate_devices("cpu:0,cpu:1").summary()
+        assert "engine 1 is in use" in run._validate_devices("cpu:0,cpu:1").summary()
     finally:
         run.stop(grace=5, wait=True)
     assert ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,)).wait(timeout=60) == 1  # free again

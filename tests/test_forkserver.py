@@ -6,12 +6,14 @@ import resource
 import signal
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
 
 import ddp_notebook
-from ddp_notebook import forkserver
+from ddp_notebook.executors.local import forkserver
+from ddp_notebook.ui.text import format_run
 
 import faults
 from helpers import has_ended, wait_for, wait_until
@@ -204,6 +206,8 @@ def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stop
     forkserver.stop()
     run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
     assert not forkserver.status()["ready"] and run.status == "starting"  # launch did not wait for it
+    assert run.state.waiting_for == "importing torch once for this notebook"
+    assert "starting workers (importing torch once for this notebook)" in format_run(run.state)
     run.stop()  # before any worker exists: none is started, and the run ends at once
     with pytest.raises(ddp_notebook.RunStoppedError):
         run.wait(timeout=120)
@@ -213,19 +217,41 @@ def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stop
         forkserver.status()["pid"]  # the server went on starting, for the next launch
 
 
-def test_a_frozen_server_holds_up_neither_the_runs_it_forked_nor_the_next_launch(monkeypatch):
+def test_a_stopped_server_delays_no_launch_and_is_ended_once_its_runs_are_done():
     server = _server()
     run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
     wait_for(run, lambda s: all(w.step for w in s.workers.values()), timeout=60)
-    server.suspend()  # a debugger stops it: it answers nothing
+    server.suspend()  # a debugger, or SIGSTOP: it answers nothing
     try:
+        started = time.monotonic()
+        after = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2")
+        took = time.monotonic() - started
+        facts = after.wait(timeout=120)
+        assert all(f["parent"] == os.getpid() for f in facts)  # fresh interpreters, without the stopped server
+        assert took < 1.0 and after.state.started_at is not None, took  # the launch did not wait for it
+        assert f"(pid {server.pid}) is stopped" in forkserver.status()["error"]
+        assert server.is_running()  # the run it forked still runs: the server goes once that run is done
         run.stop()
         assert run.wait(timeout=60).startswith("stopped at step")  # its exits read from /proc
-        monkeypatch.setattr(forkserver, "FORK_TIMEOUT", 3.0)
-        after = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)
-        assert all(f["parent"] == os.getpid() for f in after)  # started fresh, without the frozen server
-        assert f"(pid {server.pid}) did not answer in 3 s" in forkserver.status()["error"]
+        wait_until(lambda: has_ended(server.pid), timeout=30)  # ended while still stopped
     finally:
-        server.resume()
-    assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)[0]["parent"] != os.getpid()
-    wait_until(lambda: has_ended(server.pid), timeout=30)
+        if not has_ended(server.pid):
+            server.resume()
+    assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)[0]["parent"] not in (
+        os.getpid(), server.pid)  # the next launch forks from a new server
+
+
+def test_a_wedged_server_is_given_up_on_and_the_run_goes_on_without_it(monkeypatch):
+    server = _server()
+    monkeypatch.setattr(forkserver, "FORK_TIMEOUT", 2.0)
+    # Wedged: alive, not stopped as far as the notebook can tell, and answering nothing. (Stopped
+    # here, with its stopped state hidden: only the timeout can find it.)
+    server.suspend()
+    monkeypatch.setattr(psutil.Process, "status", lambda self: psutil.STATUS_SLEEPING)
+    try:
+        run = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2")
+        assert all(f["parent"] == os.getpid() for f in run.wait(timeout=120))
+        assert f"(pid {server.pid}) did not answer in 2 s" in forkserver.status()["error"]
+    finally:
+        monkeypatch.undo()
+    wait_until(lambda: has_ended(server.pid), timeout=30)  # ended: it had no run of its own left

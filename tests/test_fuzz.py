@@ -29,24 +29,23 @@ from ddp_notebook import (
     DeviceSpecError,
     LaunchOptions,
     Run,
-    StaticProbe,
     parse_devices,
-    pool,
     validate_devices,
 )
 from ddp_notebook.core import probes
 from ddp_notebook.core.devices import KINDS, MAX_WORKERS
 from ddp_notebook.core.events import EventKind
 from ddp_notebook.core.failures import FailureKind, WorkerFailure
+from ddp_notebook.core.probes import StaticProbe
 from ddp_notebook.core.rundir import RunDir
 from ddp_notebook.core.stream import EventStream
 from ddp_notebook.core.validation import CPU_WORKERS_PER_CORE, ValidationReport
 from ddp_notebook.executors.local.executor import LocalExecutor, set_default_devices
 from ddp_notebook.lifecycle import launch as launch_module
+from ddp_notebook.lifecycle.call import Call
 from ddp_notebook.lifecycle.options import OPTION_NAMES
 from ddp_notebook.recipes import fit as fit_module
 from ddp_notebook.transfer.loading import Received
-from ddp_notebook.transfer.packing import Packed
 from ddp_notebook.transfer.pickling import dumps
 from ddp_notebook.ui import magics as magics_module
 
@@ -127,7 +126,7 @@ def a_run(run_id, status="failed", finished=True, restart=None, executor=None, d
 
 def restart(devices, options, settings, parent):
     """How a run's retry starts (``start_run`` with its call bound)."""
-    return launch_module.start_run(Packed(b""), devices, options, settings, parent=parent)
+    return launch_module.start_run(Call(len, ()), devices, options, settings, parent=parent)
 
 
 STARTED = a_run("20260101-000009-started", status="succeeded")
@@ -190,20 +189,6 @@ def test_a_device_list_parses_or_is_refused_naming_the_entry(spec):
         assert ddp_notebook.default_devices() is spec
     finally:
         set_default_devices(None)
-
-
-@fuzz
-@given(st.one_of(st.integers(-2, 2 * pool.max_size()), anything))
-def test_the_pool_size_is_checked_before_a_process_starts(monkeypatch, size):
-    warmed = []
-    monkeypatch.setattr(pool.get_pool(), "warm", warmed.append)
-    monkeypatch.setattr(pool.get_pool(), "enabled", pool.get_pool().enabled)
-    try:
-        pool.enable(size)
-    except ddp_notebook.LaunchOptionError as e:
-        assert says(e, size) and not warmed
-    else:
-        assert warmed == [size] and type(size) is int and 0 <= size <= pool.max_size()
 
 
 def test_only_ascii_digits_count_in_a_device():

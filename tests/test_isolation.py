@@ -40,14 +40,14 @@ ORPHAN_SCRIPT = textwrap.dedent("""
     import sys, ddp_notebook
     sys.path.insert(0, {tests!r})
     import faults
+    from ddp_notebook.executors.local import forkserver
     run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
-    ddp_notebook.pool.enable(2)  # idle pooled workers must go too
     import threading
     seen = threading.Event()
     run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
     seen.wait(60)
     print(" ".join(str(w.pid) for w in run.workers), flush=True)
-    print(" ".join(str(p) for p in ddp_notebook.pool.get_pool().idle_pids()), flush=True)
+    print(forkserver.status()["pid"], flush=True)  # the fork server must go too
     threading.Event().wait()  # a busy kernel, until it is killed
 """)
 
@@ -57,9 +57,7 @@ def test_workers_exit_when_the_notebook_process_dies():
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pids = [int(p) for p in kernel.stdout.readline().split()]
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
-    pooled = [int(p) for p in kernel.stdout.readline().split()]
-    assert len(pooled) == 2
-    pids += pooled
+    pids.append(int(kernel.stdout.readline()))
     kernel.send_signal(signal.SIGKILL)
     kernel.wait()
     # An orphan that exited stays a zombie until its new parent (init, or a subreaper) reaps it:

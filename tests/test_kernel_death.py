@@ -8,7 +8,8 @@ kill (a few seconds of ``import torch``) test them all, and each case still pass
   after that run started and before the others, so it holds only that run's pipes);
 - (b) a run whose rank holds the GIL in C code (no Python thread of the worker can run);
 - (c) a run whose rank started a subprocess and left it running;
-- (d) pool workers still importing torch when the kernel dies;
+- (d) workers started as fresh interpreters (no fork server), still importing torch when the
+  kernel dies;
 - (e) a rank that started a subprocess and then failed, while a cell holds the GIL, so the
   notebook's supervisor cannot end what the rank left before the kernel dies;
 - (f) a fork server still importing torch (the runs above were forked by another one, which
@@ -32,7 +33,7 @@ from helpers import wait_until
 # The issue's bound: nothing of a run may be left this long after the kernel's death.
 LIMIT = 2.0
 # How long the leftovers are watched, to say when they went (the code before the fix: never, or
-# once the pool's import of torch is done).
+# once the workers' import of torch is done).
 WATCH = 8.0
 
 CELL = '''
@@ -78,14 +79,24 @@ run_e = ddp_notebook.launch(fails_leaving_a_subprocess, devices="cpu:0", args=({
 # (e): the rank fails while this cell holds the GIL (sum over a range never lets it go)
 HOLD = 'open({e!r} + ".go", "w").close(); sum(range(3 * 10**9))'
 
-# (d, f) the last cell: the pool starts two workers, a new fork server starts (the one that forked
-# the runs above ends once they do), and the kernel is killed the moment it replies.
-POOL = 'ddp_notebook.pool.enable(2); ddp_notebook.forkserver.stop(); ddp_notebook.forkserver.start(); ' \
-       'print(json.dumps({"pool": ddp_notebook.pool.get_pool().idle_pids(), ' \
-       '"server": ddp_notebook.forkserver.status()["pid"], "kernel": os.getpid(), "helper": helper}))'
+# (d, f) the last cell: a run on two fresh interpreters (the fork server off), then a new fork server
+# (the one that forked the runs above ends once they do); the kernel is killed soon after it replies.
+LAST = '''
+import psutil
+from ddp_notebook.executors.local import forkserver
+forkserver.disable()
+run_d = ddp_notebook.launch(idle, devices="cpu*2", args=({d!r},))
+fresh, deadline = [], time.monotonic() + 60
+while len(fresh) < 2 and time.monotonic() < deadline:  # the run's own thread starts them
+    fresh = [c.pid for c in psutil.Process().children() if "ddp_notebook.worker.process" in " ".join(c.cmdline())]
+    time.sleep(0.01)
+forkserver.enable()
+forkserver.start()
+print(json.dumps({{"fresh": fresh, "server": forkserver.status()["pid"], "kernel": os.getpid(), "helper": helper}}))
+'''
 
 CASES = {"a": "a forked helper holds the lifeline open", "b": "a rank holds the GIL",
-         "c": "a rank's subprocess", "d": "the pool is importing torch",
+         "c": "a rank's subprocess", "d": "fresh workers importing torch",
          "e": "a failed rank's subprocess, the notebook holding the GIL",
          "f": "a fork server importing torch"}
 
@@ -140,6 +151,7 @@ def killed(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("kernel_death")
     markers = {case: str(tmp / case) for case in "abce"}
+    last = LAST.format(d=str(tmp / "d"))
     km, kc = start_new_kernel(kernel_name="python3")
     tree: list[psutil.Process] = []
     try:
@@ -147,10 +159,11 @@ def killed(tmp_path_factory):
         _execute(kc, START.format(**markers))
         wait_until(lambda: all(os.path.exists(m) for m in markers.values()), timeout=120)
         pids = {case: json.load(open(m)) for case, m in markers.items()}
-        info = json.loads(_execute(kc, POOL).strip().splitlines()[-1])
+        info = json.loads(_execute(kc, last).strip().splitlines()[-1])
+        assert len(info["fresh"]) == 2, info
         kernel = psutil.Process(info["kernel"])
         tree = kernel.children(recursive=True)
-        roots = {pids[case]["worker"]: case for case in "abce"} | {pid: "d" for pid in info["pool"]}
+        roots = {pids[case]["worker"]: case for case in "abce"} | {pid: "d" for pid in info["fresh"]}
         roots[info["server"]] = "f"
         roots[info["helper"]] = "helper"  # the user's own fork: not ours to end
         cases = {p.pid: _case_of(p, roots) for p in tree}  # before the kill: orphans have no ancestry
@@ -212,7 +225,7 @@ def test_subprocesses_of_a_rank_die_with_the_kernel(killed):
 
 
 @pytest.mark.kernel
-def test_pool_workers_still_importing_torch_die_with_the_kernel(killed):
+def test_fresh_workers_still_importing_torch_die_with_the_kernel(killed):
     _check(killed, "d")
 
 
@@ -238,8 +251,8 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 @linux_only
 @pytest.mark.processes
 def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
-    # Linux kills a worker when the *thread* that started it ends: a run's supervisor thread
-    # refills the pool as it finishes, and users may launch from threads of their own.
+    # Linux kills a worker when the *thread* that started it ends: a run's own thread starts its
+    # fresh interpreters, and users may launch from threads of their own.
     from ddp_notebook.executors.local.processes import spawn_process
 
     started, tied = [], []

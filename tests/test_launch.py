@@ -84,7 +84,7 @@ def test_retry_on_a_single_device(bad_rank, retry_device):
                               kwargs={"fault": "raise", "bad_rank": bad_rank, "at_step": 2})
     with pytest.raises(WorkerFailedError):
         run.wait(timeout=60)
-    assert str(run.retry_device()) == retry_device
+    assert str(run._retry_device()) == retry_device
     again = run.retry()
     assert again.parent is run and [str(d) for d in again.devices] == [retry_device]
     if bad_rank == 0:  # the fault is on rank 0, which the retry has too: it reproduces alone

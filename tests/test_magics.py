@@ -45,7 +45,6 @@ def ip(ipython_shell):
     assert shell.run_cell(CELL).success
     yield shell
     ddp_notebook.set_default_devices(None)
-    ddp_notebook.pool.disable()
 
 
 def test_ddp_devices_validates_and_sets_the_default(ip):
@@ -139,7 +138,7 @@ def test_a_run_shows_through_the_display_formatter_and_unload_removes_it(ip):
     assert data == {} and "succeeded" in out.stdout and "rank 1 cpu:1" in out.stdout  # the text view, outside a notebook
     ip.run_line_magic("unload_ext", "ddp_notebook")
     try:
-        assert ip.find_line_magic("ddp_fit") is None and ddp_notebook.pool.status()["enabled"] is False
+        assert ip.find_line_magic("ddp_fit") is None
         data, _ = ip.display_formatter.format(run)
         assert data["text/plain"] == repr(run)
     finally:

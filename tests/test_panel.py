@@ -225,4 +225,5 @@ def test_the_title_says_data_is_being_sent_then_what_was_sent():
     assert "sending data 1.2 GB/4 GB" in view.title.value
     feed.emit(dict(sending, time=101.4, sent=4_000_000_000, seconds=1.3, files=["/data/<tokens>.bin"]))
     view.refresh()
-    assert "data: 4 GB in shared memory (copied in 1.3 s), /data/&lt;tokens&gt;.bin mapped from its file" in view.title.value
+    assert ("data: 4 GB copied to shared memory in 1.3 s (held twice while the run lives: ddp_notebook.share() holds "
+            "it once), /data/&lt;tokens&gt;.bin mapped from its file") in view.title.value

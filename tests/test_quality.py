@@ -1,5 +1,6 @@
-"""The package keeps its shape: ruff and mypy clean, imports pointing one way, small modules, the
-launch options declared once. Read from the source (ast) and by the tools themselves."""
+"""The package keeps its shape: ruff and mypy clean, imports pointing one way, a core of plain
+Python, no module grown into several, the launch options declared once. Read from the source (ast)
+and by the tools themselves."""
 import ast
 import os
 import shutil
@@ -16,9 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "ddp_notebook")
 # Lowest first: a module may import its own layer and the layers below it, never one above.
 LAYERS = ["core", "transfer", "worker", "executors", "lifecycle", "recipes", "integrations", "ui"]
-MAX_LINES = 450
+# Modules split by responsibility, not by length: a cohesive module of 600 lines is fine. This only
+# catches a module that has grown into several.
+MAX_LINES = 800
 # What the pure core, and what runs inside a rank, must not import when they are imported.
 NOT_IN_CORE = {"torch", "IPython", "ipywidgets", "ipyparallel", "matplotlib", "numpy"}
+# What the core never imports, anywhere: it is plain Python about runs (devices, validation,
+# errors, events, state, failures, bounds, run directories). Memory, sockets, processes and
+# signals are the data path's, the executors' and the workers'.
+OUTSIDE_THE_CORE = {"ctypes", "mmap", "socket", "subprocess", "signal", "fcntl", "faulthandler", "cloudpickle"}
 
 
 def modules():
@@ -75,10 +82,16 @@ def test_imports_point_down_the_layers():
 def test_the_core_imports_no_heavy_or_front_end_library_at_import_time():
     found = []
     for module, path in modules():
-        if layer(module) in ("core", "worker"):
+        if layer(module) in ("core", "transfer", "worker"):
             for name, line, at_top in imported(module, path):
                 if at_top and name.split(".")[0] in NOT_IN_CORE:
                     found.append(f"{module}:{line} imports {name}")
+    assert not found, found
+
+
+def test_the_core_is_plain_python():
+    found = [f"{module}:{line} imports {name}" for module, path in modules() if layer(module) == "core"
+             for name, line, _ in imported(module, path) if name.split(".")[0] in OUTSIDE_THE_CORE]
     assert not found, found
 
 
@@ -89,7 +102,7 @@ def test_nothing_imports_the_worker_process_or_fork_server_module():
     assert not found, found
 
 
-def test_modules_stay_small():
+def test_no_module_has_grown_into_several():
     big = {m: n for m, p in modules() if (n := sum(1 for _ in open(p))) > MAX_LINES}
     assert not big, big
 

@@ -46,4 +46,3 @@ def test_readme_notebook_block_runs_verbatim_in_ipython(ipython_shell):
         assert retry.wait(timeout=60) == "done"
     finally:
         ddp_notebook.set_default_devices(None)
-        ddp_notebook.pool.disable()

@@ -174,10 +174,9 @@ def test_the_call_travels_over_the_control_pipe_and_never_lies_in_a_file(tmp_pat
 
 
 def test_a_stop_asked_while_a_large_call_is_still_being_sent_is_honoured(tmp_path):
-    from ddp_notebook import pool
+    from ddp_notebook.executors.local import forkserver
 
-    was = pool.get_pool().enabled
-    pool.disable()  # cold workers: they read their assignment only once warm
+    forkserver.disable()  # fresh interpreters: they read their assignment only once they imported torch
     try:
         run = ddp_notebook.launch(faults.wait_for_stop_carrying, devices="cpu*2", run_root=str(tmp_path / "runs"),
                                   kwargs=dict(ballast=os.urandom(4 << 20)))
@@ -188,5 +187,4 @@ def test_a_stop_asked_while_a_large_call_is_still_being_sent_is_honoured(tmp_pat
             pass
         assert run.status == "stopped" and all(w.status == "stopped" for w in run.workers)
     finally:
-        if was:
-            pool.enable()
+        forkserver.enable()

@@ -333,8 +333,8 @@ def test_a_long_copy_shows_while_launch_makes_it(capsys):
     finally:
         show_while_sending(None)
     err = capsys.readouterr().err
-    assert "\rsending data 0 B/268 MB" in err and "\rdata: 268 MB in shared memory (copied in " in err, err
-    assert "\n  data: 268 MB in shared memory (copied in " in format_run(run.state)  # the text view says it too
+    assert "\rsending data 0 B/268 MB" in err and "\rdata: 268 MB copied to shared memory in " in err, err
+    assert "\n  data: 268 MB copied to shared memory in " in format_run(run.state)  # the text view says it too
 
 
 def sum_of(ctx, x):
@@ -425,3 +425,101 @@ def test_a_retry_sends_what_shared_data_holds_now():
     retry = run.retry(devices=["cpu:0"])
     assert retry.wait(timeout=120) == [1.0, 1.0]  # data_steps checks that the data sums to its size
     assert retry.state.data.total == x.nbytes and retry.state.data.in_place == 0
+
+
+# ---- the notebook's data stays the notebook's -----------------------------------------------------
+@pytest.mark.processes
+def test_writes_another_thread_makes_while_launch_sends_the_data_are_never_lost():
+    import threading
+
+    x = torch.zeros(2**24)  # 64 MB: the copy takes long enough to race with the thread
+    per_page = mmap_page() // x.element_size()
+    pages = x.numel() // per_page
+    marked = []
+    go = threading.Event()
+
+    def mark():
+        go.wait()
+        for page in range(pages):  # one float per page, in order, while launch copies the tensor
+            x[page * per_page] = 1.0
+            marked.append(page)
+
+    thread = threading.Thread(target=mark)
+    thread.start()
+    go.set()
+    run = ddp_notebook.launch(faults.takes_arg, devices="cpu*2", args=(x,))
+    thread.join()
+    run.wait(timeout=120)
+    assert len(marked) == pages
+    lost = [p for p in marked if x[p * per_page] != 1.0]
+    assert not lost, f"{len(lost)} of {pages} marks were lost"
+
+
+def mmap_page():
+    import mmap
+
+    return mmap.PAGESIZE
+
+
+@pytest.mark.processes
+def test_a_retry_sends_the_model_as_it_is_now_every_piece_alike():
+    net = torch.nn.Linear(1000, 1000)  # the weight (4 MB) travels by reference, the bias (4 kB) by value
+    run = ddp_notebook.launch(faults.means_unless_two, devices="cpu*2", args=(net,))
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="the first try fails"):
+        run.wait(timeout=120)
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+        net.bias.fill_(1.0)
+    assert run.retry().wait(timeout=120) == (1.0, 1.0)  # one state: the model as it is now
+
+
+@pytest.mark.processes
+def test_a_mapped_file_cut_short_is_refused_by_name_and_the_notebook_lives(tmp_path):
+    # In a child process: a notebook that read past the end of a mapped file would die of SIGBUS.
+    path = tmp_path / "data.npy"
+    script = textwrap.dedent(f"""
+        import numpy as np, sys
+        import ddp_notebook
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import faults
+        path = {str(path)!r}
+        np.save(path, np.ones(2**20, dtype=np.float32))
+        data = np.load(path, mmap_mode="r")
+        run = ddp_notebook.launch(faults.takes_arg, devices="cpu*2", args=(data,))
+        run.wait(timeout=120)
+        failed = ddp_notebook.launch(faults.fails_when_two, devices="cpu*2", args=(data,))
+        try:
+            failed.wait(timeout=120)
+        except ddp_notebook.WorkerFailedError:
+            pass
+        open(path, "wb").close()  # cut short in place (as np.save over it does first)
+        for again in (lambda: failed.retry(), lambda: ddp_notebook.launch(faults.takes_arg, devices="cpu*2",
+                                                                          args=(data,))):
+            try:
+                again()
+            except ddp_notebook.errors.SharedDataError as e:
+                print("REFUSED:", e)
+        print("ALIVE")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    refusals = [line for line in done.stdout.splitlines() if line.startswith("REFUSED:")]
+    assert len(refusals) == 2 and all(str(path) in r and "cut short" in r for r in refusals), done.stdout
+    assert done.stdout.rstrip().endswith("ALIVE")
+
+
+@pytest.mark.processes
+def test_a_rank_killed_by_sigbus_reading_a_file_of_the_call_names_the_file(tmp_path):
+    from helpers import wait_for
+
+    path, flag = tmp_path / "data.npy", tmp_path / "go"
+    np.save(path, np.ones(2**20, dtype=np.float32))
+    data = np.load(path, mmap_mode="r")
+    run = ddp_notebook.launch(faults.sum_when_told, devices="cpu:0", args=(data, str(flag)))
+    wait_for(run, lambda s: s.workers[0].step == 0, timeout=120)
+    open(path, "wb").close()  # cut short under the rank, which has it mapped
+    flag.touch()
+    with pytest.raises(ddp_notebook.WorkerFailedError) as raised:
+        run.wait(timeout=120)
+    message = str(raised.value)
+    assert "SIGBUS" in message and str(path) in message and "cut short" in message, message

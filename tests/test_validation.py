@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ddp_notebook
-from ddp_notebook import InvalidDevicesError, StaticProbe, validate_devices
+from ddp_notebook import InvalidDevicesError, validate_devices
+from ddp_notebook.core.probes import StaticProbe
 
 from helpers import started_processes
 

@@ -4,12 +4,13 @@
 
     DDPNotebookError
     ├── DeviceSpecError (ValueError)          a device list could not be read
-    ├── InvalidDevicesError (ValueError)      a device list failed validation (in validation.py,
-    │                                         beside the report it carries)
+    ├── InvalidDevicesError (ValueError)      a device list failed validation (carries the report)
     ├── FitConfigError (ValueError)           an argument of fit() is not usable
     ├── LaunchOptionError (ValueError)        a launch option is not usable
     ├── RunLoadError (OSError)                Run.load found no run it can read there
     ├── NotPicklableError (TypeError)         the call cannot be sent to the workers
+    ├── SharedDataError (OSError)             the call's data cannot be sent or mapped (a file
+    │                                         it is mapped from was cut short or replaced)
     ├── ArgumentsError (TypeError)            the function cannot take the arguments given
     ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
     ├── EngineUnavailableError (RuntimeError) an engine left the cluster before the start
@@ -21,27 +22,35 @@
     ├── WaitTimeoutError (TimeoutError)       wait(timeout) returned first; the run goes on
     ├── NoResultError                         result() before the run ended
     ├── NoCheckpointError                     retry(resume=True) without a checkpoint
+    ├── UnsafeRunDirError (PermissionError)   a runs folder another user could write to
     ├── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
     └── ProcessGroupMismatchError (ValueError) the function's own init_process_group asked for
                                               another world size, rank or backend than the
                                               run's (raised in a worker)
 
-Nothing here imports torch or IPython, so the errors can be raised from the pure core.
+Nothing here imports torch or IPython, so the errors can be raised from the pure core. Users
+import them from ``ddp_notebook.errors``, their public home (which every class names as its
+module), or the ones they catch most from ``ddp_notebook``.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .failures import WorkerFailure, render_failure_report
+
+if TYPE_CHECKING:
+    from .validation import ValidationReport
 
 __all__ = [
     "DDPNotebookError",
     "DeviceSpecError",
+    "InvalidDevicesError",
     "FitConfigError",
     "LaunchOptionError",
     "RunLoadError",
     "NotPicklableError",
+    "SharedDataError",
     "ArgumentsError",
     "WorkerFailedError",
     "SupervisionError",
@@ -66,6 +75,15 @@ class DDPNotebookError(Exception):
 
 class DeviceSpecError(DDPNotebookError, ValueError):
     """A device list could not be read (bad syntax, unknown device kind, bad index)."""
+
+
+class InvalidDevicesError(DDPNotebookError, ValueError):
+    """A device list failed validation; nothing was started. ``report`` (a ``ValidationReport``)
+    holds every finding, errors and warnings."""
+
+    def __init__(self, report: ValidationReport) -> None:
+        self.report = report
+        super().__init__(report.summary())
 
 
 class FitConfigError(DDPNotebookError, ValueError):
@@ -101,6 +119,12 @@ class NotPicklableError(DDPNotebookError, TypeError):
             f"{what} is a {obj_type} and cannot be sent to the worker processes: {reason}. "
             "Pass something picklable instead, or create the object inside the function."
         )
+
+
+class SharedDataError(DDPNotebookError, OSError):
+    """The large tensors and arrays of a call (or a result) cannot be sent or mapped: a file they
+    are mapped from was cut short, replaced or rewritten, or shared memory could not be made. The
+    message names the file and says what to do."""
 
 
 class ArgumentsError(DDPNotebookError, TypeError):

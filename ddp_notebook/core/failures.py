@@ -10,7 +10,6 @@ Pure Python; the supervisor builds these, the exception and every front end rend
 from __future__ import annotations
 
 import os
-import signal as _signal
 import time as _time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,7 +18,7 @@ from typing import Any, Optional
 from ._text import TextEnum
 
 __all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "order_failures",
-           "render_failure_report", "signal_name", "failure_from_error", "is_runner_file"]
+           "render_failure_report", "failure_from_error", "is_runner_file"]
 
 
 class FailureKind(TextEnum):
@@ -60,13 +59,6 @@ _PHASE_KIND = {Phase.RUN: FailureKind.EXCEPTION, Phase.UNPICKLE: FailureKind.UNP
 def worker_name(rank: int) -> str:
     """``main worker`` for rank 0, ``worker N`` otherwise (burn's words)."""
     return "main worker" if rank == 0 else f"worker {rank}"
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return _signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 @dataclass
@@ -126,7 +118,7 @@ class WorkerFailure:
                         "check the memory use of the data, model and batch size)")
             if sig == "SIGSEGV":
                 return f"crashed with a segmentation fault (SIGSEGV){when}"
-            return f"killed by signal {sig}{when}"
+            return f"killed by signal {sig}{when}" + (f": {self.message}" if self.message else "")
         if kind == FailureKind.EXIT:
             return f"exited with code {self.exit_code}{when or ' before reporting a result'}"
         if kind == FailureKind.ENGINE:

@@ -1,22 +1,19 @@
-"""What devices exist, asked without ever initializing CUDA in the calling process.
+"""What devices exist: the questions validation asks of a machine (``Probe``), and fixed answers
+(``StaticProbe``) for tests and for machines described from afar.
 
-A process that has created a CUDA context cannot fork safely, and torch caches CUDA state
-at first use; so GPU questions are answered by a short-lived child process. Validation takes
-a ``Probe``; tests pass their own to stand in for machines with GPUs.
+The answers for this machine come from the local executor's probe
+(``executors.local.gpu_probe``), which asks a short-lived child process, so that CUDA is never
+initialised in the notebook (a process with a CUDA context cannot fork safely, and torch caches
+CUDA state at first use).
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Probe", "StaticProbe", "SubprocessProbe", "default_probe", "available_memory_bytes", "cpu_count"]
+__all__ = ["Probe", "StaticProbe", "default_probe", "use_default_probe", "available_memory_bytes", "cpu_count"]
 
 
 def cpu_count() -> int:
@@ -73,73 +70,23 @@ class StaticProbe(Probe):
         return self.nccl and bool(self.gpus_free)
 
 
-_CHILD = r"""
-import json, torch
-out = {"count": 0, "mem": [], "nccl": False}
-if torch.cuda.is_available():
-    out["count"] = torch.cuda.device_count()
-    out["mem"] = [list(torch.cuda.mem_get_info(i)) for i in range(out["count"])]
-    import torch.distributed as dist
-    out["nccl"] = bool(dist.is_available() and dist.is_nccl_available())
-print(json.dumps(out))
-"""
-
-
-@dataclass
-class SubprocessProbe(Probe):
-    """Asks a child Python process about GPUs; answers are cached for ``ttl`` seconds.
-
-    When the installed torch has no CUDA support, no child is started at all.
-    """
-
-    ttl: float = 5.0
-    _cache: Optional[tuple[float, dict]] = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def _info(self) -> dict:
-        with self._lock:
-            now = time.monotonic()
-            if self._cache is not None and now - self._cache[0] < self.ttl:
-                return self._cache[1]
-            info = self._query()
-            self._cache = (now, info)
-            return info
-
-    @staticmethod
-    def _query() -> dict:
-        try:
-            import torch
-        except ImportError:
-            return {"count": 0, "mem": [], "nccl": False}
-        if torch.version.cuda is None or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-            return {"count": 0, "mem": [], "nccl": False}
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120, check=True
-            )
-            return json.loads(done.stdout.strip().splitlines()[-1])
-        except (subprocess.SubprocessError, ValueError, IndexError, OSError):
-            return {"count": 0, "mem": [], "nccl": False}
-
-    def cuda_count(self) -> int:
-        return int(self._info()["count"])
-
-    def cuda_free_memory(self, index: int) -> tuple[int, int]:
-        free, total = self._info()["mem"][index]
-        return int(free), int(total)
-
-    def nccl_available(self) -> bool:
-        return bool(self._info()["nccl"])
-
-
 _default: Optional[Probe] = None
+_make_default: Optional[Callable[[], Probe]] = None
+
+
+def use_default_probe(make: Callable[[], Probe]) -> None:
+    """How the process-wide probe is made (the local executor sets its CUDA-safe one, which asks
+    a child process: the core starts no process)."""
+    global _make_default, _default
+    _make_default, _default = make, None
 
 
 def default_probe() -> Probe:
-    """The process-wide CUDA-safe probe."""
+    """The process-wide probe: the one ``use_default_probe`` set up, or, before any was, a
+    machine with this process's cores and no GPU."""
     global _default
     if _default is None:
-        _default = SubprocessProbe()
+        _default = _make_default() if _make_default is not None else StaticProbe(cpus=cpu_count())
     return _default
 
 

@@ -190,6 +190,7 @@ class RunState:
     log_truncated: bool = False  # the log on disk reached its limit: later progress and output are not in it
     data: Optional[DataState] = None  # the call's shared tensors and arrays, when it has some
     result_not_kept: Optional[int] = None  # bytes of a result too large to be kept on disk
+    waiting: Optional[str] = None  # what the ranks wait for before they can start (the fork server's import)
 
     @property
     def world_size(self) -> int:
@@ -198,6 +199,19 @@ class RunState:
     @property
     def finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def waiting_for(self) -> Optional[str]:
+        """What the ranks wait for before any can start, while they do (``importing torch once for
+        this notebook``); None once one has started, or when they did not wait.
+
+        >>> s = RunState(status=RunStatus.STARTING, waiting="importing torch", workers={0: WorkerState(0, "cpu:0")})
+        >>> s.waiting_for
+        'importing torch'
+        """
+        if self.waiting is None or self.status != RunStatus.STARTING:
+            return None
+        return None if any(w.pid is not None or w.finished for w in self.workers.values()) else self.waiting
 
     @property
     def root_failure(self) -> Optional[WorkerFailure]:
@@ -226,6 +240,7 @@ class RunState:
             self.backend = event.get("backend")
             self.run_dir = event.get("run_dir")
             self.parent = event.get("parent")
+            self.waiting = event.get("waiting")
             self.started_at = t
             places = event.get("places") or [None] * len(self.devices)
             hosts = event.get("hosts") or [None] * len(self.devices)

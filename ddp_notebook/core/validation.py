@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .devices import Device, DeviceSpec, format_devices, parse_devices
-from .errors import DDPNotebookError, DeviceSpecError
+from .errors import DeviceSpecError, InvalidDevicesError
 from .probes import Probe, default_probe
 
 __all__ = ["Finding", "ValidationReport", "InvalidDevicesError", "validate_devices", "choose_backend", "BACKENDS",
@@ -79,17 +79,6 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-class InvalidDevicesError(DDPNotebookError, ValueError):
-    """A device list failed validation; nothing was started.
-
-    ``report`` holds every finding (errors and warnings). Part of the exception tree of
-    ``core.errors``; defined here, beside the report it carries."""
-
-    def __init__(self, report: ValidationReport) -> None:
-        self.report = report
-        super().__init__(report.summary())
-
-
 def choose_backend(devices: Sequence[Device]) -> str:
     """nccl for an all-CUDA list, gloo otherwise."""
     return "nccl" if devices and all(d.kind == "cuda" for d in devices) else "gloo"
@@ -109,7 +98,7 @@ def _spec_text(spec: DeviceSpec) -> str:
     if isinstance(spec, str):
         return spec
     if isinstance(spec, (list, tuple)):
-        return ",".join(str(s) for s in spec)
+        return ",".join(str(s) for s in spec) if spec else repr(spec)  # an empty list is named as given
     return str(spec)
 
 

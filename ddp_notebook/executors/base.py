@@ -9,6 +9,7 @@ the cause, deadlines, the stall watchdog) is the supervisor's, written once for 
 """
 from __future__ import annotations
 
+import signal
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,16 @@ from ..core.validation import ValidationReport
 from ..transfer.loading import Received
 from ..transfer.packing import DataTable
 
-__all__ = ["Executor", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs"]
+__all__ = ["Executor", "Transport", "StartSpec", "WorkerEvent", "Output", "Exited", "Observation", "rank_configs",
+           "signal_name"]
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9: how an ``Exited`` names the signal that ended a rank."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,11 @@ class Executor(ABC):
         """The host each of ``n`` ranks runs on, when they may be on several (None: this one)."""
         return None
 
+    def waiting_note(self) -> Optional[str]:
+        """What a new run's ranks wait for before they can start, when they wait (shown while no
+        rank has started); None when they start at once."""
+        return None
+
     def held(self, devices: Sequence[Device]) -> list[str]:
         """What the ranks of a run on ``devices`` hold alone while it runs (a GPU, an engine):
         another run of this process may not use it at the same time. CPU slots share the cores."""
@@ -197,7 +212,7 @@ class Executor(ABC):
         """Start one rank per device; the transport that watches them."""
 
     def finished(self, directory: RunDir, world_size: int) -> None:
-        """A run of this backend has ended (tidy up, warm what the next run needs)."""
+        """A run of this executor has ended (tidy up what it left)."""
 
     def retry_changes(self, devices: Sequence[Device], causing: set[int], retry: DeviceSpec) -> dict[str, Any]:
         """Launch-option changes a retry of a run on ``devices`` (whose ranks ``causing`` caused

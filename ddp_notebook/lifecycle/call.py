@@ -6,12 +6,13 @@ from __future__ import annotations
 import inspect
 import linecache
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core.errors import ArgumentsError, NotPicklableError
+from ..core.errors import ArgumentsError, DDPNotebookError, NotPicklableError, SharedDataError
 from ..transfer.packing import Packed, pack
 
-__all__ = ["pack_call", "first_unpicklable", "check_arguments", "call_parts"]
+__all__ = ["Call", "pack_call", "first_unpicklable", "check_arguments", "call_parts"]
 
 
 def _describe(obj: Any) -> str:
@@ -81,7 +82,7 @@ def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], k
     >>> check_arguments(train, "ctx", (1, 2), {})
     Traceback (most recent call last):
     ...
-    ddp_notebook.core.errors.ArgumentsError: train(ctx, ...) cannot take these arguments: too many positional arguments
+    ddp_notebook.errors.ArgumentsError: train(ctx, ...) cannot take these arguments: too many positional arguments
     """
     try:
         signature = inspect.signature(fn)
@@ -109,8 +110,44 @@ def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
                if len(entry) == 4 and entry[1] is None}
     try:
         return pack({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
+    except SharedDataError:  # the data itself (a file it is mapped from changed): it says which
+        raise
     except Exception as whole:  # noqa: BLE001 - pickling raises many types
         parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
         parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
         parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
         raise (first_unpicklable(parts) or NotPicklableError("the call", "function call", str(whole))) from None
+
+
+@dataclass(eq=False)
+class Call:
+    """The function and arguments of a run, as the notebook holds them: every start (the launch,
+    each retry) packs them anew, so a retry sends them as they are then, every piece alike, as
+    running the cell again would. ``release(why)`` lets go of them (the notebook may then free
+    data it deleted); a start after that raises ``DDPNotebookError`` with ``why``."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    released: Optional[str] = None  # why it was let go
+    has_data: bool = False  # its last pack had tensors or arrays by reference: worth letting go
+    saved_payload: Optional[bytes] = None  # a call read back from a run's directory: sent as it was saved
+
+    @classmethod
+    def saved(cls, payload: bytes) -> Call:
+        """The call of a run loaded from disk: the pickle kept when it was launched."""
+        return cls(None, (), saved_payload=payload)
+
+    def pack(self) -> Packed:
+        """The call packed as it is now (``pack_call``), or as it was saved."""
+        if self.released is not None:
+            raise DDPNotebookError(self.released)
+        if self.saved_payload is not None:
+            return Packed(self.saved_payload)
+        packed = pack_call(self.fn, self.args, self.kwargs)
+        self.has_data = bool(packed.pieces)
+        return packed
+
+    def release(self, why: str) -> None:
+        if self.released is None:
+            self.fn, self.args, self.kwargs, self.released = None, (), {}, why

@@ -23,8 +23,7 @@ from ..core.validation import InvalidDevicesError, ValidationReport
 from ..executors.base import Executor
 from ..executors.ipyparallel.executor import IpyparallelExecutor
 from ..executors.local.executor import LocalExecutor, default_devices, set_default_devices
-from ..transfer.packing import Packed
-from .call import call_parts, check_arguments, pack_call
+from .call import Call, call_parts, check_arguments
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .resume import keep_call
 from .run import Run, restart_loaded_runs_with, validate_on
@@ -68,7 +67,7 @@ _older: deque[weakref.ref[Run]] = deque(maxlen=100)
 # ones let them go, so that data the notebook deleted is freed (a sweep over new data each run
 # would otherwise keep 100 runs' worth alive).
 KEEP_DATA_OF = 3
-_holding: deque[Packed] = deque()
+_holding: deque[Call] = deque()
 
 
 def last_run() -> Optional[Run]:
@@ -109,25 +108,27 @@ def _validated(devices: Optional[DeviceSpec], options: LaunchOptions, probe: Opt
     return report
 
 
-def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings = RunSettings(),
+def start_run(call: Call, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings = RunSettings(),
               parent: Optional[Run] = None, probe: Optional[Probe] = None,
               report: Optional[ValidationReport] = None) -> Run:
-    """Start a run of an already packed call; ``devices`` are validated here unless ``report``
-    says they already were. Nothing is created when validation or placement refuses the run."""
+    """Start a run of ``call``, packed now (a retry sends the call as it is at the retry);
+    ``devices`` are validated first unless ``report`` says they already were. Nothing is created
+    when validation, packing or placement refuses the run."""
     report = report or _validated(devices, options, probe)
-    backend = executor_for(options)
-    backend.check_placement(report.devices)
+    payload = call.pack()
+    executor = executor_for(options)
+    executor.check_placement(report.devices)
     directory = RunDir.create(options.run_root)
     keep_call(directory, payload, options, settings)  # so it can be retried after a kernel restart
-    run = Run(directory, EventStream(directory.open_log()), report.devices, executor=backend, options=options,
-              settings=settings, report=report, parent=parent, restart=functools.partial(_restart, payload))
-    run.start(payload)
+    run = Run(directory, EventStream(directory.open_log()), report.devices, executor=executor, options=options,
+              settings=settings, report=report, parent=parent, restart=functools.partial(_restart, call))
+    run._start(payload)
     _runs.append(run)
     while len(_runs) > KEEP_RUNS:
         _older.append(weakref.ref(_runs.popleft()))
-    if payload.pieces and payload not in _holding:
-        _holding.append(payload)
-        release = functools.partial(_release_after_success, payload, run.id)
+    if call.has_data and call not in _holding:
+        _holding.append(call)
+        release = functools.partial(_release_after_success, call, run.id)
         run.subscribe(release)
         release({"kind": EventKind.RUN_FINISHED, "status": run.status})  # (it may have ended already)
         while len(_holding) > KEEP_DATA_OF:
@@ -137,21 +138,21 @@ def start_run(payload: Packed, devices: DeviceSpec, options: LaunchOptions, sett
     return run
 
 
-def _release_after_success(payload: Packed, run_id: str, event: dict[str, Any]) -> None:
+def _release_after_success(call: Call, run_id: str, event: dict[str, Any]) -> None:
     """A run that succeeded lets go of its data: a retry is for a failed or stopped run."""
     if event.get("kind") == EventKind.RUN_FINISHED and event.get("status") == RunStatus.SUCCEEDED:
-        payload.release(f"run {run_id} succeeded and let go of the tensors and arrays it was given, so that data "
-                        "deleted in the notebook is freed (only failed and stopped runs keep theirs for a retry); "
-                        "launch it again")
+        call.release(f"run {run_id} succeeded and let go of the tensors and arrays it was given, so that data "
+                     "deleted in the notebook is freed (only failed and stopped runs keep theirs for a retry); "
+                     "launch it again")
 
 
-def _restart(payload: Packed, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
-    if payload.released is not None:
-        raise DDPNotebookError(f"run {parent.id} cannot be retried: {payload.released}")
-    return start_run(payload, devices, options, settings, parent=parent)
+def _restart(call: Call, devices: DeviceSpec, options: LaunchOptions, settings: RunSettings, parent: Run) -> Run:
+    if call.released is not None:
+        raise DDPNotebookError(f"run {parent.id} cannot be retried: {call.released}")
+    return start_run(call, devices, options, settings, parent=parent)
 
 
-restart_loaded_runs_with(lambda payload: functools.partial(_restart, Packed(payload)))
+restart_loaded_runs_with(lambda payload: functools.partial(_restart, Call.saved(payload)))
 
 
 def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -160,8 +161,7 @@ def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tup
     """``launch`` with its options already gathered (``fit`` and ``spawn`` use it). The devices
     are validated before the call is packed, unless ``report`` says they already were."""
     check_arguments(fn, "rank" if settings.mode == CallMode.SPAWN else "ctx", args, kwargs)
-    report = report or _validated(devices, options, probe)
-    return start_run(pack_call(fn, args, kwargs), report.devices, options, settings, probe=probe, report=report)
+    return start_run(Call(fn, args, kwargs), devices, options, settings, probe=probe, report=report)
 
 
 @takes_launch_options

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
@@ -42,7 +43,7 @@ from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
 from ..executors.base import Executor, StartSpec
 from ..executors.local.executor import LocalExecutor
-from ..transfer.loading import Received
+from ..transfer.loading import Received, changed_files
 from ..transfer.packing import Packed
 from ..transfer.queues import QueueFeeder
 from .options import (
@@ -89,8 +90,8 @@ def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: O
     wanted = set(executor.held(report.devices))
     busy = [Finding("error", "busy", f"{item} is in use by run {run.id} ({run.status}): stop it first (run.stop(), "
                     "%ddp_stop) or choose another device.", item)
-            for run in list(_live_runs) if not run.done and run.executor is not None
-            for item in sorted(wanted & set(run.executor.held(run.devices)))]
+            for run in list(_live_runs) if not run.done and run._executor is not None
+            for item in sorted(wanted & set(run._executor.held(run.devices)))]
     return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 
@@ -112,9 +113,9 @@ class Run(AsProcesses):
         self.devices: list[Device] = list(devices)
         self.report = report
         self.backend: str = (report.backend if report else stream.state.backend) or "gloo"
-        self.executor = executor
+        self._executor = executor
         self.options = options or LaunchOptions()
-        self.settings = settings or RunSettings()
+        self._settings = settings or RunSettings()
         self.parent = parent
         self._restart = restart
         self._finished = threading.Event()
@@ -123,6 +124,7 @@ class Run(AsProcesses):
         self._result: Optional[Received] = None
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
         self._release_start: Callable[[], None] = lambda: None  # what this start holds until the run ends
+        self._from_disk = False  # read back by Run.load: a retry sends the call as it was saved
 
     @classmethod
     def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
@@ -141,37 +143,39 @@ class Run(AsProcesses):
         run = cls(stored.directory, stored.stream, stored.devices, options=kept.options if kept else None,
                   executor=LocalExecutor() if kept is not None and not kept.on_engines else None,
                   settings=kept.settings if kept else None, restart=restart)
+        run._from_disk = True
         run._end(Received(stored.result) if stored.result is not None else None)
         return run
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def start(self, payload: Packed) -> Run:
+    def _start(self, payload: Packed) -> Run:
         """Start the ranks of this run (once) on its backend, and the thread that supervises them.
         The call's large tensors and arrays are placed for the ranks here, once (see
         ``transfer.packing``), or sent by value to ranks that cannot map them."""
-        assert self.executor is not None and self._supervisor is None
+        assert self._executor is not None and self._supervisor is None
         # Read before anything starts (a bad value is refused with nothing running), and only when used.
         floor = auto_floor() if self.options.stall_timeout == AUTO else DEFAULT_FLOOR
         n = len(self.devices)
         config: RankConfig = {
             "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
             "timeout": self.options.timeout, "sys_path": _sys_path(), "cwd": os.getcwd(),
-            "progress_interval": self.options.progress_interval, "resume_from": self.settings.resume_from,
-            "mode": self.settings.mode,
+            "progress_interval": self.options.progress_interval, "resume_from": self._settings.resume_from,
+            "mode": self._settings.mode,
         }
         self.stream.emit({"kind": EventKind.RUN_STARTED, "time": time.time(), "run_id": self.id,
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
-                          "places": self.executor.places(n), "hosts": self.executor.hosts(n)})
-        if self.settings.echo:  # subscribed before any rank starts: no line is missed
+                          "places": self._executor.places(n), "hosts": self._executor.hosts(n),
+                          "waiting": self._executor.waiting_note()})
+        if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)
-        env, self._release_start = loopback_store(n, needed=self.settings.mode == CallMode.SPAWN)
+        env, self._release_start = loopback_store(n, needed=self._settings.mode == CallMode.SPAWN)
         try:
-            data, placement = send_data(payload, self.executor.maps_memory, self.stream.emit)
+            data, placement = send_data(payload, self._executor.maps_memory, self.stream.emit)
             if placement is not None:
                 self._release_start = _both(self._release_start, placement.release)
-            transport = self.executor.start(StartSpec(self.dir, self.devices, data, config,
+            transport = self._executor.start(StartSpec(self.dir, self.devices, data, config,
                                                      threads_per_worker=self.options.threads_per_worker,
                                                      env={**self.options.env, **env},
                                                      data=placement.table if placement else None))
@@ -181,10 +185,11 @@ class Run(AsProcesses):
         thread = threading.Thread(target=self._supervise, name=f"ddp-run-{self.id}", daemon=True)
         try:
             self._supervisor = Supervisor(
-                transport, [self.executor.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
+                transport, [self._executor.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
                 SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                   stall_timeout=self.options.stall_timeout, stall_floor=floor),
-                self.stream.emit, QueueFeeder(payload.queues).deliver if payload.queues else None)
+                self.stream.emit, QueueFeeder(payload.queues).deliver if payload.queues else None,
+                functools.partial(changed_files, placement.table if placement else None))
             _live_runs.add(self)
             thread.start()
         except BaseException:
@@ -200,7 +205,7 @@ class Run(AsProcesses):
         return self
 
     def _supervise(self) -> None:
-        assert self._supervisor is not None and self.executor is not None
+        assert self._supervisor is not None and self._executor is not None
         outcome = Outcome(RunStatus.FAILED, None, "the supervisor did not return")
         try:
             outcome = self._supervisor.supervise()
@@ -215,7 +220,7 @@ class Run(AsProcesses):
             self.stream.emit({**finished, "time": time.time()})
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
-            self.executor.finished(self.dir, len(self.devices))
+            self._executor.finished(self.dir, len(self.devices))
         finally:  # whatever failed above, wait() must not block forever
             self._release_start()
             self._end(outcome.result)
@@ -309,7 +314,7 @@ class Run(AsProcesses):
         state = self.state
         root = state.root_failure
         if state.status == RunStatus.FAILED and root is not None:
-            make = process_failure if self.settings.mode == CallMode.SPAWN else WorkerFailedError  # torch's type too
+            make = process_failure if self._settings.mode == CallMode.SPAWN else WorkerFailedError  # torch's type too
             error = make(root, state.failures, self.run_dir)
             raise error from WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
         if state.supervisor_error is not None:
@@ -327,7 +332,7 @@ class Run(AsProcesses):
             raise SupervisionError(f"run {self.id} ended without a result from the main worker; this is a bug in "
                                    f"ddp_notebook: the event log is {self.dir.events_path}")
         value = self._loaded[0] if self._loaded is not None else self._result.load()
-        return self.settings.postprocess(value, self) if self.settings.postprocess else value
+        return self._settings.postprocess(value, self) if self._settings.postprocess else value
 
     # ---- control --------------------------------------------------------------------------------
     def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
@@ -341,7 +346,7 @@ class Run(AsProcesses):
             self._finished.wait()
 
     def _interrupted(self) -> None:
-        if self.settings.mode != CallMode.SPAWN:
+        if self._settings.mode != CallMode.SPAWN:
             grace = self.options.stop_grace
             self._request_stop(grace, "interrupted in the notebook")
             print(f"ddp_notebook: the interrupt stops run {self.id}: each worker sees ctx.should_stop and may "
@@ -365,6 +370,10 @@ class Run(AsProcesses):
         (``devices=[...]`` for a list: a retry is a new start with a smaller device list).
         ``changes`` are launch options that differ from this run's.
 
+        The function and its arguments are sent as they are now, as running the cell again would
+        send them: a model or tensor changed in the notebook since the launch is sent changed. A
+        run read back with ``Run.load`` sends them as they were saved at its launch (and says so).
+
         With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
         checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
         check_option_names("retry", dict(changes))
@@ -376,20 +385,24 @@ class Run(AsProcesses):
             raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
                                    f"and its arguments) was not kept there, as calls over {KEEP_LIMIT // 2**20} MB "
                                    "are not; launch it again (fit(..., resume_from=run) goes on from its checkpoint)")
-        if self.executor is None and "engines" not in changes:
+        if self._executor is None and "engines" not in changes:
             raise DDPNotebookError(f"run {self.id} ran on ipyparallel engines and was loaded from disk: give the "
                                    "engines to retry it on, retry(engines=client)")
         if devices is None:
-            devices = [device if device is not None else self.retry_device()]
-        settings = self.settings
+            devices = [device if device is not None else self._retry_device()]
+        settings = self._settings
         if resume:
             if self.dir.latest_checkpoint() is None:
                 raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "
                                         f"(looked in {self.checkpoint_dir})")
             settings = replace(settings, resume_from=checkpoint_to_resume(self.checkpoint_dir))
-        where = self.executor.retry_changes(self.devices, self.state.causing_ranks, devices) if self.executor else {}
+        where = self._executor.retry_changes(self.devices, self.state.causing_ranks, devices) if self._executor else {}
         options = replace(self.options, **{**where, **changes})  # what the caller chose wins
-        return self._restart(devices, options, settings, self)
+        retry = self._restart(devices, options, settings, self)
+        if self._from_disk:
+            print(f"ddp_notebook: run {self.id} was loaded from disk: retry {retry.id} runs its function with the "
+                  "arguments saved when it was launched, not the notebook's objects as they are now", file=sys.stderr)
+        return retry
 
     def retry_without_failed(self, resume: bool = False) -> Run:
         """Run again on the device list without the devices whose workers caused the failure."""
@@ -400,7 +413,7 @@ class Run(AsProcesses):
             raise DDPNotebookError(f"every device of run {self.id} failed; choose a device with retry(device=...)")
         return self.retry(devices=keep, resume=resume)
 
-    def retry_device(self) -> Device:
+    def _retry_device(self) -> Device:
         """The device ``retry()`` picks: the main one unless it caused the failure."""
         causing = self.state.causing_ranks
         return next((d for rank, d in enumerate(self.devices) if rank not in causing), self.devices[0])
@@ -411,15 +424,15 @@ class Run(AsProcesses):
         return self.dir.checkpoint_dir
 
     # ---- what a front end offers for a relaunch -------------------------------------------------
-    def device_choices(self) -> list[str]:
+    def _device_choices(self) -> list[str]:
         """The devices a relaunch of this run can choose from (where its backend runs ranks)."""
-        return self.executor.device_choices() if self.executor is not None else []
+        return self._executor.device_choices() if self._executor is not None else []
 
-    def validate_devices(self, devices: DeviceSpec) -> ValidationReport:
+    def _validate_devices(self, devices: DeviceSpec) -> ValidationReport:
         """Validate ``devices`` for a relaunch where this run ran (this machine, or its engines)."""
-        if self.executor is None:
+        if self._executor is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no backend to validate on")
-        return validate_on(self.executor, devices)
+        return validate_on(self._executor, devices)
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"

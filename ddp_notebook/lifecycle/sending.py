@@ -47,7 +47,6 @@ def send_data(payload: Packed, maps_memory: bool,
         return payload.data, None
     if not (maps_memory and packing.supported()):
         return payload.inline(), None
-    payload.refresh()  # pages written since the call was packed (a retry) are copied
     total = payload.copied_bytes
     files = [f.path for f in payload.files if f.path is not None]
     base = {"kind": EventKind.DATA, "total": total, "files": files, "in_place": payload.in_place_bytes}

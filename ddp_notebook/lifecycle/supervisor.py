@@ -73,8 +73,10 @@ class Supervisor:
 
     def __init__(self, transport: Transport, labels: Sequence[str], stack_file: Callable[[int], str],
                  options: SupervisorOptions, emit: Callable[[dict[str, Any]], None],
-                 deliver: Optional[Callable[[Any, Received], None]] = None) -> None:
+                 deliver: Optional[Callable[[Any, Received], None]] = None,
+                 changed_files: Callable[[], list[str]] = list) -> None:
         self.transport = transport
+        self._changed_files = changed_files  # what changed in the files the call's data is mapped from
         self._deliver = deliver  # where items the ranks put in the call's queues go (transfer.queues)
         self.labels = list(labels)
         self.ranks = range(len(self.labels))
@@ -253,10 +255,16 @@ class Supervisor:
             kind = FailureKind.SIGNAL
         else:
             kind = FailureKind.EXIT
+        message = obs.lost or ""
+        if obs.signal == "SIGBUS":  # a mapped file read past its end: the call's, when one of them changed
+            changed = self._changed_files()
+            if changed:
+                message = ("it read data of the call from a file that changed while the run used it "
+                           f"({'; '.join(changed)})")
         self._fail(WorkerFailure(
             rank=rank, device=self.labels[rank], kind=kind, time=time.time(), pid=self.pids[rank],
             phase=Phase.RUN if rank in self.ready else Phase.STARTUP, exit_code=obs.code, signal=obs.signal,
-            message=obs.lost or "", last_step=self.steps.get(rank)))
+            message=message, last_step=self.steps.get(rank)))
 
     # ---- failures -------------------------------------------------------------------------------
     def _fail(self, failure: WorkerFailure) -> None:

@@ -11,12 +11,27 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["FileMappings", "OURS"]
+__all__ = ["FileMappings", "FileMapping", "OURS"]
 
 OURS = "/memfd:ddp-notebook-data"  # how /proc/self/maps names the shared memory shared_data places
 _PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True)
+class FileMapping:
+    """Where some memory of this process lies in a file: its path (as the mapping names it), the
+    file's identity, the offset of the memory in it, and whether the ranks may map the file
+    instead of being sent a copy (``clean``: nothing the notebook wrote differs from the file)."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    writable: bool
+    clean: bool
 
 
 class FileMappings:
@@ -25,10 +40,10 @@ class FileMappings:
     def __init__(self) -> None:
         self._rows: Optional[list[tuple[int, int, str, int, int, int, str]]] = None
 
-    def find(self, address: int, nbytes: int) -> Optional[tuple[str, int, int, int, bool]]:
-        """(path, dev, ino, offset in the file, mapped writable) for memory wholly inside one
-        mapping of a regular file or of our shared memory, none of whose pages in that range was
-        written here; else None."""
+    def find(self, address: int, nbytes: int) -> Optional[FileMapping]:
+        """The mapping of a regular file (or of our shared memory) that holds all of
+        ``[address, address + nbytes)``, or None for other memory (anonymous, a deleted file's,
+        a device's, or spanning several mappings)."""
         if self._rows is None:
             self._rows = _read_maps()
         for start, end, perms, offset, dev, ino, path in self._rows:
@@ -36,11 +51,13 @@ class FileMappings:
                 ours = path.startswith(OURS)
                 if ino == 0 or not (ours or path.startswith("/")) or (path.endswith(" (deleted)") and not ours):
                     return None
-                if perms[3] == "s" and perms[1] == "w" and not ours:
-                    return None  # written through to the file: the notebook's later writes would reach the ranks
-                if perms[3] == "p" and not unwritten(address, nbytes):
-                    return None  # copy-on-write pages written since: the file no longer says what it holds
-                return path, dev, ino, offset + address - start, perms[1] == "w"
+                # Written through to the file (a shared writable mapping), the notebook's later writes
+                # would reach the ranks; copy-on-write pages written since no longer say what the file
+                # holds: either way the ranks get a copy, not the file.
+                written_through = perms[3] == "s" and perms[1] == "w" and not ours
+                written_here = perms[3] == "p" and not unwritten(address, nbytes)
+                clean = not (written_through or written_here)
+                return FileMapping(path, dev, ino, offset + address - start, perms[1] == "w", clean)
         return None
 
 

@@ -19,7 +19,7 @@ from . import pickling
 from .packing import PAGE, TAG, DataTable, SharedDataError, close_all, pack, supported
 from .queues import QueueEnd
 
-__all__ = ["load", "open_table", "Received", "share"]
+__all__ = ["load", "open_table", "changed_files", "Received", "share"]
 
 
 def _torch() -> Any:
@@ -58,6 +58,27 @@ def open_table(table: DataTable) -> list[int]:
         close_all(fds)
         raise
     return fds
+
+
+def changed_files(table: Optional[DataTable]) -> list[str]:
+    """What changed, since they were placed, in the files ``table`` maps data from (a file cut
+    short kills a process that reads past its end with SIGBUS): one line per changed file."""
+    out = []
+    for seg in (table or {}).get("segments", []):
+        if "size" not in seg:  # shared memory, not a file
+            continue
+        try:
+            st = os.stat(seg["name"])
+        except OSError:
+            out.append(f"{seg['name']} was deleted or moved")
+            continue
+        if (st.st_dev, st.st_ino) != (seg["dev"], seg["ino"]):
+            out.append(f"{seg['name']} was replaced by another file")
+        elif st.st_size < seg["size"]:
+            out.append(f"{seg['name']} was cut short, from {seg['size']} to {st.st_size} bytes")
+        elif (st.st_size, st.st_mtime_ns) != (seg["size"], seg["mtime_ns"]):
+            out.append(f"{seg['name']} was rewritten")
+    return out
 
 
 class _Mapper:

@@ -43,9 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core import remap
+from ..core.errors import SharedDataError
 from . import pickling
-from .file_mappings import OURS, FileMappings, unwritten
+from .file_mappings import OURS, FileMapping, FileMappings
 from .queues import is_queue
 
 __all__ = ["MIN_SHARED", "Piece", "Packed", "Placement", "SharedDataError", "pack", "supported", "DataTable",
@@ -60,10 +60,6 @@ PAGE = mmap.ALLOCATIONGRANULARITY
 # What a process is told about the pieces of a call: where each segment is and, per piece, its
 # segment, offset, size and whether it is mapped writable (copy-on-write) or read-only. JSON.
 DataTable = dict[str, Any]
-
-
-class SharedDataError(OSError):
-    """A piece of a call or result could not be placed or mapped (says which, and why)."""
 
 
 def supported() -> bool:
@@ -87,7 +83,6 @@ class Piece:
     nbytes: int
     writable: bool
     file: Optional[tuple[int, int]] = None  # (segment index in Packed.files, offset in that file)
-    movable: bool = False  # its memory may be moved onto the shared copy in place (core.remap)
 
 
 @dataclass(eq=False)
@@ -109,23 +104,7 @@ class Packed:
     pieces: list[Piece] = field(default_factory=list)
     files: list[FileSegment] = field(default_factory=list)
     queues: list[Any] = field(default_factory=list)  # multiprocessing queues, by reference (transfer.queues)
-    released: Optional[str] = None  # why the pieces were let go (then it cannot be placed again)
     _closer: Optional[Callable[[], Any]] = field(default=None, repr=False)  # closes the files it holds
-
-    def release(self, why: str) -> None:
-        """Let go of the pieces (the notebook may free their memory) and of the files it holds
-        open; ``why`` is what placing it again raises."""
-        if self.pieces:
-            self.released, self.pieces = why, []
-            if self._closer is not None:
-                self._closer()
-
-    def refresh(self) -> None:
-        """Look again at the pieces sent with no copy: one whose pages the notebook has written
-        since it was packed is copied from now on (a retry sends what the tensor holds now)."""
-        for piece in self.pieces:
-            if piece.file is not None and not unwritten(piece.address, piece.nbytes):
-                piece.file = None
 
     @property
     def shared_bytes(self) -> int:
@@ -145,15 +124,11 @@ class Packed:
     def place(self, progress: Optional[Callable[[int, int], None]] = None) -> Placement:
         """Put the pieces where another process of this user can map them: the copied ones in one
         new memfd (``progress(copied, total)`` as it goes), the others in their files."""
-        if self.released is not None:
-            raise SharedDataError(self.released)
         return Placement.of(self, progress)
 
     def inline(self) -> bytes:
         """The same object as a plain pickle, every piece by value (for a place that cannot map
         this process's memory, such as an ipyparallel engine)."""
-        if self.released is not None:
-            raise SharedDataError(self.released)
         if self.queues:
             raise SharedDataError("a multiprocessing queue in the call carries items from local workers only, not "
                                   "from another machine's (an ipyparallel engine): return the items instead")
@@ -226,28 +201,57 @@ class _SharingPickler(pickling.Pickler):
         key = (address, nbytes, what)
         if key in self._index:
             return self._index[key]
-        piece = Piece(obj, address, nbytes, writable,
-                      movable=remap.movable(obj))
-        found = self._maps.find(address, nbytes) if self._by_path else None
-        if found is not None:
-            path, dev, ino, offset, mapped_writable = found
-            segment = self._file_segment(path, dev, ino)
-            if segment is not None:
-                piece.file = (segment, offset)
-                piece.writable = writable and mapped_writable
+        piece = Piece(obj, address, nbytes, writable)
+        mapping = self._maps.find(address, nbytes) if self._by_path else None
+        if mapping is not None:
+            # Memory mapped from a file reads the file: a file cut short since it was mapped would
+            # kill this process (SIGBUS) at the first page past its end, whether the piece is copied
+            # here or sent by reference (a rank reading it would die instead).
+            segment = self._file_segment(mapping, nbytes)
+            if mapping.clean:
+                piece.file = (segment, mapping.offset)
+                piece.writable = writable and mapping.writable
         self._index[key] = len(self.packed.pieces)
         self.packed.pieces.append(piece)
         return self._index[key]
 
-    def _file_segment(self, path: str, dev: int, ino: int) -> Optional[int]:
-        if (dev, ino) in self._files:
-            return self._files[(dev, ino)]
-        fd = _open_same(path, dev, ino)
-        if fd is None:  # gone or replaced since it was mapped: copy what is in memory
-            return None
-        self.packed.files.append(FileSegment(fd, None if path.startswith(OURS) else path, dev, ino))
-        self._files[(dev, ino)] = len(self.packed.files) - 1
-        return self._files[(dev, ino)]
+    def _file_segment(self, mapping: FileMapping, nbytes: int) -> int:
+        """The segment of the file that ``mapping`` maps (kept only when it is ``clean``: the ranks
+        then map it), once checked to be the very file mapped and to hold all ``nbytes`` of the
+        piece: ``SharedDataError`` naming it otherwise. -1 for a file only checked."""
+        key = (mapping.dev, mapping.ino)
+        if key in self._files:
+            fd = self.packed.files[self._files[key]].fd
+        else:
+            opened = _open_same(mapping.path, mapping.dev, mapping.ino)
+            if opened is None:
+                raise SharedDataError(
+                    f"data in the call is mapped from {mapping.path}, which was deleted or replaced since it was "
+                    "mapped: ddp_notebook does not read a mapped file it cannot check (reading one that was cut "
+                    "short would crash the notebook). Load the file again (np.load(..., mmap_mode='r'), "
+                    "torch.load(..., mmap=True)) and launch again")
+            fd = opened
+        try:
+            size = os.fstat(fd).st_size
+            if size < mapping.offset + nbytes:
+                raise SharedDataError(
+                    f"data in the call is mapped from {mapping.path}, which is now {size} bytes long but held data "
+                    f"up to byte {mapping.offset + nbytes} when it was mapped: the file was cut short (rewritten) "
+                    "since it was loaded, and reading the data would crash the notebook. Load the file again and "
+                    "launch again")
+        except BaseException:
+            if key not in self._files:
+                os.close(fd)
+            raise
+        if key in self._files:
+            return self._files[key]
+        if not mapping.clean:  # checked only: the piece is copied from memory
+            os.close(fd)
+            return -1
+        self.packed.files.append(FileSegment(fd, None if mapping.path.startswith(OURS) else mapping.path,
+                                             mapping.dev, mapping.ino))
+        self._files[key] = len(self.packed.files) - 1
+        return self._files[key]
 
 
 def _open_same(path: str, dev: int, ino: int) -> Optional[int]:
@@ -350,37 +354,29 @@ def _new_memfd(size: int, segments: list[dict[str, Any]], fds: list[int]) -> tup
 
 def _copy_pieces(packed: Packed, segments: list[dict[str, Any]], fds: list[int],
                  progress: Optional[Callable[[int, int], None]]) -> list[list[Any]]:
-    """Copy the pieces that are not in a file into shared memory; the table's rows for every piece.
-
-    A piece whose memory can be moved in place (``core.remap``) gets a memfd of its own, and its
-    pages in this process become a private mapping of it: it is then held once, and freeing it
-    frees that memfd alone (one memfd for several would live as long as the last of them). The
-    others go one after the other into one memfd, at the same place in a page as in memory."""
-    budget = remap.map_headroom() // 3 if any(p.movable for p in packed.pieces) else 0
-    moved = {id(p) for p in [p for p in packed.pieces if p.movable and p.file is None][:max(budget, 0)]}
-    rest = sum(p.nbytes + PAGE for p in packed.pieces if p.file is None and id(p) not in moved)
-    arena: Optional[tuple[int, int]] = None
+    """Copy the pieces that are not in a file, one after the other, into one new memfd; the
+    table's rows for every piece. Each piece sits at the same place in a page as in memory, so it
+    keeps its alignment (SIMD kernels read aligned data faster). The notebook's memory is only
+    read: the notebook keeps its data and the ranks map the copy, so while the run lives the data
+    is held twice (``share()`` holds it once)."""
     rows: list[list[Any]] = []
     total = packed.copied_bytes
+    arena: Optional[tuple[int, int]] = None
     copied = offset = 0
     for piece in packed.pieces:
         if piece.file is not None:
             rows.append([piece.file[0], piece.file[1], piece.nbytes, piece.writable])
             continue
-        if id(piece) in moved:
-            (fd, segment), start = _new_memfd(_aligned(piece.nbytes + 2 * PAGE), segments, fds), piece.address % PAGE
-        else:
-            arena = arena or _new_memfd(_aligned(rest), segments, fds)
-            (fd, segment), start = arena, offset + piece.address % PAGE  # see core.remap: the same place in a page
-            offset = _aligned(start + piece.nbytes)
+        if arena is None:
+            arena = _new_memfd(_aligned(sum(p.nbytes + PAGE for p in packed.pieces if p.file is None)), segments, fds)
+        (fd, segment), start = arena, offset + piece.address % PAGE
+        offset = _aligned(start + piece.nbytes)
         view = _view(piece.address, piece.nbytes)
         done = 0
         while done < piece.nbytes:  # pwrite takes at most ~2 GB at a time
             done += os.pwrite(fd, view[done:done + _COPY_CHUNK], start + done)
             if progress is not None:
                 progress(copied + done, total)
-        if id(piece) in moved:
-            remap.move_pages(piece.address, piece.nbytes, fd, start)
         rows.append([segment, start, piece.nbytes, True])
         copied += piece.nbytes
     return rows

@@ -57,8 +57,8 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     if launcher is None:
         panel = DDPPanel(run, on_start=on_start)
     else:
-        panel = DDPPanel(run, launcher=launcher, available=run.device_choices(),
-                         selected=[str(d) for d in run.devices], validator=run.validate_devices, on_start=on_start)
+        panel = DDPPanel(run, launcher=launcher, available=run._device_choices(),
+                         selected=[str(d) for d in run.devices], validator=run._validate_devices, on_start=on_start)
     display(panel)
     return panel
 

@@ -17,7 +17,6 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..core.devices import parse_devices
 from ..core.errors import (
     ArgumentsError,
     DDPNotebookError,
@@ -33,7 +32,7 @@ from ..core.errors import (
 )
 from ..core.rundir import default_run_root
 from ..core.validation import InvalidDevicesError, validate_devices
-from ..executors.local import forkserver, pool
+from ..executors.local import forkserver
 from ..lifecycle.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
@@ -348,26 +347,17 @@ class DDPMagics(Magics):
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext ddp_notebook``: the magics, the panel as a ``Run``'s display, and the fork
     server started now (it imports torch in the background), so the first ``%ddp_fit`` does not
-    wait for it. Where there is no fork server (off Linux, or ``forkserver.disable()``), the
-    default device list's workers are started and kept warm by the pool instead."""
+    wait for it."""
     ipython.register_magics(DDPMagics)
     display.register(ipython)
-    if forkserver.status()["enabled"]:
-        forkserver.start()
-        return
-    try:
-        size = len(parse_devices(default_devices()))
-    except DeviceSpecError:
-        size = 2
-    pool.enable(min(size, pool.max_size()))
+    forkserver.start()
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext ddp_notebook``: the magics and the panel display removed, the pool's idle
-    workers and the fork server ended. Runs in progress go on."""
+    """``%unload_ext ddp_notebook``: the magics and the panel display removed, and the fork server
+    ended once no run uses it. Runs in progress go on."""
     magics = ipython.magics_manager.magics["line"]
     for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry"):
         magics.pop(name, None)
     display.unregister(ipython)
-    pool.disable()
     forkserver.stop()

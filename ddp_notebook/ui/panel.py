@@ -24,7 +24,7 @@ class DDPPanel(FullText, widgets.VBox):
 
     ``launcher(devices) -> Run`` starts a run on the chosen devices (``%ddp_fit`` gives one);
     ``available`` are the devices the picker offers and ``validator(devices) -> report`` checks
-    a choice (a run's ``device_choices()`` and ``validate_devices``). Without a launcher the panel
+    a choice (a run's ``_device_choices()`` and ``_validate_devices``). Without a launcher the panel
     only shows ``run`` and its retries. ``on_start(run)`` hears of every run the panel starts
     (launches and retries), so the notebook's idea of the current run follows it.
 
@@ -38,7 +38,7 @@ class DDPPanel(FullText, widgets.VBox):
                  on_start: Optional[Callable[[Any], None]] = None) -> None:
         super().__init__()
         if launcher is not None and validator is None:
-            raise TypeError("a panel that launches needs a validator (for instance run.validate_devices)")
+            raise TypeError("a panel that launches needs a validator (for instance run._validate_devices)")
         self.launcher = launcher
         self.validator = validator
         self.on_start = on_start

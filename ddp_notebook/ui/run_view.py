@@ -141,6 +141,8 @@ class RunView(FullText, widgets.VBox):
             sub = f" — {escape(subtitle)}" if subtitle else ""
             if state.data is not None and (not state.data.sending or not state.finished):
                 elapsed += f" · {escape(format_data(state.data))}"
+            if state.waiting_for is not None:
+                elapsed += f" · starting workers ({escape(state.waiting_for)})"
             self.title.value = (f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
                                 f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
             self.stop_button.layout.display = "none" if state.finished else ""

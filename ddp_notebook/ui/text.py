@@ -19,6 +19,10 @@ __all__ = ["format_worker", "format_run", "format_metric", "format_rate", "forma
            "format_data"]
 
 
+SHARE_HINT_FROM = 10**9
+"""A copy of this many bytes or more says how to hold the data once (``share()``)."""
+
+
 def format_metric(value: Any) -> str:
     """A metric as people read it: 4 significant digits, large numbers with k/M/G.
 
@@ -75,18 +79,26 @@ def format_bytes(n: float) -> str:
 
 def format_data(data: DataState) -> str:
     """How the call's tensors and arrays reach the ranks: ``sending data 1.2 GB/4.0 GB`` while
-    they are copied into shared memory, then what was shared and how.
+    they are copied into shared memory, then what was shared and how. A copy is held twice while
+    the run lives (the notebook's data and the ranks' copy): from 1 GB on, the line says how to
+    hold it once.
 
     >>> format_data(DataState(total=4_000_000_000, sent=1_200_000_000))
     'sending data 1.2 GB/4 GB'
-    >>> format_data(DataState(total=4_000_000_000, sent=4_000_000_000, files=["/data/x.npy"], seconds=0.9))
-    'data: 4 GB in shared memory (copied in 0.9 s), /data/x.npy mapped from its file'
+    >>> format_data(DataState(total=200_000_000, sent=200_000_000, files=["/data/x.npy"], seconds=0.1))
+    'data: 200 MB copied to shared memory in 0.1 s (held twice while the run lives), /data/x.npy mapped from its file'
+    >>> print(format_data(DataState(total=4_000_000_000, sent=4_000_000_000, seconds=0.9)))
+    data: 4 GB copied to shared memory in 0.9 s (held twice while the run lives: ddp_notebook.share() holds it once)
     >>> format_data(DataState(seconds=0.0, in_place=2_000_000_000))
     'data: 2 GB already in shared memory (no copy)'
     """
     if data.sending:
         return f"sending data {format_bytes(data.sent)}/{format_bytes(data.total)}"
-    parts = [f"{format_bytes(data.total)} in shared memory (copied in {data.seconds:.1f} s)"] if data.total else []
+    parts = []
+    if data.total:
+        hint = ": ddp_notebook.share() holds it once" if data.total >= SHARE_HINT_FROM else ""
+        parts.append(f"{format_bytes(data.total)} copied to shared memory in {data.seconds:.1f} s "
+                     f"(held twice while the run lives{hint})")
     if data.in_place:
         parts.append(f"{format_bytes(data.in_place)} already in shared memory (no copy)")
     if data.files:
@@ -122,6 +134,8 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     etas = [e for e in (w.eta() for w in state.workers.values()) if e is not None]
     left = f", ETA {format_duration(max(etas))}" if etas and not state.finished and not stopping else ""
     status = f"stopping ({state.stop_reason})" if stopping else str(state.status)
+    if state.waiting_for is not None and not stopping:
+        status = f"starting workers ({state.waiting_for})"
     if state.data is not None and state.data.sending and not state.finished:
         status = format_data(state.data)
     lines = [f"Run {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]

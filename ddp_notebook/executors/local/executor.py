@@ -1,4 +1,9 @@
-"""The local backend: one new worker process per rank on this machine.
+"""The local executor: one new worker process per rank on this machine, for each run.
+
+A worker is forked by the fork server (``forkserver``: torch imported once for the notebook) or,
+where there is none (off Linux, ``DDP_NOTEBOOK_FORKSERVER=0``, a server that failed or cannot
+answer), started as a fresh interpreter: one way to start a rank, with one fallback. Either way
+the run's own thread gets the processes (``RankStarter``), so ``launch`` returns at once.
 
 Ranks meet through a file rendezvous in the run directory; gloo and NCCL are bound to the
 loopback interface, so a local run opens no socket on a routable address. CPU runs see no GPU
@@ -11,21 +16,23 @@ import os
 from collections.abc import Sequence
 from typing import Optional
 
+from ...core import probes
 from ...core.devices import Device, DeviceSpec, parse_devices
 from ...core.events import RankConfig
 from ...core.probes import Probe, cpu_count, default_probe
-from ...core.rundir import RunDir
 from ...core.validation import ValidationReport, validate_devices
 from ..base import Executor, StartSpec, Transport, rank_configs
 from . import forkserver
-from .deferred import DeferredTransport
-from .pool import get_pool
+from .forkserver import ForkRequest, Unavailable
+from .gpu_probe import SubprocessProbe
 from .processes import Prestarted, WorkerProcess, start_worker
 from .transport import LocalTransport
 
-__all__ = ["LocalExecutor", "default_devices", "set_default_devices", "standing_processes"]
+__all__ = ["LocalExecutor", "RankStarter", "default_devices", "set_default_devices", "standing_processes"]
 
 _default_spec: Optional[DeviceSpec] = None
+# This machine's devices are what validation asks about when it is given no probe.
+probes.use_default_probe(SubprocessProbe)
 
 
 def set_default_devices(spec: Optional[DeviceSpec]) -> None:
@@ -47,35 +54,21 @@ def default_devices(probe: Optional[Probe] = None) -> DeviceSpec:
 
 
 def standing_processes() -> set[int]:
-    """The pids of the processes kept between runs: the pool's idle workers and their watchers,
-    and the fork server (whose forked workers belong to runs). A leak check leaves these alone."""
-    pids = set(get_pool().idle_pids())
-    for pid in list(pids):
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                pids.update(int(child) for child in f.read().split())
-        except OSError:
-            pass
+    """The pids of the processes kept between runs: the fork server (whose forked workers belong
+    to runs). A leak check leaves it alone."""
     server = forkserver.status()["pid"]
-    if isinstance(server, int):
-        pids.add(server)
-    return pids
+    return {server} if isinstance(server, int) else set()
 
 
-def _forked_or_cold(n: int) -> list[Optional[Prestarted]]:
-    """``n`` workers forked by the fork server; None for each one to start cold (the server is
-    disabled or cannot fork)."""
-    forked = forkserver.fork_workers(n)
-    return list(forked) if forked is not None else [None] * n
-
-
-def _start_ranks(spec: StartSpec, configs: list[RankConfig], processes: list[Optional[Prestarted]]) -> LocalTransport:
-    """Assign each rank to its process (a new one where it is None); nothing is left if one fails."""
+def _start_ranks(spec: StartSpec, configs: list[RankConfig],
+                 processes: list[Optional[Prestarted]]) -> list[WorkerProcess]:
+    """Assign each rank to its process (a fresh interpreter where it is None); nothing is left
+    if one fails."""
     workers: list[WorkerProcess] = []
     try:
         for rank, device in enumerate(spec.devices):
             workers.append(start_worker(rank, device, configs[rank], spec.payload, processes[rank]))
-        return LocalTransport(workers)  # an interrupt before it watches them must not lose them
+        return workers
     except BaseException:
         for w in workers:
             w.discard()
@@ -83,6 +76,44 @@ def _start_ranks(spec: StartSpec, configs: list[RankConfig], processes: list[Opt
             if process is not None:
                 process.discard()
         raise
+
+
+class RankStarter:
+    """Gets a run's worker processes for its transport, on the run's own thread, never blocking it
+    for more than a poll: forked by the fork server when it can, else fresh interpreters."""
+
+    def __init__(self, spec: StartSpec, configs: list[RankConfig]) -> None:
+        self.spec, self.configs = spec, configs
+        self._request: Optional[ForkRequest] = None
+        self._asked = False
+
+    def importing(self) -> bool:
+        """Whether the ranks wait for the fork server to import torch."""
+        return self._request is not None and self._request.importing()
+
+    def poll(self, timeout: float) -> Optional[list[WorkerProcess]]:
+        """The ranks' processes, started, once they can be (None meanwhile)."""
+        n = len(self.spec.devices)
+        if not self._asked:
+            self._asked = True
+            self._request = forkserver.request_workers(n)
+        processes: Optional[list[Prestarted]] = None
+        if self._request is not None:
+            try:
+                processes = self._request.poll(timeout)
+            except Unavailable:  # it failed, died or cannot answer: fresh interpreters then
+                self._request = None
+            else:
+                if processes is None:
+                    return None
+                self._request = None
+        return _start_ranks(self.spec, self.configs, list(processes) if processes else [None] * n)
+
+    def cancel(self) -> None:
+        """Let go of the workers asked for (the run ended before they came)."""
+        if self._request is not None:
+            self._request.cancel()
+            self._request = None
 
 
 class LocalExecutor(Executor):
@@ -108,21 +139,15 @@ class LocalExecutor(Executor):
             config["data"] = spec.data  # where the call's tensors and arrays are
             config["share_result"] = True  # and where the main worker's result is put, the same way
             config["authkey"] = bytes(multiprocessing.current_process().authkey).hex()
-        pool = get_pool()
-        if pool.enabled:
-            return _start_ranks(spec, configs, pool.take(n))
-        if forkserver.warming():
-            # The server imports torch: the run starts now, its ranks once the server can fork.
-            return DeferredTransport(lambda: _start_ranks(spec, configs, _forked_or_cold(n)), n, forkserver.warming,
-                                     forkserver.START_TIMEOUT)
-        return _start_ranks(spec, configs, _forked_or_cold(n))
+        return LocalTransport(RankStarter(spec, configs), n)
+
+    def waiting_note(self) -> Optional[str]:
+        """While the fork server imports torch (the first launch of a notebook without ``%load_ext``):
+        the ranks start once it is ready, which the panel says."""
+        return "importing torch once for this notebook" if forkserver.importing() else None
 
     def held(self, devices: Sequence[Device]) -> list[str]:
         return [str(d) for d in devices if d.kind == "cuda"]
-
-    def finished(self, directory: RunDir, world_size: int) -> None:
-        # Warm the next run's workers now that this run no longer needs the cores.
-        get_pool().refill(world_size)
 
     def device_choices(self) -> list[str]:
         """One CPU slot per core, and every visible GPU (probed CUDA-safely)."""

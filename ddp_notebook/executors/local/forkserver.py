@@ -8,9 +8,16 @@ process, and is replaced when a variable that torch reads at import changes in t
 (``TORCH_*``, ``CUDA_*``, ``OMP_*``...: see ``READ_AT_IMPORT``); every other variable, the working
 directory and ``sys.path`` reach each worker at launch, with its assignment.
 
+A launch never waits for the server: it asks for its workers (``request_workers``) and the run's
+own thread collects them (``ForkRequest.poll``), so a server still importing torch (the first
+launch without ``%load_ext``) only delays the ranks, which the panel says. A server that cannot
+answer (stopped by a debugger or ``SIGSTOP``, wedged, dead) is given up on: that run starts fresh
+interpreters, the next launch a new server, and the one given up on is ended once none of its
+workers runs.
+
 Linux only (it relies on ``PR_SET_PDEATHSIG`` to end everything with the notebook). Elsewhere,
 after ``disable()``, or with ``DDP_NOTEBOOK_FORKSERVER=0`` in the environment, workers are fresh
-interpreters (warmed ahead by ``pool.enable()``, which takes precedence while it is on).
+interpreters.
 
 >>> from ddp_notebook import forkserver
 >>> forkserver.start()         # doctest: +SKIP
@@ -19,6 +26,7 @@ interpreters (warmed ahead by ``pool.enable()``, which takes precedence while it
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import select
@@ -26,26 +34,27 @@ import signal
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Optional
 
+import psutil
+
 from ...core.errors import LaunchOptionError
-from ...core.failures import signal_name
 from ...worker.boot import EXITED, FAILED, FORKED, READY, ZYGOTE_MODULE
+from ..base import signal_name
 from .forked import READ_AT_IMPORT, ForkedProcess, process_state, staleness
-from .pool import get_pool
 from .processes import Prestarted, pidfd_of, start_interpreter
-from .spawner import in_spawner_thread
 
-__all__ = ["ForkedProcess", "READ_AT_IMPORT", "enable", "disable", "start", "stop", "status", "supported",
-           "fork_workers", "warming"]
+__all__ = ["ForkedProcess", "ForkRequest", "READ_AT_IMPORT", "Unavailable", "enable", "disable", "start", "stop",
+           "status", "supported", "request_workers", "importing"]
 
-# How long a launch waits for a server that is still importing torch (a busy machine takes long):
+# How long a run waits for a server that is still importing torch (a busy machine takes long):
 # forking from it then is still sooner than starting every rank's interpreter on the same cores.
 START_TIMEOUT = 120.0
-# A server answers a fork request in milliseconds; one that does not in this long (stopped by a
-# debugger, say) is given up on: the run starts cold workers and the next launch a new server.
+# A ready server answers a fork request in milliseconds; one that does not in this long (wedged) is
+# given up on: the run starts fresh interpreters and the next launch a new server. A stopped one
+# (SIGSTOP, a debugger) is given up on at once.
 FORK_TIMEOUT = 15.0
 _ENV_SWITCH = "DDP_NOTEBOOK_FORKSERVER"
 _TAIL = 8192  # what is kept of the server's own stderr, to say why it failed
@@ -74,7 +83,9 @@ class _Server:
         self.threads: Optional[int] = None
         self.error: Optional[str] = None
         self.ready = threading.Event()  # set once it can fork, or once it never will
+        self.ready_at: Optional[float] = None  # (monotonic) when it could fork
         self.dead = False
+        self.unresponsive = False  # given up on while alive (stopped, wedged): ended, not closed
         self.started_ok = False  # it said it was ready (an error later is not a failure to start)
         self.retiring = False
         self._lock = threading.Lock()
@@ -86,29 +97,17 @@ class _Server:
         threading.Thread(target=self._read, name="ddp-forkserver", daemon=True).start()
 
     # ---- requests ---------------------------------------------------------------------------------
-    def fork(self, timeout: float) -> Prestarted:
-        """A new worker, waiting for its assignment like a warm pooled one. Sent and answered on the
-        spawner thread: an interrupt of the caller never loses a forked worker (it is discarded)."""
-        if not self.ready.wait(timeout) or self.error is not None or self.dead:
-            raise Unavailable(self.error or "the fork server did not start in time")
-        state = process_state()
-        return in_spawner_thread(lambda: self._fork(state), lambda forked: forked.discard())
-
-    def _fork(self, state: dict[str, Any]) -> Prestarted:
+    def request(self, state: dict[str, Any]) -> _Pending:
+        """Ask for a new worker; never waits for the answer (see ``ForkRequest``). A server still
+        importing torch finds the request when it is ready. Raises ``Unavailable`` when it is gone."""
+        if self.dead or self.error is not None:
+            raise Unavailable(self.error or "the fork server is gone")
         pipes = [os.pipe() for _ in range(4)]  # event, control, stdout, stderr
         (event_r, event_w), (control_r, control_w), (out_r, out_w), (err_r, err_w) = pipes
         future: Future[ForkedProcess] = Future()
         with self._lock:
             request, self._next = self._next, self._next + 1
             self._pending[request] = (future, out_r, err_r)
-
-        def give_up() -> None:
-            # A worker forked anyway sees EOF on its control pipe and leaves; it is collected
-            # when its exit is reported.
-            os.close(event_r)
-            os.close(control_w)
-            future.add_done_callback(_collect_when_done)
-
         try:
             with self._send_lock:
                 socket.send_fds(self.sock, [json.dumps({"op": "fork", "id": request, "state": state}).encode()],
@@ -119,24 +118,44 @@ class _Server:
             for fd in (event_r, control_w, out_r, err_r):
                 os.close(fd)
             raise Unavailable(f"the fork server is gone ({exc})") from None
-        except BaseException:  # the request may have gone out
-            give_up()
-            raise
         finally:
             for fd in (event_w, control_r, out_w, err_w):  # the server has its own copies now
                 os.close(fd)
+        return _Pending(future, event_r, control_w)
+
+    def cannot_answer(self, asked_at: float) -> Optional[str]:
+        """Why requests made at ``asked_at`` (monotonic) will get no answer, or None while one may
+        still come."""
+        if self.dead or self.error is not None:
+            return self.error or "the fork server is gone"
+        now = time.monotonic()
         try:
-            proc = future.result(FORK_TIMEOUT)  # milliseconds, or failed by the reader at the server's death
-        except BaseException as exc:  # no answer, or the fork failed
-            give_up()
-            if isinstance(exc, FutureTimeout):
-                self.error = f"the fork server (pid {self.popen.pid}) did not answer in {FORK_TIMEOUT:.0f} s"
-                raise Unavailable(self.error) from None
-            raise
-        os.set_blocking(event_r, False)
-        os.set_blocking(proc.stdout.fileno(), False)
-        os.set_blocking(proc.stderr.fileno(), False)
-        return Prestarted(proc=proc, event_fd=event_r, control_fd=control_w, pidfd=pidfd_of(proc.pid))
+            stopped = psutil.Process(self.popen.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except psutil.Error:
+            stopped = False  # gone: the reader thread is about to say so
+        if stopped:
+            return f"the fork server (pid {self.popen.pid}) is stopped (SIGSTOP, or a debugger) and cannot fork"
+        if self.ready_at is None:
+            if now - asked_at > START_TIMEOUT:
+                return f"the fork server did not finish importing torch in {START_TIMEOUT:.0f} s"
+            return None
+        if now - max(asked_at, self.ready_at) > FORK_TIMEOUT:
+            return f"the fork server (pid {self.popen.pid}) did not answer in {FORK_TIMEOUT:.0f} s"
+        return None
+
+    def give_up(self, why: str) -> None:
+        """Stop waiting for a server that cannot answer: its pending requests fail, and it is
+        retired (ended once none of its workers runs: SIGKILL, since it reads nothing)."""
+        with self._lock:
+            self.error = self.error or why
+            self.unresponsive = True
+            pending, self._pending = list(self._pending.values()), {}
+        for future, out_fd, err_fd in pending:
+            os.close(out_fd)
+            os.close(err_fd)
+            if not future.done():
+                future.set_exception(Unavailable(why))
+        self.retire()
 
     def reap(self, pid: int) -> None:
         with self._lock:
@@ -166,6 +185,11 @@ class _Server:
             self.sock.shutdown(socket.SHUT_RDWR)  # EOF for the server; the reader then collects it
         except OSError:
             pass
+        if self.unresponsive:  # it reads no EOF (stopped, wedged): ended for good
+            try:
+                os.kill(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     # ---- what it says -----------------------------------------------------------------------------
     def _read(self) -> None:
@@ -196,6 +220,7 @@ class _Server:
             self.threads = message.get("os_threads")
             self.set_by_imports = dict(message.get("set_by_imports") or {})
             self.started_ok = True
+            self.ready_at = time.monotonic()
             self.ready.set()
         elif FORKED in message or FAILED in message:
             key = message.get(FORKED, message.get(FAILED))
@@ -204,9 +229,11 @@ class _Server:
                 if pending is not None and FORKED in message:
                     proc = self._procs[message["pid"]] = ForkedProcess(self.reap, message["pid"], pending[1],
                                                                        pending[2], self.popen.pid)
-            if pending is None:  # the server could not start at all
-                self.error = f"the fork server could not start: {message.get('error')}"
-                self.ready.set()
+            if pending is None:
+                if key is None and FAILED in message:  # the server could not start at all
+                    self.error = f"the fork server could not start: {message.get('error')}"
+                    self.ready.set()
+                # else: an answer to a request given up on; its worker leaves at EOF on its pipes
             elif FORKED in message:
                 pending[0].set_result(proc)
             else:
@@ -273,7 +300,7 @@ def _read_some(fd: int) -> Optional[bytes]:
 def _collect_when_done(future: Future[ForkedProcess]) -> None:
     """A worker forked for a request given up on: it leaves at EOF on its control pipe (closed
     already); collect it and close its output."""
-    if future.exception() is None:
+    if not future.cancelled() and future.exception() is None:
         proc = future.result()
 
         def collect() -> None:
@@ -282,6 +309,82 @@ def _collect_when_done(future: Future[ForkedProcess]) -> None:
             proc.stderr.close()
 
         threading.Thread(target=collect, name="ddp-forkserver-collect", daemon=True).start()
+
+
+class _Pending:
+    """One fork request on its way: the notebook's ends of the worker's event and control pipes,
+    and the server's answer to come."""
+
+    def __init__(self, future: Future[ForkedProcess], event_fd: int, control_fd: int) -> None:
+        self.future = future
+        self.event_fd, self.control_fd = event_fd, control_fd
+
+    def worker(self) -> Prestarted:
+        """The forked worker, once answered (raises ``Unavailable`` when the fork failed)."""
+        proc = self.future.result(0)
+        os.set_blocking(self.event_fd, False)
+        os.set_blocking(proc.stdout.fileno(), False)
+        os.set_blocking(proc.stderr.fileno(), False)
+        return Prestarted(proc=proc, event_fd=self.event_fd, control_fd=self.control_fd, pidfd=pidfd_of(proc.pid))
+
+    def give_up(self) -> None:
+        """A worker forked anyway sees EOF on its control pipe and leaves; it is collected."""
+        os.close(self.event_fd)
+        os.close(self.control_fd)
+        self.future.add_done_callback(_collect_when_done)
+
+
+class ForkRequest:
+    """``n`` workers asked of the fork server, collected without ever blocking: ``poll`` says
+    whether they are there yet (a ready server answers in milliseconds, one still importing torch
+    once it is ready) and raises ``Unavailable`` once the server cannot answer. ``cancel`` lets go
+    of whatever was asked for."""
+
+    def __init__(self, server: _Server, n: int) -> None:
+        self._server = server
+        self._asked_at = time.monotonic()
+        state = process_state()  # the notebook's umask, limits and affinity as they are at launch
+        self._pending: list[_Pending] = []
+        try:
+            for _ in range(n):
+                self._pending.append(server.request(state))
+        except BaseException:
+            self.cancel()
+            raise
+
+    def importing(self) -> bool:
+        """Whether the server is still importing torch (the ranks wait for it)."""
+        return not self._server.ready.is_set()
+
+    def poll(self, timeout: float) -> Optional[list[Prestarted]]:
+        """The workers once every one is forked (waiting up to ``timeout`` s for the answers), else
+        None; ``Unavailable`` (everything asked for let go) when they will not come."""
+        concurrent.futures.wait([p.future for p in self._pending], timeout=timeout)
+        if all(p.future.done() for p in self._pending):
+            workers: list[Prestarted] = []
+            try:
+                for pending in self._pending:
+                    workers.append(pending.worker())
+            except BaseException:
+                for worker in workers:
+                    worker.discard()
+                for pending in self._pending[len(workers):]:
+                    pending.give_up()
+                self._pending = []
+                raise
+            self._pending = []
+            return workers
+        why = self._server.cannot_answer(self._asked_at)
+        if why is None:
+            return None
+        self.cancel()
+        self._server.give_up(why)
+        raise Unavailable(why)
+
+    def cancel(self) -> None:
+        pending, self._pending = self._pending, []
+        for p in pending:
+            p.give_up()
 
 
 def supported() -> bool:
@@ -309,7 +412,7 @@ def _current() -> Optional[_Server]:
             server = _server = None  # a forked copy of the notebook process: its own server
         key = staleness(server.set_by_imports if server is not None else None)
         if server is not None and (server.dead or server.error is not None or server.key != key):
-            if server.error is not None and not server.started_ok and server.key == key:
+            if server.error is not None and not server.started_ok and not server.unresponsive and server.key == key:
                 _failed = server  # it could not start: starting it again the same way would not help
             server.retire()
             server = _server = None
@@ -321,8 +424,9 @@ def _current() -> Optional[_Server]:
         return server
 
 
-def warming() -> bool:
-    """Whether the fork server is enabled and still importing torch (started now if it was not)."""
+def importing() -> bool:
+    """Whether the fork server is enabled and still importing torch (started now if it was not):
+    a run's ranks then start once it is ready."""
     server = _current()
     return server is not None and not server.ready.is_set()
 
@@ -337,25 +441,16 @@ def start() -> None:
     _current()
 
 
-def fork_workers(n: int, timeout: float = START_TIMEOUT) -> Optional[list[Prestarted]]:
-    """``n`` new workers from the fork server; None when it is disabled or cannot fork (then the
-    caller starts cold ones). Waits for a server that is still importing torch."""
+def request_workers(n: int) -> Optional[ForkRequest]:
+    """Ask the fork server for ``n`` new workers (``ForkRequest``: never blocks); None when it is
+    disabled or cannot fork (the caller then starts fresh interpreters)."""
     server = _current()
     if server is None:
         return None
-    forked: list[Prestarted] = []
     try:
-        for _ in range(n):
-            forked.append(server.fork(timeout))
+        return ForkRequest(server, n)
     except Unavailable:
-        for p in forked:
-            p.discard()
         return None
-    except BaseException:
-        for p in forked:
-            p.discard()
-        raise
-    return forked
 
 
 def stop() -> None:
@@ -371,14 +466,12 @@ def enable() -> None:
     """Fork workers from the server (the default where it is supported)."""
     global _enabled
     if not supported():
-        raise LaunchOptionError("the fork server needs Linux: workers here are fresh interpreters "
-                                "(ddp_notebook.pool.enable() keeps some warm)")
+        raise LaunchOptionError("the fork server needs Linux: workers here are fresh interpreters")
     _enabled = True
 
 
 def disable() -> None:
-    """Start every worker as a fresh interpreter (warmed by ``pool.enable()`` when it is on), and
-    end the server."""
+    """Start every worker as a fresh interpreter, and end the server."""
     global _enabled, _failed
     _enabled = False
     _failed = None
@@ -386,8 +479,8 @@ def disable() -> None:
 
 
 def status() -> dict[str, object]:
-    """``enabled``; ``used``: whether the next launch forks from it (the pool, while it is on,
-    takes precedence); ``running``, ``ready`` (done importing torch) and its ``pid``; the
+    """``enabled``; ``used``: whether the next launch forks from it; ``running``, ``ready`` (done
+    importing torch) and its ``pid``; the
     ``error`` that made launches start fresh workers instead; and ``threads``, the OS threads it
     held once ready to fork (its own, and the BLAS library's pool, which stops itself at a fork;
     None until ready)."""
@@ -396,7 +489,7 @@ def status() -> dict[str, object]:
         if server is None and _failed is not None and _failed.owner == os.getpid():
             server = _failed
     running = server is not None and not server.dead
-    return {"enabled": _enabled, "used": _enabled and not get_pool().enabled, "running": running,
+    return {"enabled": _enabled, "used": _enabled, "running": running,
             "ready": running and server is not None and server.ready.is_set() and server.error is None,
             "pid": server.popen.pid if server else None, "error": server.error if server else None,
             "threads": server.threads if server else None}

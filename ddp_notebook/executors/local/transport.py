@@ -1,8 +1,10 @@
 """The local transport: a run's worker processes as the supervisor sees them.
 
-One selector multiplexes every worker's event pipe, stdout, stderr and exit (pidfd), so a death
-is seen the moment it happens. Requests are a byte on a worker's control pipe (stop, release)
-or a signal to its process group (TERM, KILL; STACK_SIGNAL to the worker for its stacks).
+Its first polls get the processes (``RankStarter``: forked, or fresh interpreters), so that
+``launch`` never waits for them; a run interrupted before they exist starts none. Then one
+selector multiplexes every worker's event pipe, stdout, stderr and exit (pidfd), so a death is
+seen the moment it happens. Requests are a byte on a worker's control pipe (stop, release) or a
+signal to its process group (TERM, KILL; STACK_SIGNAL to the worker for its stacks).
 """
 from __future__ import annotations
 
@@ -14,18 +16,18 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, Protocol
 
 import psutil
 
 from ...core.events import FrameDecoder
-from ...core.failures import FailureKind, signal_name
+from ...core.failures import FailureKind
 from ...transfer.loading import Received
 from ...worker.boot import FLUSH, RELEASE, STACK_SIGNAL, STOP
-from ..base import Exited, Observation, Output, Transport, WorkerEvent
+from ..base import Exited, Observation, Output, Transport, WorkerEvent, signal_name
 from .processes import WorkerProcess
 
-__all__ = ["LocalTransport"]
+__all__ = ["LocalTransport", "Starter"]
 
 _CHUNK = 1 << 16
 _STREAMS = ("event", "stdout", "stderr")
@@ -49,31 +51,82 @@ def _cpu_with_children(pid: int) -> Optional[float]:
         return None
 
 
-class LocalTransport(Transport):
-    """Watches started worker processes (one per rank) until each has exited and been reaped."""
+class Starter(Protocol):
+    """How a transport gets its processes (``executor.RankStarter``)."""
 
-    def __init__(self, workers: Sequence[WorkerProcess]) -> None:
-        self.workers = {w.rank: w for w in workers}
+    def poll(self, timeout: float) -> Optional[list[WorkerProcess]]:
+        """The ranks' processes, started, once they can be (None meanwhile)."""
+
+    def cancel(self) -> None:
+        """Let go of what was asked for (the run ended before the processes came)."""
+
+
+_START_POLL = 0.1  # seconds: while the processes are on their way, the supervisor still hears requests
+
+
+class LocalTransport(Transport):
+    """Gets the worker processes of a run (one per rank), then watches them until each has exited
+    and been reaped."""
+
+    def __init__(self, starter: Starter, ranks: int) -> None:
+        self._starter: Optional[Starter] = starter
+        self._ranks = ranks
+        self.workers: dict[int, WorkerProcess] = {}
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
-        self._decoders = {r: FrameDecoder() for r in self.workers}
+        self._decoders: dict[int, FrameDecoder] = {}
         self._partial: dict[tuple[int, str], bytes] = {}
         self._text: dict[tuple[int, str], codecs.IncrementalDecoder] = {}
         self._fds: dict[tuple[int, str], int] = {}
         self._exited: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._cancelled = False  # interrupted or abandoned before the processes existed: none starts
+
+    def _attach(self, workers: Sequence[WorkerProcess]) -> None:
         for w in workers:
+            self._decoders[w.rank] = FrameDecoder()
             for name, fd in (("event", w.event_fd), ("stdout", w.stdout.fileno()), ("stderr", w.stderr.fileno())):
                 self._fds[(w.rank, name)] = fd
                 self.sel.register(fd, selectors.EVENT_READ, (name, w.rank))
             if w.pidfd is not None:
                 self.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w.rank))
+        with self._lock:
+            self.workers = {w.rank: w for w in workers}
+            abandoned = self._cancelled
+        if abandoned:  # abandoned (another thread) while they were being started
+            self.abandon()
+
+    def _start(self, timeout: float) -> list[Observation]:
+        """Get the processes (waiting at most ``timeout``); every rank's end when the run was
+        called off first."""
+        assert self._starter is not None
+        with self._lock:
+            cancelled = self._cancelled
+        if not cancelled:
+            workers = self._starter.poll(min(timeout, _START_POLL))
+            if workers is None:
+                return []
+            self._starter = None
+            self._attach(workers)
+            return []
+        self._starter.cancel()
+        self._starter = None
+        self._exited.update(range(self._ranks))
+        return [Exited(rank, code=-signal.SIGTERM, signal="SIGTERM") for rank in range(self._ranks)]
+
+    def started(self) -> bool:
+        return self._starter is None and bool(self.workers)
 
     # ---- what happened ------------------------------------------------------------------------
     def poll(self, timeout: float) -> list[Observation]:
+        if self._starter is not None:
+            started = self._start(timeout)
+            if self._starter is not None or not self.workers:
+                return started
+            timeout = 0.0
         if any(w.pidfd is None for w in self.workers.values()):
             timeout = min(timeout, 0.05)  # no pidfd: exits are found by polling
         out: list[Observation] = []
@@ -92,6 +145,8 @@ class LocalTransport(Transport):
 
     def settle(self, silent: Sequence[int]) -> list[Observation]:
         out: list[Observation] = []
+        if self._starter is not None:
+            return out
         for rank, kind in list(self._fds):
             self._drain(rank, kind, out)
         self._await_dying(silent)
@@ -214,46 +269,64 @@ class LocalTransport(Transport):
                 except OSError:
                     pass
 
+    # Before the processes exist a request has nothing to reach: a stop is followed at once by an
+    # interrupt (the supervisor gives no grace to ranks that never started), which calls the start off.
     def request_stop(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
-            self.workers[rank].send_control(STOP)
+            if rank in self.workers:
+                self.workers[rank].send_control(STOP)
 
     def request_flush(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
-            self.workers[rank].send_control(FLUSH)
+            if rank in self.workers:
+                self.workers[rank].send_control(FLUSH)
 
     def release(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
-            self.workers[rank].send_control(RELEASE)
+            if rank in self.workers:
+                self.workers[rank].send_control(RELEASE)
 
     def interrupt(self, ranks: Sequence[int]) -> None:
-        for rank in ranks:
-            self.workers[rank].signal_group(signal.SIGTERM)
+        self._signal(ranks, signal.SIGTERM)
 
     def kill(self, ranks: Sequence[int]) -> None:
+        self._signal(ranks, signal.SIGKILL)
+
+    def _signal(self, ranks: Sequence[int], signum: int) -> None:
+        with self._lock:
+            if self._starter is not None:
+                self._cancelled = True
+                return
         for rank in ranks:
-            self.workers[rank].signal_group(signal.SIGKILL)
+            self.workers[rank].signal_group(signum)
 
     def request_stacks(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
-            try:
-                os.kill(self.workers[rank].pid, STACK_SIGNAL)
-            except ProcessLookupError:
-                pass
+            if rank in self.workers:
+                try:
+                    os.kill(self.workers[rank].pid, STACK_SIGNAL)
+                except ProcessLookupError:
+                    pass
 
     def cpu_seconds(self, ranks: Sequence[int]) -> dict[int, Optional[float]]:
         out: dict[int, Optional[float]] = {}
         for rank in ranks:
             out[rank] = None
-            if rank not in self._exited:  # not reaped yet: the pid is still this worker's
+            if rank in self.workers and rank not in self._exited:  # not reaped yet: the pid is still its own
                 out[rank] = _cpu_with_children(self.workers[rank].pid)
         return out
 
     def abandon(self) -> None:
-        for w in self.workers.values():
+        with self._lock:
+            self._cancelled = True
+            workers = list(self.workers.values())
+        for w in workers:
             w.signal_group(signal.SIGKILL)
 
     def close(self) -> None:
+        if self._starter is not None:
+            self._starter.cancel()
+            self._starter = None
         for rank, w in self.workers.items():
             if rank not in self._exited and w.returncode is None:  # only after a bug: never leave one
                 w.signal_group(signal.SIGKILL)

@@ -1,0 +1,54 @@
+"""How a rank's process starts: forked by the fork server, or a fresh interpreter where there is
+none; either way with the notebook's environment and directory as they are at launch. The warm
+pool of earlier releases is retired: its API warns and starts the fork server."""
+import warnings
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook.executors.local import forkserver
+
+import faults
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture(params=["forked", "fresh"])
+def how(request):
+    if request.param == "fresh":
+        forkserver.disable()
+    yield request.param
+    forkserver.enable()
+
+
+def test_workers_see_the_notebooks_environment_and_directory_at_launch(how, monkeypatch, tmp_path):
+    monkeypatch.setenv("DDP_NB_REMOVED_LATER", "set in an earlier cell")
+    if how == "forked":  # the server started while the variable was set
+        ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120)
+    monkeypatch.setenv("DDP_NB_SET_LATER", "in a later cell")
+    monkeypatch.delenv("DDP_NB_REMOVED_LATER")
+    monkeypatch.chdir(tmp_path)
+    run = ddp_notebook.launch(faults.environment, devices="cpu*2", args=(("DDP_NB_SET_LATER", "DDP_NB_REMOVED_LATER"),))
+    seen, cwd = run.wait(timeout=120)
+    assert seen == {"DDP_NB_SET_LATER": "in a later cell", "DDP_NB_REMOVED_LATER": None}
+    assert cwd == str(tmp_path)
+
+
+def test_the_retired_pool_warns_and_starts_the_fork_server():
+    forkserver.stop()
+    with pytest.warns(DeprecationWarning, match=r"ddp_notebook.pool.enable\(\) is deprecated"):
+        ddp_notebook.pool.enable(2)
+    assert forkserver.status()["running"]  # what %load_ext does: the next launch forks its workers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert ddp_notebook.pool.status() == {"enabled": False, "size": 0, "idle": 0}
+        ddp_notebook.pool.disable()
+    assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
+
+
+@pytest.mark.kernel
+def test_load_ext_starts_the_fork_server(ipython_shell):
+    forkserver.stop()
+    ipython_shell.run_line_magic("load_ext", "ddp_notebook")
+    ipython_shell.run_line_magic("reload_ext", "ddp_notebook")
+    assert forkserver.status()["running"]

@@ -19,7 +19,7 @@ Linux only (it relies on ``PR_SET_PDEATHSIG`` to end everything with the noteboo
 after ``disable()``, or with ``DDP_NOTEBOOK_FORKSERVER=0`` in the environment, workers are fresh
 interpreters.
 
->>> from ddp_notebook import forkserver
+>>> from ddp_notebook.executors.local import forkserver
 >>> forkserver.start()         # doctest: +SKIP
 >>> forkserver.status()        # doctest: +SKIP
 {'enabled': True, 'used': True, 'running': True, 'ready': True, 'pid': 4242, 'error': None, 'threads': 2}

@@ -10,12 +10,21 @@ everything is removed at the end, even when the test fails. No route leads beyon
         hosts.client            # an ipyparallel Client
         hosts.view([0, 1])      # the first engine of h1, then of h2
         hosts.cut(1)            # host h2's link goes down (a partition, not a death)
+
+With ``ipv6=True`` the hosts' network is IPv6 only: each host's address on the bridge is an IPv6
+one (a ULA prefix of this process, ``nodad`` so it is usable at once, no link-local address),
+and no host reaches another over IPv4. ipyparallel's controller cannot be reached over IPv6 (its
+ZeroMQ sockets would need the ``IPV6`` option, which it never sets), so each host has a second
+link for that alone, on a second bridge: an IPv4 ``/32`` address with a route to the controller
+and nowhere else (a connection from one host to another's IPv4 address fails at once: no route).
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,23 +49,64 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
 
+def listening(pids: list[int]) -> dict[int, set[tuple[str, int]]]:
+    """(address, port) each process listens on over TCP, IPv4 and IPv6 (an IPv6 address
+    compressed, ``::`` for any), read in its own network namespace (psutil reads this process's)."""
+    out = {}
+    for pid in pids:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        found = set()
+        for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+            with open(f"/proc/{pid}/net/{table}") as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                        address, port = fields[1].split(":")
+                        raw = bytes.fromhex(address)  # 32-bit words, each in the host's byte order
+                        words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                        found.add((socket.inet_ntop(family, words), int(port, 16)))
+        out[pid] = found
+    return out
+
+
 class SimulatedHosts:
     """``len(layout)`` hosts, ``layout[h]`` engines on host ``names[h]`` at ``addresses[h]``."""
 
-    def __init__(self, layout: list[int], run_root: str, tag: str = "") -> None:
+    def __init__(self, layout: list[int], run_root: str, tag: str = "", ipv6: bool = False) -> None:
         n = self.n = len(layout)
         self.layout = list(layout)
         self.engine_host = [h for h, k in enumerate(layout) for _ in range(k)]
         self.run_root = run_root
+        self.ipv6 = ipv6
         uid = f"{os.getpid() % 10000}{tag}"
         self.prefix = f"dn{uid}"
         self.bridge = f"br{self.prefix}"[:15]
         subnet = 20 + os.getpid() % 200
-        self.bridge_ip = f"10.213.{subnet}.1"
         self.names = [f"h{i + 1}" for i in range(n)]
         self.namespaces = [f"{self.prefix}h{i + 1}" for i in range(n)]
-        self.addresses = [f"10.213.{subnet}.{11 + i}" for i in range(n)]
-        self.veths = [f"v{self.prefix}h{i + 1}"[:15] for i in range(n)]
+        self.veths = [f"v{self.prefix}h{i + 1}"[:15] for i in range(n)]  # the root namespace's ends
+        self.links = [f"e{veth[1:]}"[:15] for veth in self.veths]  # each host's end: its interface on the bridge
+        if ipv6:
+            self.bridge_ip = f"10.214.{subnet}.1"  # the controller's, on the control bridge
+            # A ULA prefix of this process (never the machine's own fd00::/64).
+            self.addresses = [str(ipaddress.ip_address(f"fd5e:dd9b:{os.getpid() % 65536:x}::{11 + i}"))
+                              for i in range(n)]
+            self.control_bridge = f"bc{self.prefix}"[:15]
+            self.control_veths = [f"w{self.prefix}h{i + 1}"[:15] for i in range(n)]
+            self.control_links = [f"c{veth[1:]}"[:15] for veth in self.control_veths]
+            self.control_addresses = [f"10.214.{subnet}.{11 + i}" for i in range(n)]
+        else:
+            self.bridge_ip = f"10.213.{subnet}.1"
+            self.addresses = [f"10.213.{subnet}.{11 + i}" for i in range(n)]
+            self.control_bridge, self.control_veths, self.control_links = None, [], []
+            self.control_addresses = list(self.addresses)  # one link for everything
         self.procs: list[subprocess.Popen | None] = [None] * len(self.engine_host)
         self.tmp = tempfile.mkdtemp(prefix="ddp-hosts-")
         self.cluster = None
@@ -91,11 +141,13 @@ class SimulatedHosts:
 
     def _network(self) -> None:
         self.close_network()
+        if self.ipv6:
+            self._network_ipv6()
+            return
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "link", "set", self.bridge, "up")
         _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
-        for ns, veth, addr in zip(self.namespaces, self.veths, self.addresses):
-            inner = f"e{veth[1:]}"[:15]
+        for ns, veth, inner, addr in zip(self.namespaces, self.veths, self.links, self.addresses):
             _run("ip", "netns", "add", ns)
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", inner)
             _run("ip", "link", "set", inner, "netns", ns)
@@ -104,6 +156,31 @@ class SimulatedHosts:
             _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
             _run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
             _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+    def _network_ipv6(self) -> None:
+        """The hosts' bridge with IPv6 addresses only (the root namespace has none there: only the
+        hosts talk on it), and the control bridge: the controller's IPv4 address, each host's
+        /32 with a route to it alone. No link gets a link-local address (``addrgenmode none``)."""
+        for bridge in (self.bridge, self.control_bridge):
+            _run("ip", "link", "add", bridge, "type", "bridge")
+            _run("ip", "link", "set", bridge, "addrgenmode", "none")
+            _run("ip", "link", "set", bridge, "up")
+        _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.control_bridge)
+        for i, ns in enumerate(self.namespaces):
+            _run("ip", "netns", "add", ns)
+            for bridge, veth, inner in ((self.bridge, self.veths[i], self.links[i]),
+                                        (self.control_bridge, self.control_veths[i], self.control_links[i])):
+                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", inner)
+                _run("ip", "link", "set", inner, "netns", ns)
+                _run("ip", "link", "set", veth, "addrgenmode", "none")
+                _run("ip", "link", "set", veth, "master", bridge)
+                _run("ip", "link", "set", veth, "up")
+                _run("ip", "-n", ns, "link", "set", inner, "addrgenmode", "none")
+            _run("ip", "-n", ns, "addr", "add", f"{self.addresses[i]}/64", "dev", self.links[i], "nodad")
+            _run("ip", "-n", ns, "addr", "add", f"{self.control_addresses[i]}/32", "dev", self.control_links[i])
+            for inner in (self.links[i], self.control_links[i], "lo"):
+                _run("ip", "-n", ns, "link", "set", inner, "up")
+            _run("ip", "-n", ns, "route", "add", f"{self.bridge_ip}/32", "dev", self.control_links[i])
 
     def start_engine(self, e: int) -> None:
         """Engine e, on its host: the host's name and network, its own (empty) runs folder."""
@@ -139,9 +216,11 @@ class SimulatedHosts:
     def close_network(self) -> None:
         for ns in self.namespaces:
             _run("ip", "netns", "del", ns, check=False)
-        for veth in self.veths:
+        for veth in self.veths + self.control_veths:
             _run("ip", "link", "del", veth, check=False)
-        _run("ip", "link", "del", self.bridge, check=False)
+        for bridge in (self.bridge, self.control_bridge):
+            if bridge:
+                _run("ip", "link", "del", bridge, check=False)
 
     def close(self) -> None:
         if self.client is not None:
@@ -171,13 +250,20 @@ class SimulatedHosts:
         proc.wait(timeout=30)
         self.procs[e] = None
 
+    def _links_of(self, i: int) -> list[str]:
+        return [self.veths[i]] + self.control_veths[i:i + 1]
+
     def cut(self, i: int) -> None:
-        """Host i drops off the network (its link goes down: peers see silence, not resets)."""
-        _run("ip", "link", "set", self.veths[i], "down")
+        """Host i drops off the network (its links go down: peers see silence, not resets)."""
+        for veth in self._links_of(i):
+            _run("ip", "link", "set", veth, "down")
 
     def mend(self, i: int) -> None:
-        """Host i's link comes back; the neighbours it could not reach meanwhile are forgotten (a
-        failed ARP entry answers "no route to host" for a while, as on a real network)."""
-        _run("ip", "link", "set", self.veths[i], "up")
+        """Host i's links come back; the neighbours it could not reach meanwhile are forgotten (a
+        failed ARP or neighbour discovery entry answers "no route to host" for a while, as on a
+        real network)."""
+        for veth in self._links_of(i):
+            _run("ip", "link", "set", veth, "up")
         for ns in self.namespaces:
-            _run("ip", "-n", ns, "neigh", "flush", "all", check=False)
+            for family in ("-4", "-6"):
+                _run("ip", family, "-n", ns, "neigh", "flush", "all", check=False)

@@ -8,8 +8,6 @@ Three hosts: h1 with two engines, h2 and h3 with one each. The tests that break 
 engine come last: the cut link is mended, the killed engine (the very last test) stays dead."""
 import os
 import signal
-import socket
-import struct
 import time
 
 import pytest
@@ -22,7 +20,7 @@ import faults
 import models
 import tutorial_ddp
 from helpers import wait_for
-from hosts import SimulatedHosts, can_simulate_hosts
+from hosts import SimulatedHosts, can_simulate_hosts, listening
 
 pytestmark = pytest.mark.multihost
 
@@ -88,33 +86,6 @@ def _fit(**where):
     return ddp_notebook.fit(model, (x, y), loss=torch.nn.functional.mse_loss,
                             optimizer=lambda p: torch.optim.SGD(p, lr=0.05), epochs=2, batch_size=16, shuffle=False,
                             checkpoint=False, **where)
-
-
-def listening(pids):
-    """(address, port) each process listens on, read in its own network namespace (psutil reads
-    this process's)."""
-    out = {}
-    for pid in pids:
-        inodes = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-        found = set()
-        for table, width in (("tcp", 8), ("tcp6", 32)):
-            with open(f"/proc/{pid}/net/{table}") as f:
-                for line in f.readlines()[1:]:
-                    fields = line.split()
-                    if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-                        address, port = fields[1].split(":")
-                        ip = (socket.inet_ntoa(struct.pack("<I", int(address, 16))) if width == 8
-                              else "::" if int(address, 16) == 0 else address)
-                        found.add((ip, int(port, 16)))
-        out[pid] = found
-    return out
 
 
 def test_what_listens_is_bound_to_the_host_s_address_and_only_while_the_run_runs(hosts):

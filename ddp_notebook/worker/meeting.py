@@ -14,6 +14,9 @@ write any of the run's keys. The secret travels in the call, through ipyparallel
     meeting = Meeting.host("10.0.0.11", secret, timeout=1800)      # rank 0
     meeting = Meeting.join("10.0.0.11", port, secret, timeout=1800)  # the others
     meeting.arrive("arrived", rank, world_size)
+
+The address is IPv4 or IPv6 (``fd00::11``), unbracketed: torch's ``TCPStore`` resolves its host
+string, and a bracketed IPv6 address is no name it can resolve.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import socket
 import time
 from datetime import timedelta
 from typing import Any, Optional
+
+from .network import family_of, normalised, shown
 
 __all__ = ["Meeting", "RunEndedError", "CONNECT_SECONDS"]
 
@@ -48,10 +53,15 @@ class Meeting:
         can learn it)."""
         import torch.distributed as dist
 
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, 0))
-        sock.listen(128)
+        address = normalised(address)
+        sock = socket.socket(family_of(address), socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, 0))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
         port = sock.getsockname()[1]
         raw = dist.TCPStore(address, port, None, True, timeout=timedelta(seconds=timeout), wait_for_workers=False,
                             master_listen_fd=sock.fileno(), use_libuv=True)
@@ -71,9 +81,9 @@ class Meeting:
         import torch.distributed as dist
 
         try:
-            return dist.TCPStore(address, port, None, False, timeout=timedelta(seconds=timeout))
+            return dist.TCPStore(normalised(address), port, None, False, timeout=timedelta(seconds=timeout))
         except (RuntimeError, OSError) as e:  # DistNetworkError is a RuntimeError
-            raise RunEndedError(f"the run's store at {address}:{port} (rank 0's engine) cannot be reached: "
+            raise RunEndedError(f"the run's store at {shown(address, port)} (rank 0's engine) cannot be reached: "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
     def beater(self, timeout: float) -> Any:

@@ -4,7 +4,7 @@
   is gone falls silent, and the notebook names it);
 - forwards what the rank's faulthandler dumped into its local stack file (``stacks`` events:
   the notebook may be on another host, with no shared file system);
-- on several hosts, turns on TCP keepalive on this rank's connections to its peers' hosts
+- on several hosts, turns on TCP keepalive on this rank's connections (IPv4 or IPv6) to its peers' hosts
   (``network.keep_alive``): the kernel, which answers for a peer whatever its Python does (a rank
   may hold the GIL for a minute), ends a connection whose other end stopped answering for about
   ``network_timeout`` seconds, so a collective blocked on a host cut off fails then, not after

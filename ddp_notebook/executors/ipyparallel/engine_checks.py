@@ -14,6 +14,7 @@ from ...core.errors import DeviceSpecError
 from ...core.probes import Probe
 from ...core.validation import Finding, ValidationReport, validate_devices
 from ...core.version import __version__
+from ...worker.network import is_loopback
 from .engines import Engines
 
 __all__ = ["EngineProbe", "validate_on_engines"]
@@ -119,16 +120,21 @@ def _interface_findings(env: dict[str, str], ids: Sequence[int], info: Sequence[
             for eid, i in described:
                 addresses = i["addresses"]
                 if name not in addresses:
-                    has = ", ".join(sorted(addresses)) or "none with an IPv4 address"
+                    has = ", ".join(sorted(addresses)) or "none with an IP address"
                     out.append(Finding("error", "network", f"{variable}={name!r} (env=) names an interface engine "
                                        f"{eid} (host {i.get('host')}) does not have; it has: {has}. Leave it unset: "
                                        "each engine's interface to rank 0 is found before the run."))
-                elif several and addresses[name].startswith("127."):
+                elif several and any(is_loopback(ip) for ip in _listed(addresses[name])):
                     out.append(Finding("error", "network", f"{variable}={name!r} (env=) is loopback on engine {eid} "
                                        f"(host {i.get('host')}): ranks on several hosts cannot reach each other "
                                        "over it. Leave it unset, or name an interface that reaches rank 0's host."))
                     break
     return out
+
+
+def _listed(addresses: Any) -> list[str]:
+    """An interface's addresses as an engine gave them: a list (one of an earlier version gave a string)."""
+    return [addresses] if isinstance(addresses, str) else list(addresses)
 
 
 def _physical_gpu(info: dict[str, Any], index: int) -> str:

@@ -9,6 +9,10 @@ is a validation error, found before anything starts.
 
     plan = plan_network(engines, 3)
     plan.address, plan.interfaces, plan.problems    # "10.0.0.11", ["eth0", "eth1", "eth0"], []
+
+Addresses are IPv4 or IPv6 (unbracketed: ``fd00::11``), and rank 0's IPv4 addresses are tried
+first, so a network that has both is used as on IPv4 alone. On one host the ranks use loopback:
+``127.0.0.1``, or ``::1`` on a host whose loopback has no IPv4 address.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ...core.switches import seconds_from_env
-from ...worker.network import close_probe, open_probe, reach
+from ...worker.network import close_probe, is_loopback, open_probe, reach
 
 __all__ = ["NetworkPlan", "plan_network", "machines_of", "network_timeout", "NETWORK_TIMEOUT_ENV"]
 
@@ -46,21 +50,40 @@ def machines_of(info: Sequence[dict[str, Any]]) -> list[str]:
     return [str(i.get("machine") or i.get("host", "?")) for i in info]
 
 
+def _addresses_of(info: dict[str, Any]) -> dict[str, str]:
+    """``{address: interface}`` of what an engine said of itself, its IPv4 addresses first, then
+    its IPv6 ones (each family in the engine's order). An engine gives a list of addresses per
+    interface (one of an earlier version gave one IPv4 address: a string)."""
+    pairs = [(ip, name) for name, ips in (info.get("addresses") or {}).items()
+             for ip in ([ips] if isinstance(ips, str) else ips)]
+    out: dict[str, str] = {}
+    for ip, name in sorted(pairs, key=lambda pair: ":" in pair[0]):  # a stable sort: IPv4 first
+        out.setdefault(ip, name)
+    return out
+
+
+def _loopback(info: Sequence[dict[str, Any]]) -> str:
+    """The loopback address of rank 0's host: ``127.0.0.1``, or ``::1`` where its loopback has only that."""
+    loopback = [ip for ip in _addresses_of(info[0]) if is_loopback(ip)] if info else []
+    return "::1" if loopback and all(":" in ip for ip in loopback) else "127.0.0.1"
+
+
 def plan_network(engines: Any, n: int) -> NetworkPlan:
     """How the first ``n`` engines of ``engines`` (an ``Engines``) reach each other."""
     info = engines.describe()[:n]
     machines = machines_of(info)
+    loopback = _loopback(info)
     if len(set(machines)) <= 1 or any("error" in i for i in info):
-        return NetworkPlan("127.0.0.1", ["127.0.0.1"] * n, ["lo"] * n, several_hosts=False)
+        return NetworkPlan(loopback, [loopback] * n, ["lo"] * n, several_hosts=False)
     ids, client = engines.ids, engines.client
     first = info[0]
-    names = {ip: name for name, ip in (first.get("addresses") or {}).items()}
-    candidates = [ip for ip in names if not ip.startswith("127.")]
+    names = _addresses_of(first)
+    candidates = [ip for ip in names if not is_loopback(ip)]
     where0 = f"engine {ids[0]} (host {first.get('host')})"
     try:
         ports = client[ids[0]].apply_async(open_probe, candidates).get(timeout=_ANSWER)
     except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError
-        return NetworkPlan("127.0.0.1", [], [], True, [f"rank 0's {where0} could not listen for its peers: {e}"])
+        return NetworkPlan(loopback, [], [], True, [f"rank 0's {where0} could not listen for its peers: {e}"])
     targets = sorted(ports.items(), key=lambda t: candidates.index(t[0]))
     others = [r for r in range(1, n) if machines[r] != machines[0]]
     pending = {r: client[ids[r]].apply_async(reach, targets) for r in others}
@@ -81,7 +104,7 @@ def plan_network(engines: Any, n: int) -> NetworkPlan:
     except Exception:  # noqa: BLE001 - it closes on its own after PROBE_SECONDS
         pass
     reached = Counter(a["address"] for a in answers.values() if "address" in a)
-    address = reached.most_common(1)[0][0] if reached else (candidates[0] if candidates else "127.0.0.1")
+    address = reached.most_common(1)[0][0] if reached else (candidates[0] if candidates else loopback)
     local, interfaces = [], []
     for r in range(n):
         if machines[r] == machines[0]:

@@ -89,6 +89,9 @@ class WorkerFailure:
     # On the root cause when every worker raised this same error: their devices, in rank order.
     # Such an error is the run's, not one worker's: it comes from the code or the data.
     same_on: list[str] = field(default_factory=list)
+    # The run's number for this failure (1, 2, ...): a failure judged again (a cause found to be a
+    # consequence) is recorded again under the same id. 0: not numbered (written by hand).
+    id: int = 0
 
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # from JSON, or written by hand as a string
@@ -205,13 +208,16 @@ def order_failures(found: Sequence[WorkerFailure], world_size: int = 0) -> list[
     silent = [f for f in found if f.kind in SILENT_KINDS]
     causes = [f for f in found if not f.knock_on] or list(found)  # a worker that said it is a knock-on is none
     root = min(silent or causes, key=lambda f: f.time)
+    root.consequence = False  # (judged again with a failure seen later, it may have been one)
     rest = sorted((f for f in found if f is not root), key=lambda f: f.time)
     same = (world_size > 1 and sorted(f.rank for f in found) == list(range(world_size))
             and all(root.same_error_as(f) for f in rest))
     if same:
         root.same_on = [f.device for f in sorted(found, key=lambda f: f.rank)]
     for f in rest:
-        f.consequence = not same
+        # Ranks the stall watchdog blamed in the same look (one time) are causes together.
+        blamed_with_root = f.kind == root.kind == FailureKind.STALL and f.time == root.time
+        f.consequence = not same and not blamed_with_root
     return [root, *rest]
 
 

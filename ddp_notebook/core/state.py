@@ -261,9 +261,12 @@ class RunState:
                                   int(event.get("in_place") or 0))
         elif kind == EventKind.FAILURE:
             failure = WorkerFailure.from_dict(event["failure"])
+            # Recorded again under its id (a cause found to be a consequence): the new record wins.
+            # (A log written before failures had ids says the same by rank, kind and time.)
             same = [i for i, f in enumerate(self.failures)
-                    if (f.rank, f.kind, f.time) == (failure.rank, failure.kind, failure.time)]
-            if same:  # recorded again (a cause found to be a consequence): the new record wins
+                    if (f.id, f.rank, f.kind) == (failure.id, failure.rank, failure.kind)
+                    and (failure.id or f.time == failure.time)]
+            if same:
                 self.failures[same[0]] = failure
             else:
                 self.failures.append(failure)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Optional
 
 from ..core.failures import FailureKind, WorkerFailure, is_runner_file
+from .clock import REAL_CLOCK, Clock
 
 __all__ = ["torch_dir", "dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective",
            "pick_stalled", "format_stack"]
@@ -101,7 +102,7 @@ def pick_stalled(waiting: dict[int, bool], steps: dict[int, Optional[int]]) -> l
     return [r for r in sorted(waiting) if reached(r) == lowest]
 
 
-def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int, str]:
+def dump_stacks(files: dict[int, str], request: Callable[[], None], clock: Clock = REAL_CLOCK) -> dict[int, str]:
     """Ask each worker for its stacks (``request`` signals every one) and read them
     back from its stack file (rank -> path): this dump only, a file holds every dump of the run.
 
@@ -110,13 +111,13 @@ def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int,
     before = {r: _size(path) for r, path in files.items()}
     request()
     sizes: dict[int, int] = {}
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
+    deadline = clock.monotonic() + 2.0
+    while clock.monotonic() < deadline:
         now_sizes = {r: _size(path) for r, path in files.items()}
         if all(now_sizes[r] > before[r] and sizes.get(r) == now_sizes[r] for r in files):
             break
         sizes = now_sizes
-        time.sleep(0.02)
+        clock.sleep(0.02)
     out = {}
     for r, path in files.items():
         try:
@@ -130,14 +131,14 @@ def dump_stacks(files: dict[int, str], request: Callable[[], None]) -> dict[int,
 
 def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: dict[int, Optional[int]],
                    idle: float, devices: dict[int, str], pids: dict[int, Optional[int]],
-                   returned: Sequence[int] = ()) -> list[WorkerFailure]:
+                   returned: Sequence[int] = (), now: Optional[float] = None) -> list[WorkerFailure]:
     """One STALL failure per rank to blame (the first is the root cause), from the stacks of
     the ranks still running (``stacks`` keys); ``returned``: the ranks that returned from the
     function meanwhile (a rank waiting in a collective may wait for them)."""
     torch_home = torch_dir()
     frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in stacks}
     waiting = {r: is_waiting_in_collective(frames[r], torch_home) for r in stacks}
-    now = time.time()
+    now = time.time() if now is None else now
     blamed = pick_stalled(waiting, {r: steps.get(r) for r in stacks})
     found = [WorkerFailure(rank=r, device=devices[r], kind=FailureKind.STALL, time=now, pid=pids.get(r),
                            traceback=format_stack(frames[r]), stalled_for=idle, last_step=steps.get(r),

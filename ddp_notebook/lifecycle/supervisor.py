@@ -1,28 +1,33 @@
 """The supervision core: a run's ranks, whatever runs them, turned into events and one outcome.
 
-A ``Supervisor`` drives a backend's ``Transport`` from the run's own thread until every rank has
-ended. It owns the run's bookkeeping, written once for every backend:
+A ``Supervisor`` drives an executor's ``Transport`` from the run's own thread until every rank
+has ended. It owns the run's bookkeeping, written once for every executor:
 
 - events: what the ranks report and print becomes the run's events (``emit``);
-- failures: an error report, or an exit without one, becomes a ``WorkerFailure``. Which one is the
-  cause: a worker that dies without reporting (a signal, ``os._exit``, a dead engine) closes its
-  sockets before any peer can notice, so by the time a peer's knock-on error arrives the death may
-  not be visible yet. On the first failure the supervisor therefore lets the transport ``settle``
-  (everything that already happened made visible) before choosing: silent deaths first, then the
-  earliest reported exception. Everything after the cause is a consequence;
+- failures, in three explicit steps. *Collect*: an error report, or an exit without one,
+  becomes a ``WorkerFailure`` with an id, gathered but not yet judged. *Settle*: on the first
+  failure of a run, what has already happened is made visible before anything is judged (a rank
+  that dies closes its sockets before its death is visible, so a peer's knock-on error can
+  arrive first: ``transport.settle``), and an error raised by the function waits up to
+  ``SAME_ERROR_WINDOW`` for the other ranks' (ranks in step raise the same error within
+  milliseconds, and then it is the run's error, not one rank's). *Decide*: ``order_failures``
+  names the root cause among every failure known (silent deaths first, then the earliest report)
+  and marks the rest as consequences; a failure seen later is judged again with the others, and
+  a failure whose verdict changes is emitted again under its id;
 - stopping: the first failure interrupts every peer still running, since peers blocked in a
   collective would otherwise wait out a 10-30 minute timeout; ``request_stop`` asks for a
   cooperative stop and interrupts after ``stop_grace``; an interrupted rank still running after
-  ``kill_grace`` is killed (or given up on, where the backend cannot kill);
+  ``kill_grace`` is killed (or given up on, where the executor cannot kill);
 - the stall watchdog (``lifecycle.watchdog``): when no rank makes progress, it decides from the
   ranks' stacks whether one hangs, and the supervisor fails the run naming the straggler.
+
+Time is read from an injected ``Clock`` (``lifecycle.clock``; the real one by default), so every
+ordering of these steps is tested with a fake clock and a scripted transport.
 """
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -34,9 +39,10 @@ from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, fai
 from ..core.state import RunStatus
 from ..executors.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..transfer.loading import Received
+from .clock import REAL_CLOCK, Clock
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
-__all__ = ["Supervisor", "SupervisorOptions", "Outcome"]
+__all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,7 @@ _STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
 # Seconds the first error raised by the function waits for the other ranks' before the cause is
 # named: ranks in step raise the same error within milliseconds of each other.
 SAME_ERROR_WINDOW = 1.0
+_WINDOW_POLL = 0.05  # seconds between two looks while the window is open
 
 
 @dataclass(frozen=True)
@@ -68,23 +75,25 @@ class Supervisor:
     """Watches one run's ranks until each has ended (``supervise()``, on the run's own thread);
     reports through ``emit(event)``. ``request_stop`` and ``abandon`` may be called from any thread.
 
-    ``labels[r]`` names rank r's device in failures; ``stack_file(r)`` is where it dumps its stacks.
+    ``labels[r]`` names rank r's device in failures; ``stack_file(r)`` is where it dumps its stacks;
+    ``changed_files()`` says which files the call's data is mapped from changed since the launch
+    (a rank killed by SIGBUS read one).
     """
 
     def __init__(self, transport: Transport, labels: Sequence[str], stack_file: Callable[[int], str],
                  options: SupervisorOptions, emit: Callable[[dict[str, Any]], None],
                  deliver: Optional[Callable[[Any, Received], None]] = None,
-                 changed_files: Callable[[], list[str]] = list) -> None:
+                 changed_files: Callable[[], list[str]] = list, clock: Clock = REAL_CLOCK) -> None:
         self.transport = transport
-        self._changed_files = changed_files  # what changed in the files the call's data is mapped from
+        self.clock = clock
         self._deliver = deliver  # where items the ranks put in the call's queues go (transfer.queues)
+        self._changed_files = changed_files
         self.labels = list(labels)
         self.ranks = range(len(self.labels))
         self.options = options
         self._emit = emit
         self._commands: list[tuple[float, str]] = []
         self._cmd_lock = threading.Lock()
-        self._pending: deque[Observation] = deque()
         # what the ranks said
         self.pids: dict[int, Optional[int]] = {}
         self.main_ident: dict[int, int] = {}
@@ -93,13 +102,14 @@ class Supervisor:
         self.returned: set[int] = set()  # returned from the function, waiting for their peers
         self.reported: dict[int, str] = {}
         self.result: Optional[Received] = None
-        self._stderr: dict[int, deque[str]] = {r: deque(maxlen=_STDERR_KEPT) for r in self.ranks}
-        self.watchdog = Watchdog(options.stall_timeout, options.stall_floor, transport, stack_file)
+        self._stderr: dict[int, list[str]] = {r: [] for r in self.ranks}
+        self.watchdog = Watchdog(options.stall_timeout, options.stall_floor, transport, stack_file, clock)
         # what happened to them
         self.exited: set[int] = set()
-        self.failures: list[WorkerFailure] = []
+        self.failures: list[WorkerFailure] = []  # judged, in the order they were first recorded
         self.root: Optional[WorkerFailure] = None
-        self._settling: Optional[list[WorkerFailure]] = None
+        self._collected: list[WorkerFailure] = []  # seen, not judged yet
+        self._next_id = 1
         # what we did to them
         self.stop_reason: Optional[str] = None
         self.forced: set[int] = set()  # interrupted or killed by the supervisor
@@ -124,11 +134,13 @@ class Supervisor:
     def supervise(self) -> Outcome:
         try:
             while len(self.exited) < len(self.ranks):
-                self._observe_all(self.transport.poll(self._timeout()))
+                self._collect(self.transport.poll(self._timeout()))
+                self._judge()
                 self._take_commands()
                 self._check_deadlines()
                 self._check_stall()
-            self._observe_all(self.transport.settle([]))  # what was written after the last exit
+            self._collect(self.transport.settle([]))  # what was written after the last exit
+            self._judge()
         except BaseException as exc:  # a bug here must never leave ranks behind, nor hide itself
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("supervision of a run failed; its ranks are being ended", exc_info=True)
@@ -141,10 +153,10 @@ class Supervisor:
 
     def _report_own_error(self) -> None:
         try:
-            self._emit({"kind": EventKind.SUPERVISOR_ERROR, "time": time.time(), "message": self.error})
+            self._emit({"kind": EventKind.SUPERVISOR_ERROR, "time": self.clock.time(), "message": self.error})
             for rank in self.ranks:
                 if rank not in self.exited:  # ended by abandon() and close()
-                    self._emit({"kind": EventKind.EXITED, "time": time.time(), "rank": rank,
+                    self._emit({"kind": EventKind.EXITED, "time": self.clock.time(), "rank": rank,
                                 "pid": self.pids.get(rank), "exit_code": None, "signal": None, "by_supervisor": True})
         except BaseException:
             log.error("the supervisor's error could not be recorded", exc_info=True)
@@ -165,19 +177,17 @@ class Supervisor:
         stall = self.watchdog.deadline()
         if stall is not None and self.root is None and self.stop_reason is None:
             deadlines.append(stall)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         return max(0.0, min(min((d - now for d in deadlines), default=1.0), 1.0))
 
     def _alive(self) -> list[int]:
         return [r for r in self.ranks if r not in self.exited]
 
-    # ---- observations ---------------------------------------------------------------------------
-    def _observe_all(self, observations: list[Observation]) -> None:
-        """Handle observations in order. Re-entered while a failure settles: observations still
-        queued from the batch go first, so each rank's events keep their order."""
-        self._pending.extend(observations)
-        while self._pending:
-            obs = self._pending.popleft()
+    # ---- collect: observations, in order ----------------------------------------------------------
+    def _collect(self, observations: list[Observation]) -> None:
+        """Handle observations in order (each rank's events keep theirs); failures are gathered
+        for ``_judge``, never judged here."""
+        for obs in observations:
             if isinstance(obs, WorkerEvent):
                 self._on_event(obs.rank, obs.event, obs.result)
             elif isinstance(obs, Output):
@@ -219,7 +229,8 @@ class Supervisor:
                                    else _ERROR)
         self._emit(event)
         if kind == EventKind.ERROR and self.reported[rank] == _ERROR:
-            self._fail(failure_from_error(event, self.labels[rank], self.pids.get(rank), self.steps.get(rank)))
+            self._collected.append(self._numbered(
+                failure_from_error(event, self.labels[rank], self.pids.get(rank), self.steps.get(rank))))
         elif kind == EventKind.DONE:
             self._maybe_release()
 
@@ -228,8 +239,10 @@ class Supervisor:
             # As a terminal shows it: a coloured warning is text, a progress bar redrawn with carriage
             # returns is one line (splitlines() would cut it at each \r, one line per redraw).
             lines = obs.text[:-1].split("\n") if obs.text.endswith("\n") else obs.text.split("\n")
-            self._stderr[obs.rank].extend(cut(shown(line), LINE_CHARS) for line in lines)
-        self._emit(bound_event({"kind": EventKind.OUTPUT, "time": time.time(), "rank": obs.rank,
+            kept = self._stderr[obs.rank]
+            kept.extend(cut(shown(line), LINE_CHARS) for line in lines)
+            del kept[:-_STDERR_KEPT]
+        self._emit(bound_event({"kind": EventKind.OUTPUT, "time": self.clock.time(), "rank": obs.rank,
                                 "stream": obs.stream, "text": obs.text}))
 
     def _on_exited(self, obs: Exited) -> None:
@@ -245,7 +258,7 @@ class Supervisor:
         ours = obs.signal in self.transport.forced_signals or (obs.signal is None and not obs.code)
         by_us = obs.lost is None and rank in self.forced and (
             self.reported.get(rank) == _STOPPED or (rank not in self.reported and ours))
-        self._emit({"kind": EventKind.EXITED, "time": time.time(), "rank": rank, "pid": self.pids[rank],
+        self._emit({"kind": EventKind.EXITED, "time": self.clock.time(), "rank": rank, "pid": self.pids[rank],
                     "exit_code": obs.code, "signal": obs.signal, "by_supervisor": by_us})
         if rank in self.reported or by_us:
             return
@@ -261,84 +274,80 @@ class Supervisor:
             if changed:
                 message = ("it read data of the call from a file that changed while the run used it "
                            f"({'; '.join(changed)})")
-        self._fail(WorkerFailure(
-            rank=rank, device=self.labels[rank], kind=kind, time=time.time(), pid=self.pids[rank],
+        self._collected.append(self._numbered(WorkerFailure(
+            rank=rank, device=self.labels[rank], kind=kind, time=self.clock.time(), pid=self.pids[rank],
             phase=Phase.RUN if rank in self.ready else Phase.STARTUP, exit_code=obs.code, signal=obs.signal,
-            message=message, last_step=self.steps.get(rank)))
+            message=message, last_step=self.steps.get(rank))))
 
-    # ---- failures -------------------------------------------------------------------------------
-    def _fail(self, failure: WorkerFailure) -> None:
-        """The first failure waits for every other that already happened, then the cause is named
-        and the peers are interrupted; later failures are consequences."""
-        if self._settling is not None:
-            self._settling.append(failure)
-            return
-        if self.root is not None:
-            if (failure.kind in SILENT_KINDS and self.root.kind not in SILENT_KINDS) or \
-                    (self.root.knock_on and not failure.knock_on):
-                # A death that was not ours, seen only after a peer's report was taken as the
-                # cause: a dying worker closes its sockets before anyone can notice, so it is
-                # the cause after all (its exit status can lag its death). Likewise any failure
-                # seen after one that said it was a knock-on (the run had ended).
-                self.root.consequence = True
-                self._record(self.root)  # recorded again: now a consequence
-                self.root = failure
-            else:
-                failure.consequence = True
-            self._record(failure)
-            return
-        self._settling = [failure]
-        # Ranks whose report is read but not yet handled (later in this batch) are not silent.
-        queued = {obs.rank for obs in self._pending if isinstance(obs, WorkerEvent)
-                  and obs.event.get("kind") in (EventKind.DONE, EventKind.ERROR)}
-        silent = [r for r in self.ranks if r not in self.reported and r not in self.exited and r not in queued]
-        self._observe_all(self.transport.settle(silent))
-        self._await_same_errors()
-        found, self._settling = self._settling, None
-        ordered = order_failures(found, len(self.ranks))
-        self.root = ordered[0]
-        for f in ordered:
-            self._record(f)
-        self._force(self._alive())
+    def _numbered(self, failure: WorkerFailure) -> WorkerFailure:
+        failure.id, self._next_id = self._next_id, self._next_id + 1
+        return failure
 
-    def _await_same_errors(self) -> None:
-        """An error raised by the function may be raised by every rank (a bug in the code, bad
-        data), and the fork server's death ends every rank: give the ranks that have not reported
-        ``SAME_ERROR_WINDOW`` seconds to report theirs before anyone is interrupted, so such an
-        error is reported as the run's."""
-        assert self._settling is not None
-        first = self._settling[0]
+    # ---- settle and decide ----------------------------------------------------------------------
+    def _judge(self) -> None:
+        """Judge the failures collected: on a run's first, settle first (see the module's doc);
+        then decide the root cause among all of them."""
+        if not self._collected:
+            return
+        if self.root is None:
+            self._settle()
+        found, self._collected = self._collected, []
+        self._decide(found)
+
+    def _settle(self) -> None:
+        """Make visible what has already happened, and give an error every rank may raise
+        ``SAME_ERROR_WINDOW`` to be raised by all, collecting as it goes."""
+        silent = [r for r in self.ranks if r not in self.reported and r not in self.exited]
+        self._collect(self.transport.settle(silent))
+        first = self._collected[0]
         # A death says nothing of the others, except the fork server's: it ended every worker it
-        # forked, and their exits are seen one by one (within milliseconds).
+        # forked, and their exits are seen one by one (within milliseconds). A stall is decided.
         if (first.kind in SILENT_KINDS and first.kind != FailureKind.SERVER) or first.kind == FailureKind.STALL:
             return
-        deadline = time.monotonic() + SAME_ERROR_WINDOW
+        deadline = self.clock.monotonic() + SAME_ERROR_WINDOW
         while True:
             waiting = [r for r in self.ranks if r not in self.reported and r not in self.exited]
-            left = deadline - time.monotonic()
-            if not waiting or left <= 0 or any(not first.same_error_as(f) for f in self._settling):
+            left = deadline - self.clock.monotonic()
+            if not waiting or left <= 0 or any(not first.same_error_as(f) for f in self._collected):
                 return
-            self._observe_all(self.transport.poll(min(left, 0.05)))
+            self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
+
+    def _decide(self, found: list[WorkerFailure]) -> None:
+        """Name the root cause among every failure known, record the new ones and those whose
+        verdict changed (under the same id), and interrupt the peers once the run has failed."""
+        before = {f.id: (f.consequence, tuple(f.same_on)) for f in self.failures}
+        ordered = order_failures(self.failures + found, len(self.ranks))
+        self.root = ordered[0]
+        for failure in ordered:
+            if failure.id not in before or before[failure.id] != (failure.consequence, tuple(failure.same_on)):
+                self._record(failure)
+        self._force(self._alive())
 
     def _record(self, failure: WorkerFailure) -> None:
-        failure.stderr_tail = list(self._stderr[failure.rank])
         if not any(f is failure for f in self.failures):
+            failure.stderr_tail = list(self._stderr[failure.rank])
             self.failures.append(failure)
-        self._emit({"kind": EventKind.FAILURE, "time": time.time(), "rank": failure.rank,
+        self._emit({"kind": EventKind.FAILURE, "time": self.clock.time(), "rank": failure.rank,
                     "failure": failure.to_dict()})
 
     # ---- stopping -------------------------------------------------------------------------------
     def _force(self, ranks: list[int]) -> None:
-        """Interrupt ``ranks`` now, kill them after ``kill_grace``."""
+        """Interrupt ``ranks`` not interrupted yet now, kill them after ``kill_grace``."""
+        ranks = [r for r in ranks if r not in self.forced]
+        if not ranks:
+            return
         self.forced.update(ranks)
         # A rank that reported an error is already leaving.
-        self.transport.interrupt([r for r in ranks if self.reported.get(r) != _ERROR])
-        deadline = time.monotonic() + self.options.kill_grace
+        leaving = [r for r in ranks if self.reported.get(r) != _ERROR]
+        if leaving:
+            self.transport.interrupt(leaving)
+        deadline = self.clock.monotonic() + self.options.kill_grace
         for rank in ranks:
             self._kill_deadline[rank] = deadline
 
     def _maybe_release(self) -> None:
-        if not self.released and self.root is None and all(self.reported.get(r) == _DONE for r in self.ranks):
+        if (not self.released and self.root is None and not self._collected
+                and all(self.reported.get(r) == _DONE for r in self.ranks)):
             self.released = True
             self.transport.release(list(self.ranks))
 
@@ -349,13 +358,13 @@ class Supervisor:
             alive = self._alive()
             if self.stop_reason is None and self.root is None and not self.released and alive:
                 self.stop_reason = reason
-                self._emit({"kind": EventKind.STOPPING, "time": time.time(), "reason": reason})
+                self._emit({"kind": EventKind.STOPPING, "time": self.clock.time(), "reason": reason})
                 self.transport.request_stop(alive)
                 # No worker exists yet (the fork server still imports torch): none needs a grace.
-                self._stop_deadline = time.monotonic() + (grace if self.transport.started() else 0.0)
+                self._stop_deadline = self.clock.monotonic() + (grace if self.transport.started() else 0.0)
 
     def _check_deadlines(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self._stop_deadline is not None and now >= self._stop_deadline:
             self._stop_deadline = None
             if not self.released:
@@ -369,7 +378,7 @@ class Supervisor:
 
     # ---- the stall watchdog ---------------------------------------------------------------------
     def _check_stall(self) -> None:
-        if self.root is not None or self.stop_reason is not None or self.released:
+        if self.root is not None or self._collected or self.stop_reason is not None or self.released:
             return
         # The ranks inside the function: a rank that returned waits for its peers, never the straggler.
         alive = [r for r in self._alive() if r not in self.reported and r not in self.returned]
@@ -378,9 +387,6 @@ class Supervisor:
                                             {r: self.pids.get(r) for r in alive}, sorted(left))
         if not found:
             return
-        self._emit({"kind": EventKind.STALLED, "time": time.time(), "ranks": [f.rank for f in found],
+        self._emit({"kind": EventKind.STALLED, "time": self.clock.time(), "ranks": [f.rank for f in found],
                     "idle": found[0].stalled_for, "stacks": {str(r): text for r, text in stacks.items()}})
-        self.root = found[0]
-        for f in found:
-            self._record(f)
-        self._force(self._alive())
+        self._decide([self._numbered(f) for f in found])  # decided by the stacks: nothing to settle

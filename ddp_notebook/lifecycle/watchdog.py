@@ -16,7 +16,6 @@ Two modes, chosen with ``stall_timeout``:
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -24,6 +23,7 @@ from typing import Optional, Union
 from ..core.failures import WorkerFailure
 from ..core.switches import seconds_from_env
 from ..executors.base import Transport
+from .clock import REAL_CLOCK, Clock
 from .stall import dump_stacks, is_waiting_in_collective, main_thread_stack, stall_failures, torch_dir
 
 __all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV"]
@@ -56,7 +56,8 @@ class Watchdog:
     on events, ``deadline()`` for the supervisor's poll, ``check()`` when it passes."""
 
     def __init__(self, setting: StallSetting, floor: float, transport: Transport,
-                 stack_file: Callable[[int], str]) -> None:
+                 stack_file: Callable[[int], str], clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock
         self.strict = setting if isinstance(setting, (int, float)) else None
         self.auto = setting == AUTO
         self.floor = floor
@@ -75,10 +76,10 @@ class Watchdog:
 
     def started(self) -> None:
         """A rank called the function: the quiet period starts (again)."""
-        self._reset(time.monotonic())
+        self._reset(self.clock.monotonic())
 
     def progressed(self, rank: int) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if rank in self._last:
             gap = now - self._last[rank]
             self.gaps[rank] = gap if rank not in self.gaps else 0.8 * self.gaps[rank] + 0.2 * gap
@@ -106,7 +107,7 @@ class Watchdog:
         """The ranks to fail as stalled (the first is the cause), with the stacks that show it;
         nothing while the run may still be working. ``alive``: the ranks inside the function;
         ``returned``: those that returned from it (and wait for their peers)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not self.enabled or self._next_look is None or now < self._next_look or not alive:
             return [], {}
         assert self.quiet_since is not None
@@ -118,7 +119,8 @@ class Watchdog:
             return [], {}
         sample = self._sample(alive, main_ident)
         if self.strict is not None:
-            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids, returned), sample.stacks
+            return (stall_failures(sample.stacks, main_ident, steps, idle, labels, pids, returned, self.clock.time()),
+                    sample.stacks)
         if self._first is None or set(self._first.frames) != set(alive):
             waiting = [r for r in alive if is_waiting_in_collective(sample.frames[r], torch_dir())]
             if waiting:  # someone waits for a peer: look again shortly, then decide
@@ -129,15 +131,17 @@ class Watchdog:
             return [], {}
         first, self._first = self._first, None
         if self._hung(first, sample):
-            return stall_failures(sample.stacks, main_ident, steps, idle, labels, pids, returned), sample.stacks
+            return (stall_failures(sample.stacks, main_ident, steps, idle, labels, pids, returned, self.clock.time()),
+                    sample.stacks)
         self._next_look = now + self.limit()
         return [], {}
 
     def _sample(self, ranks: Sequence[int], main_ident: dict[int, int]) -> _Sample:
         cpu = self.transport.cpu_seconds(ranks)
-        stacks = dump_stacks({r: self.stack_file(r) for r in ranks}, lambda: self.transport.request_stacks(ranks))
+        stacks = dump_stacks({r: self.stack_file(r) for r in ranks}, lambda: self.transport.request_stacks(ranks),
+                             self.clock)
         frames = {r: main_thread_stack(stacks.get(r, ""), main_ident.get(r)) for r in ranks}
-        return _Sample(time.monotonic(), frames, stacks, cpu)
+        return _Sample(self.clock.monotonic(), frames, stacks, cpu)
 
     def _hung(self, first: _Sample, second: _Sample) -> bool:
         """A rank waits in a collective, and every rank that does not is frozen (when all wait

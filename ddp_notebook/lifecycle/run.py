@@ -61,7 +61,7 @@ from .sending import send_data
 from .store import loopback_store
 from .stored import keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
-from .torch_compat import AsProcesses, echo_output, process_failure
+from .torch_compat import WorkerProcess, echo_output, process_failure
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
 __all__ = ["Run", "WorkerTraceback", "Restart", "validate_on", "restart_loaded_runs_with"]
@@ -95,7 +95,7 @@ def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: O
     return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 
-class Run(AsProcesses):
+class Run:
     """A DDP run in background workers (one per device; rank 0 is the main worker).
 
     Created by :func:`ddp_notebook.launch` (or read back with :meth:`Run.load`); everything here
@@ -417,6 +417,49 @@ class Run(AsProcesses):
         """The device ``retry()`` picks: the main one unless it caused the failure."""
         causing = self.state.causing_ranks
         return next((d for rank, d in enumerate(self.devices) if rank not in causing), self.devices[0])
+
+    # ---- what torch.multiprocessing's ProcessContext offers ---------------------------------------
+    def join(self, timeout: Optional[float] = None, grace_period: Optional[float] = None) -> bool:
+        """As ``ProcessContext.join``: whether the run has ended well, waiting at most ``timeout``
+        seconds; a failure raises as ``wait()`` does.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait (None: until the run ends).
+        grace_period : float, optional
+            Taken for the same calls, and not needed: ``kill_grace`` says how long a failed
+            run's peers get.
+
+        Returns
+        -------
+        bool
+            True once the run has ended well; False while it still runs after ``timeout``.
+
+        Raises
+        ------
+        WorkerFailedError
+            A worker failed (for a ``spawn`` run, also torch's ``ProcessRaisedException`` or
+            ``ProcessExitedException``).
+        """
+        check_seconds("grace_period", grace_period, positive=False, optional=True)
+        try:
+            self.wait(timeout)
+        except WaitTimeoutError:
+            return False
+        return True
+
+    @property
+    def processes(self) -> list[WorkerProcess]:
+        """The ranks as ``torch.multiprocessing`` shows its children (``pid``, ``is_alive()``,
+        ``exitcode``, ``join()``), read from the run's state as it is now."""
+        return [WorkerProcess(rank, functools.partial(lambda r: self.state.workers[r], rank), self._finished,
+                              self.stop)
+                for rank in range(len(self.devices))]
+
+    def pids(self) -> list[Optional[int]]:
+        """The ranks' process ids, in rank order (None for a rank not started yet)."""
+        return [p.pid for p in self.processes]
 
     @property
     def checkpoint_dir(self) -> str:

@@ -1,6 +1,7 @@
-"""A run's ranks as ``torch.multiprocessing`` shows its children: code written for
-``ProcessContext.processes`` (``p.pid``, ``p.is_alive()``, ``p.exitcode``, ``p.join()``) keeps
-working on ``Run.processes``.
+"""What code written for ``torch.multiprocessing.spawn`` sees of a run: its ranks as processes
+(``Run.processes``: ``p.pid``, ``p.is_alive()``, ``p.exitcode``, ``p.join()``), its failure as
+torch's exception types (``process_failure``), and its ranks' output marked as torchrun marks it
+(``echo_output``).
 
 Example::
 
@@ -17,13 +18,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ..core.errors import WaitTimeoutError, WorkerFailedError
+from ..core.errors import WorkerFailedError
 from ..core.events import EventKind
 from ..core.failures import FailureKind, WorkerFailure
-from ..core.state import RunState, WorkerState
-from .options import check_seconds
+from ..core.state import WorkerState
 
-__all__ = ["AsProcesses", "WorkerProcess", "echo_output", "process_failure"]
+__all__ = ["WorkerProcess", "echo_output", "process_failure"]
 
 
 def echo_output(event: dict[str, Any]) -> None:
@@ -106,45 +106,3 @@ class WorkerProcess:
 
     def __repr__(self) -> str:
         return f"<WorkerProcess {self.name} pid={self.pid} {'alive' if self.is_alive() else 'ended'}>"
-
-
-class AsProcesses:
-    """What callers of ``torch.multiprocessing.spawn(..., join=False)`` use of its
-    ``ProcessContext``, on a ``Run``: ``join()``, ``processes``, ``pids()``."""
-
-    devices: list[Any]
-    _finished: threading.Event
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        raise NotImplementedError
-
-    def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
-        raise NotImplementedError
-
-    @property
-    def state(self) -> RunState:
-        raise NotImplementedError
-
-    def join(self, timeout: Optional[float] = None, grace_period: Optional[float] = None) -> bool:
-        """As ``ProcessContext.join``: True once the run has ended well, False while it still runs
-        after ``timeout`` seconds; a failure raises as ``wait()`` does. (``grace_period`` is taken
-        for the same calls and not needed: ``kill_grace`` says how long a failed run's peers get.)"""
-        check_seconds("grace_period", grace_period, positive=False, optional=True)
-        try:
-            self.wait(timeout)
-        except WaitTimeoutError:
-            return False
-        return True
-
-    @property
-    def processes(self) -> list[WorkerProcess]:
-        """The ranks as ``torch.multiprocessing`` shows its children (``pid``, ``is_alive()``...)."""
-        return [WorkerProcess(rank, functools.partial(self._worker, rank), self._finished, self.stop)
-                for rank in range(len(self.devices))]
-
-    def pids(self) -> list[Optional[int]]:
-        """The ranks' process ids (None for a rank not started yet)."""
-        return [p.pid for p in self.processes]
-
-    def _worker(self, rank: int) -> WorkerState:
-        return self.state.workers[rank]

@@ -1,28 +1,36 @@
-"""What the training function receives as its first argument, inside a worker process.
+"""What the training function receives as its first argument, inside a worker process: the
+``WorkerContext``. Who the rank is, where it computes, how it reports, and the helpers of a DDP
+training loop (model, data, epochs, checkpoints).
 
 Example::
 
-    def train(ctx, steps):
-        model = torch.nn.Linear(4, 1).to(ctx.device)
-        for step in range(1, steps + 1):
-            if ctx.should_stop:
-                break
-            ...
-            ctx.log(step=step, total=steps, loss=loss.item())
-        return model.state_dict() if ctx.is_main else None
+    def train(ctx, dataset, epochs):
+        model = ctx.prepare(torch.nn.Linear(16, 1))          # on ctx.device, wrapped in DDP
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = ctx.loader(dataset, batch_size=64)          # this rank's shard, 64 a batch
+        for epoch in ctx.epochs(epochs):                     # stops on every rank together
+            for x, y in ctx.batches(loader):                 # reports step/total/epoch/samples_per_s
+                x, y = x.to(ctx.device), y.to(ctx.device)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad(); loss.backward(); opt.step()
+                ctx.log(loss=loss.item())
+            ctx.save_checkpoint({"model": ctx.unwrap(model).state_dict()}, epoch)  # main only
+        return ctx.unwrap(model).state_dict() if ctx.is_main else None
 """
 from __future__ import annotations
 
+import io
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from ..core.bounds import bound_metrics
 from ..core.events import EventKind, to_json_value
-from .training import TrainingHelpers
+from ..core.rundir import RunDir, latest_checkpoint
 
-__all__ = ["WorkerContext", "current_context", "set_current"]
+__all__ = ["WorkerContext", "ShardedLoader", "current_context", "set_current"]
 
 _current: Optional[WorkerContext] = None
 
@@ -31,7 +39,13 @@ def current_context() -> Optional[WorkerContext]:
     """The context of the worker this code runs in (None outside a worker).
 
     Code started with ``ddp_notebook.spawn`` gets no context argument; it can still report
-    progress: ``ddp_notebook.current_context().log(step=i, total=n, loss=...)``."""
+    progress: ``ddp_notebook.current_context().log(step=i, total=n, loss=...)``.
+
+    Returns
+    -------
+    WorkerContext or None
+        This rank's context, or None in the notebook (or on an engine between runs).
+    """
     return _current
 
 
@@ -41,15 +55,64 @@ def set_current(ctx: Optional[WorkerContext]) -> None:
     _current = ctx
 
 
-class WorkerContext(TrainingHelpers):
-    """A worker's view of the run: who it is, where it computes, how it reports.
+class ShardedLoader:
+    """A ``DataLoader`` over one rank's shard of a dataset (``ctx.loader`` makes it).
 
-    ``rank`` is the position of the worker's device in the device list; rank 0 is the main
-    worker. ``local_rank`` is the rank's index among the ranks on its host and
-    ``local_world_size`` their number (on one machine: ``rank`` and ``world_size``; on engines
-    spread over hosts, counted per host). ``device`` is the ``torch.device`` to compute on. The training helpers
-    (``prepare``, ``loader``, ``epochs``, ``batches``, checkpoints) are described in
-    :mod:`ddp_notebook.training`.
+    Its ``DistributedSampler`` splits the dataset into ``world_size`` interleaved shards of equal
+    length (padded by repeating samples unless ``drop_last``). Each pass sets the sampler's epoch
+    (the context's current epoch inside ``ctx.epochs``, else the number of passes so far), so the
+    shuffle differs from epoch to epoch and is the same on every rank for a given epoch and seed.
+    ``len()`` is the number of batches of this rank's shard.
+    """
+
+    def __init__(self, ctx: WorkerContext, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool,
+                 seed: int, **loader_kwargs: Any) -> None:
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        self._ctx = ctx
+        self.sampler: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last,
+                                 **loader_kwargs)
+        self.batch_size = batch_size
+        self._passes = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self._ctx.epoch if self._ctx.epoch is not None else self._passes
+        self.sampler.set_epoch(epoch)
+        self._passes += 1
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class WorkerContext:
+    """A worker's view of the run: who it is, where it computes, how it reports, and the helpers
+    of a DDP training loop. The training function gets it as its first argument
+    (``def train(ctx, ...)``); ``current_context()`` returns it anywhere in the worker.
+
+    Attributes
+    ----------
+    rank : int
+        The position of the worker's device in the device list; rank 0 is the main worker, whose
+        return value ``Run.wait()`` gives back.
+    world_size : int
+        How many ranks the run has.
+    local_rank, local_world_size : int
+        The rank's index among the ranks on its host, and their number (on one machine:
+        ``rank`` and ``world_size``; on engines spread over hosts, counted per host).
+    device : torch.device
+        Where this rank computes: ``cuda:N`` for a GPU rank, else ``cpu``.
+    device_name : str
+        The device as the device list names it (``"cpu:1"``, ``"cuda:0"``).
+    backend : str
+        The process group's backend, ``"gloo"`` or ``"nccl"`` (the group is set up before the
+        function is called).
+    run_id : str
+        The run's id (``20261129-174217-5266c4``).
+    step, total, epoch : int or None
+        What ``batches`` and ``epochs`` count, and what ``log`` fills in when not given.
     """
 
     def __init__(
@@ -85,6 +148,15 @@ class WorkerContext(TrainingHelpers):
         self._pending: Optional[dict] = None
         self._lock = threading.Lock()
         self.resume_from = resume_from
+        # Ranks on engines (maybe on other hosts, with no shared file system): the checkpoint to
+        # resume from arrives as bytes, and a saved one travels to the notebook as an event.
+        self.resume_data: Optional[bytes] = None
+        self.checkpoints_to_notebook = False
+        self.step = 0
+        self.epoch: Optional[int] = None
+        self.total: Optional[int] = None
+        self._epochs: Optional[int] = None
+        self._first_epoch = 0
 
     @property
     def should_stop(self) -> bool:
@@ -154,6 +226,226 @@ class WorkerContext(TrainingHelpers):
         if event is not None:
             self._send(dict(event, held=True) if held else dict(event, time=time.time()))
 
+    # ---- model and data ----------------------------------------------------------------
+    def prepare(self, model: Any, **ddp_kwargs: Any) -> Any:
+        """Move ``model`` to this rank's device and wrap it in ``DistributedDataParallel``.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model, built the same way on every rank (DDP broadcasts rank 0's weights).
+        **ddp_kwargs
+            Passed to ``DistributedDataParallel`` (``find_unused_parameters=True``, ...).
+
+        Returns
+        -------
+        torch.nn.Module
+            The wrapped model; the model itself, on its device, when the run has one rank.
+            ``ctx.unwrap(model)`` gives the module back (for ``state_dict``).
+        """
+        model = model.to(self.device)
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+
+    @staticmethod
+    def unwrap(model: Any) -> Any:
+        """The module inside a ``DistributedDataParallel`` wrapper, or ``model`` itself.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            What ``prepare`` returned.
+
+        Returns
+        -------
+        torch.nn.Module
+            The module to save or return (its ``state_dict`` keys have no ``module.`` prefix).
+        """
+        return getattr(model, "module", model)
+
+    def loader(self, dataset: Any, batch_size: int, shuffle: bool = True, drop_last: bool = False, seed: int = 0,
+               **loader_kwargs: Any) -> ShardedLoader:
+        """A ``DataLoader`` over this rank's shard of ``dataset`` (a ``ShardedLoader``).
+
+        Parameters
+        ----------
+        dataset : torch.utils.data.Dataset
+            The whole dataset (every rank passes the same one; each reads its own shard).
+        batch_size : int
+            Samples per batch *on each rank*: a step of the run trains on ``batch_size *
+            world_size`` samples in all.
+        shuffle : bool, default True
+            Shuffle within the shards, differently each epoch: the sampler's epoch is set on each
+            pass (the current epoch inside ``ctx.epochs``), the same on every rank.
+        drop_last : bool, default False
+            Drop the samples that do not fill the last batch, and the tail that would make the
+            shards unequal (else the shards are padded with repeated samples).
+        seed : int, default 0
+            The shuffle's seed (the same on every rank, or the shards would overlap).
+        **loader_kwargs
+            Passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ``collate_fn``...).
+
+        Returns
+        -------
+        ShardedLoader
+            Iterate it for batches (on the CPU, as the dataset gives them), or pass it to
+            ``ctx.batches``.
+        """
+        return ShardedLoader(self, dataset, batch_size, shuffle, drop_last, seed, **loader_kwargs)
+
+    # ---- progress ----------------------------------------------------------------------
+    def epochs(self, n: int, start: int = 0) -> Iterator[int]:
+        """The epoch numbers ``start .. n-1``, leaving early on every rank at once after a Stop.
+
+        Parameters
+        ----------
+        n : int
+            The number of epochs in all (the panel shows "epoch 3/n").
+        start : int, default 0
+            The first epoch (an epoch after a resumed checkpoint's).
+
+        Yields
+        ------
+        int
+            The epoch, counted from 0; ``ctx.epoch`` holds it, and ``log`` and ``batches`` report it.
+        """
+        self._epochs, self._first_epoch = n, start
+        for epoch in range(start, n):
+            if self.stop_agreed():
+                return
+            self.epoch = epoch
+            yield epoch
+
+    def batches(self, loader: Any) -> Iterator[Any]:
+        """The batches of ``loader``, counted and reported, leaving early on every rank at once
+        after a Stop.
+
+        Each batch counts one step (``ctx.step``, and the total of the run: batches per epoch
+        times the epochs of ``ctx.epochs``); twice a second, and at the last step, a progress
+        report with ``samples_per_s`` (samples of this rank) is sent. The batches are yielded
+        as the loader gives them: on the CPU, moved nowhere (``x.to(ctx.device)`` on a GPU rank).
+
+        Parameters
+        ----------
+        loader : iterable with a length
+            A ``ShardedLoader`` (``ctx.loader``) or any ``DataLoader``.
+
+        Yields
+        ------
+        object
+            Each batch of ``loader``.
+        """
+        per_epoch = len(loader)
+        if self._epochs is not None:
+            self.total = (self._epochs - self._first_epoch) * per_epoch
+        else:
+            self.total = self.step + per_epoch
+        window_start, window_samples = time.perf_counter(), 0
+        for batch in loader:
+            if self.stop_agreed():
+                return
+            self.step += 1
+            yield batch
+            window_samples += _batch_len(batch)
+            now = time.perf_counter()
+            if now - window_start >= 0.5 or self.step == self.total:
+                self.log(samples_per_s=window_samples / max(now - window_start, 1e-9))
+                window_start, window_samples = now, 0
+
+    def stop_agreed(self) -> bool:
+        """Whether any rank saw the Stop request, agreed on by every rank (one small all_reduce:
+        call it on every rank at the same point of the loop).
+
+        Returns
+        -------
+        bool
+            The same answer on every rank, so they all leave the loop at the same step.
+        """
+        flag = self.should_stop
+        if self.world_size == 1:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device if self.backend == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    # ---- checkpoints -------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the main worker (whose return value ``Run.wait()`` gives back)."""
+        return self.rank == 0
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The folder this run's checkpoints are saved in (in the run's directory)."""
+        return RunDir(self.run_dir).checkpoint_dir
+
+    def save_checkpoint(self, state: Any, epoch: int) -> Optional[str]:
+        """Save ``state`` (with ``torch.save``) as the checkpoint of ``epoch``, on the main worker.
+
+        The run keeps its last checkpoints; ``run.retry(resume=True)`` and
+        ``fit(resume_from=run)`` give the latest one to ``load_checkpoint``.
+
+        Parameters
+        ----------
+        state : object
+            What to save: ``{"model": ctx.unwrap(model).state_dict(), "epoch": epoch, ...}``.
+        epoch : int
+            The epoch it was taken at (the file's name says it).
+
+        Returns
+        -------
+        str or None
+            The checkpoint's path on rank 0; None on the other ranks, which save nothing.
+        """
+        if not self.is_main:
+            return None
+        import torch
+
+        directory = RunDir(self.run_dir)
+        event = {"kind": EventKind.CHECKPOINT, "rank": self.rank, "epoch": epoch,
+                 "path": directory.checkpoint_path(epoch), "time": time.time()}
+        if self.checkpoints_to_notebook:  # the notebook writes it where a local run would have
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            self._send(dict(event, data=buffer.getvalue()))
+            return str(event["path"])
+        path = directory.save_checkpoint(epoch, lambda f: torch.save(state, f))
+        self._send(event)
+        return path
+
+    def load_checkpoint(self) -> Any:
+        """The checkpoint this run resumes from, loaded on this rank's device.
+
+        Returns
+        -------
+        object or None
+            What ``save_checkpoint`` saved in the run resumed from (``run.retry(resume=True)``,
+            ``fit(resume_from=...)``), or None for a run that resumes nothing.
+        """
+        if not self.resume_from:
+            return None
+        import torch
+
+        if self.resume_data is not None:
+            return torch.load(io.BytesIO(self.resume_data), map_location=self.device, weights_only=False)
+        path = self.resume_from if os.path.isfile(self.resume_from) else latest_checkpoint(self.resume_from)
+        if path is None:
+            return None
+        return torch.load(path, map_location=self.device, weights_only=False)
+
     def __repr__(self) -> str:
         return (f"WorkerContext(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device_name!r}, backend={self.backend!r})")
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape else 1

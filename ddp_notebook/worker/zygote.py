@@ -174,7 +174,7 @@ def main() -> None:
         # notebook starts fresh workers, which import only what each run needs.
         warm_up(True)
         # What a worker imports next, paid here once rather than in every rank.
-        from . import channel, context, training  # noqa: F401
+        from . import channel, context  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - the notebook starts its workers cold, and says why
         _send(sock, {FAILED: None, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_FAILED)

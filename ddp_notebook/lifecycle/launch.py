@@ -22,6 +22,7 @@ from ..core.switches import switched_on
 from ..core.validation import InvalidDevicesError, ValidationReport
 from ..executors.base import Executor
 from ..executors.ipyparallel.executor import IpyparallelExecutor
+from ..executors.local import forkserver
 from ..executors.local.executor import LocalExecutor, default_devices, set_default_devices
 from .call import Call, call_parts, check_arguments
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
@@ -29,6 +30,7 @@ from .resume import keep_call
 from .run import Run, restart_loaded_runs_with, validate_on
 
 __all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",
+           "start_fork_server", "stop_fork_server",
            "default_devices", "set_default_devices", "wait_showing", "show_while_waiting", "PROGRESS_ENV"]
 
 # How a run the caller blocks on (``fit()``, ``spawn(join=True)``) is shown while it runs: set by
@@ -68,6 +70,17 @@ _older: deque[weakref.ref[Run]] = deque(maxlen=100)
 # would otherwise keep 100 runs' worth alive).
 KEEP_DATA_OF = 3
 _holding: deque[Call] = deque()
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, in the background (it imports torch): the next launch forks its
+    workers at once (``%load_ext ddp_notebook`` calls this)."""
+    forkserver.start()
+
+
+def stop_fork_server() -> None:
+    """End the fork server once no run uses it (``%unload_ext``); the next launch starts another."""
+    forkserver.stop()
 
 
 def last_run() -> Optional[Run]:

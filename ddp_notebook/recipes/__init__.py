@@ -1,4 +1,4 @@
-"""Recipes: ready-made ways to use the engine.
+"""Recipes: ready-made ways to use the lifecycle.
 
 Owns: the built-in DDP ``fit`` (``fit`` on the notebook side: checks, preflight, the result;
 ``fit_loop`` on the worker side: the training loop every rank runs), ``spawn`` (existing

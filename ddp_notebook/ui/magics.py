@@ -32,8 +32,16 @@ from ..core.errors import (
 )
 from ..core.rundir import default_run_root
 from ..core.validation import InvalidDevicesError, validate_devices
-from ..executors.local import forkserver
-from ..lifecycle.launch import default_devices, find_run, last_run, launch, runs, set_default_devices
+from ..lifecycle.launch import (
+    default_devices,
+    find_run,
+    last_run,
+    launch,
+    runs,
+    set_default_devices,
+    start_fork_server,
+    stop_fork_server,
+)
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
 from ..lifecycle.stored import find_stored_run
@@ -350,7 +358,7 @@ def load_ipython_extension(ipython: Any) -> None:
     wait for it."""
     ipython.register_magics(DDPMagics)
     display.register(ipython)
-    forkserver.start()
+    start_fork_server()
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -360,4 +368,4 @@ def unload_ipython_extension(ipython: Any) -> None:
     for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry"):
         magics.pop(name, None)
     display.unregister(ipython)
-    forkserver.stop()
+    stop_fork_server()

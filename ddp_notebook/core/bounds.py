@@ -35,7 +35,7 @@ TEXT_CHARS = 64 * 1024
 error is)."""
 OUTPUT_CHARS = 1024 * 1024
 """Characters kept of one printed chunk (the local transport sends at most 128 KiB at a time:
-this only bounds a backend that would send more)."""
+this only bounds an executor that would send more)."""
 LINE_CHARS = 2000
 """Characters kept of one printed line in a worker's in-memory tail (``WorkerState.output``)."""
 TAIL_EVENTS = 20_000

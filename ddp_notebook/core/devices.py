@@ -1,7 +1,7 @@
 """Device lists as users write them, parsed into ``Device`` values.
 
 Pure Python: parsing never imports torch and never touches a GPU. How many GPUs exist is
-asked of a probe (see :mod:`ddp_notebook.probes`) only when a spec says ``cuda`` (all GPUs).
+asked of a probe (see :mod:`ddp_notebook.core.probes`) only when a spec says ``cuda`` (all GPUs).
 
 Accepted forms (case-insensitive, whitespace ignored)::
 

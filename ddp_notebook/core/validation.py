@@ -1,6 +1,6 @@
 """Checks a device list before anything starts and reports every problem at once.
 
-Pure logic over a :class:`~ddp_notebook.probes.Probe`; tests inject a ``StaticProbe``.
+Pure logic over a :class:`~ddp_notebook.core.probes.Probe`; tests inject a ``StaticProbe``.
 
 >>> from ddp_notebook.core.probes import StaticProbe
 >>> report = validate_devices("cuda:0,cuda:1", probe=StaticProbe(gpus_free=[(1 << 34, 1 << 35)]))

@@ -5,7 +5,7 @@ where each rank runs, refuses a run that cannot be placed, and starts a ``Transp
 A ``Transport`` is one run's ranks as the supervisor sees them: it reports what happened as
 observations (``WorkerEvent``, ``Output``, ``Exited``) and takes a handful of requests (stop,
 interrupt, kill, release, dump stacks). Everything else (what an event means, which failure is
-the cause, deadlines, the stall watchdog) is the supervisor's, written once for every backend.
+the cause, deadlines, the stall watchdog) is the supervisor's, written once for every executor.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ Observation = Union[WorkerEvent, Output, Exited]
 
 @dataclass
 class StartSpec:
-    """What a backend needs to start a run's ranks: the run directory, the devices, the packed
+    """What an executor needs to start a run's ranks: the run directory, the devices, the packed
     call, and the part of every rank's ``RankConfig`` that does not depend on where it runs."""
 
     directory: RunDir
@@ -79,7 +79,7 @@ class StartSpec:
     payload: bytes
     config: RankConfig
     threads_per_worker: Optional[int] = None  # None: the cores of the rank's host shared by its ranks
-    env: dict[str, str] = field(default_factory=dict)  # the user's, wins over the backend's defaults
+    env: dict[str, str] = field(default_factory=dict)  # the user's, wins over the executor's defaults
     data: Optional[DataTable] = None  # where the payload's shared tensors and arrays are (maps_memory only)
 
 
@@ -87,7 +87,7 @@ def rank_configs(spec: StartSpec, hosts: Sequence[str], cores: Sequence[int], en
     """Every rank's assignment: ``spec.config`` and where the rank runs. Rank r runs on host
     ``hosts[r]``, which has ``cores[r]`` cores: ``local_rank`` is its index among the ranks on that
     host, and those ranks share its cores (``threads``, unless ``spec.threads_per_worker``).
-    ``env`` is the backend's environment for the ranks; the user's (``spec.env``) wins over it.
+    ``env`` is the executor's environment for the ranks; the user's (``spec.env``) wins over it.
 
     >>> spec = StartSpec(RunDir("/tmp/r"), [Device("cpu", i) for i in range(3)], b"", {"world_size": 3})
     >>> configs = rank_configs(spec, ["a", "b", "a"], [8, 8, 8], {})
@@ -156,7 +156,7 @@ class Transport(ABC):
         ``held``): the stall watchdog's report then names a hung rank's true last step."""
 
     def cpu_seconds(self, ranks: Sequence[int]) -> dict[int, Optional[float]]:
-        """The CPU time each rank's process has used so far, where the backend can tell (the
+        """The CPU time each rank's process has used so far, where the executor can tell (the
         stall watchdog tells a busy rank from a hung one); None where it cannot."""
         return {r: None for r in ranks}
 
@@ -180,7 +180,7 @@ class Executor(ABC):
     @abstractmethod
     def validate(self, devices: Optional[DeviceSpec], *, backend: Optional[str], min_free_memory: Optional[int],
                  probe: Optional[Probe] = None) -> ValidationReport:
-        """Validate ``devices`` (None: this backend's default) where the ranks would run."""
+        """Validate ``devices`` (None: this executor's default) where the ranks would run."""
 
     def check_placement(self, devices: Sequence[Device]) -> None:
         """Raise, before anything is created, when the run cannot be placed now."""
@@ -221,5 +221,5 @@ class Executor(ABC):
 
     @abstractmethod
     def device_choices(self) -> list[str]:
-        """The devices a panel offers for a launch with this backend."""
+        """The devices a panel offers for a launch with this executor."""
 

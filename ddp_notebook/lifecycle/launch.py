@@ -1,6 +1,6 @@
 """``launch``: validate the devices where the ranks will run, pack the call, start a ``Run``.
 
-The backend follows from the options: local worker processes, or one rank per ipyparallel
+The executor follows from the options: local worker processes, or one rank per ipyparallel
 engine with ``engines=``. ``start_run`` is the one way a run starts; a retry is a start too.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``Run``: a launched DDP run — a small facade over its directory (``core.rundir``), its event
-stream (``core.stream``) and the backend and supervisor that run it.
+stream (``core.stream``) and the executor and supervisor that run it.
 
 Example::
 
@@ -84,7 +84,7 @@ def restart_loaded_runs_with(restart_of_payload: Callable[[bytes], Restart]) -> 
 
 def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: Optional[str] = None,
                 min_free_memory: Optional[int] = None, probe: Optional[Probe] = None) -> ValidationReport:
-    """The backend's validation of ``devices``, and a ``busy`` error for what another run of this
+    """The executor's validation of ``devices``, and a ``busy`` error for what another run of this
     process still holds (a GPU, an engine): two runs must not share it by accident."""
     report = executor.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
     wanted = set(executor.held(report.devices))
@@ -468,13 +468,13 @@ class Run:
 
     # ---- what a front end offers for a relaunch -------------------------------------------------
     def _device_choices(self) -> list[str]:
-        """The devices a relaunch of this run can choose from (where its backend runs ranks)."""
+        """The devices a relaunch of this run can choose from (where its executor runs ranks)."""
         return self._executor.device_choices() if self._executor is not None else []
 
     def _validate_devices(self, devices: DeviceSpec) -> ValidationReport:
         """Validate ``devices`` for a relaunch where this run ran (this machine, or its engines)."""
         if self._executor is None:
-            raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no backend to validate on")
+            raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no executor to validate on")
         return validate_on(self._executor, devices)
 
     def __repr__(self) -> str:

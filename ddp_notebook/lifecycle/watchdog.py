@@ -10,7 +10,7 @@ Two modes, chosen with ``stall_timeout``:
   wait at a barrier). After a quiet period of ``max(floor, 20 x the usual gap between reports)``
   (floor 300 s, ``$DDP_NOTEBOOK_STALL_FLOOR``), every live rank's stack is sampled twice, a couple
   of seconds apart. The run fails only when a rank waits for its peers in a collective and every
-  rank it could be waiting for is frozen: the same stack in both samples and (where the backend
+  rank it could be waiting for is frozen: the same stack in both samples and (where the executor
   can tell) no CPU time spent. Anything else is work in progress: the panel shows "no progress
   for ..." and the watchdog looks again one quiet period later.
 """

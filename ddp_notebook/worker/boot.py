@@ -1,7 +1,7 @@
-"""How a worker process is started: what the local backend and ``process.main`` agree on, and the
+"""How a worker process is started: what the local executor and ``process.main`` agree on, and the
 first code a worker runs.
 
-The backend runs this file as a script, ``python .../worker/boot.py MODULE PARENT_PID``, with
+The local executor runs this file as a script, ``python .../worker/boot.py MODULE PARENT_PID``, with
 ``BOOT_ENV`` holding the numbers of two inherited pipe ends (``event_fd`` to report,
 ``control_fd`` to hear) and whether the process is pooled. Before anything is imported (the
 package, torch: seconds, more under load) the worker ties its life to the notebook process
@@ -60,7 +60,7 @@ def tie_to_parent(parent: int, watch: bool = True) -> None:
     training function (which SIGKILL gives no chance to end) go too.
 
     Linux only (``PR_SET_PDEATHSIG``); elsewhere the lifeline pipe alone ends workers, as before.
-    Linux sends the signal when the parent *thread* ends: the backend starts every process from one
+    Linux sends the signal when the parent *thread* ends: the local executor starts every process from one
     thread that lives as long as the notebook process (``executors.local.spawner``), and the fork
     server, the parent of the workers it forks, has one thread. Without ``watch`` (the fork server,
     whose group holds nothing else: each worker it forks leads its own), no watcher.
@@ -71,7 +71,7 @@ def tie_to_parent(parent: int, watch: bool = True) -> None:
     # The notebook may have died before the line above: the signal would never come.
     if os.getppid() != parent:
         os._exit(EXIT_ORPHANED)
-    # Killing the process group is only right for a worker that leads its own (the backend
+    # Killing the process group is only right for a worker that leads its own (the executor
     # starts it in a new session); never reach the group of whoever ran this file otherwise.
     if watch and os.getpgid(0) == os.getpid():
         os.environ[WATCHER_ENV] = str(_fork_watcher(prctl))

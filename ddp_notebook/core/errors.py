@@ -1,36 +1,9 @@
-"""The package's exception tree: every error a user can see derives from ``DDPNotebookError``.
+"""The package's exception classes: every error a user can see derives from ``DDPNotebookError``.
 
-::
-
-    DDPNotebookError
-    ├── DeviceSpecError (ValueError)          a device list could not be read
-    ├── InvalidDevicesError (ValueError)      a device list failed validation (carries the report)
-    ├── FitConfigError (ValueError)           an argument of fit() is not usable
-    ├── LaunchOptionError (ValueError)        a launch option is not usable
-    ├── RunLoadError (OSError)                Run.load found no run it can read there
-    ├── NotPicklableError (TypeError)         the call cannot be sent to the workers
-    ├── SharedDataError (OSError)             the call's data cannot be sent or mapped (a file
-    │                                         it is mapped from was cut short or replaced)
-    ├── ArgumentsError (TypeError)            the function cannot take the arguments given
-    ├── EngineSelectionError (TypeError)      engines= is not a Client or DirectView
-    ├── EngineUnavailableError (RuntimeError) an engine left the cluster before the start
-    ├── PreflightError                        fit's one-step preflight failed
-    ├── NonFiniteLossError (FloatingPointError) fit's loss became nan or inf (raised in a worker)
-    ├── WorkerFailedError (RuntimeError)      a worker failed; names the root cause
-    ├── SupervisionError (RuntimeError)       ddp_notebook's own supervision of a run failed
-    ├── RunStoppedError                       the run was stopped before a result
-    ├── WaitTimeoutError (TimeoutError)       wait(timeout) returned first; the run goes on
-    ├── NoResultError                         result() before the run ended
-    ├── NoCheckpointError                     retry(resume=True) without a checkpoint
-    ├── UnsafeRunDirError (PermissionError)   a runs folder another user could write to
-    ├── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
-    └── ProcessGroupMismatchError (ValueError) the function's own init_process_group asked for
-                                              another world size, rank or backend than the
-                                              run's (raised in a worker)
-
-Nothing here imports torch or IPython, so the errors can be raised from the pure core. Users
-import them from ``ddp_notebook.errors``, their public home (which every class names as its
-module), or the ones they catch most from ``ddp_notebook``.
+Their public home is ``ddp_notebook.errors``, which draws the tree and names each class there
+(tracebacks and pickles say ``ddp_notebook.errors.X``); the ones users catch most are importable
+from ``ddp_notebook`` too. Nothing here imports torch or IPython, so the errors can be raised
+from the plain core.
 """
 from __future__ import annotations
 

@@ -1,15 +1,21 @@
 """Shared fixtures: every test fails if it leaves a worker process behind."""
 from __future__ import annotations
 
+import doctest
 import os
+import re
 import uuid
 
 import psutil
 import pytest
 
-SLOW = ("processes", "kernel", "engines", "multihost", "browser", "quality")
+SLOW = ("processes", "kernel", "engines", "multihost", "browser", "quality", "fuzz")
 # Doctests of these modules start real runs; notebook cells run in a real kernel.
 DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/lifecycle/launch.py", "ddp_notebook/recipes/fit.py")
+# A doctest example that calls one of these starts processes or opens sockets, wherever it is (an
+# example marked +SKIP runs nothing): a module not listed above is a processes test all the same.
+STARTS_SOMETHING = re.compile(r"(?<![\w.])(?:ddp_notebook\.)?(?:launch|spawn|fit)\(|\.(?:retry|start|start_and_connect_sync)\("
+                              r"|\b(?:socket|subprocess)\.\w|TCPStore\(|\bMeeting\.")
 NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)
 
 # In the command line of every worker: a fresh one runs worker.process, a forked one keeps the fork
@@ -53,19 +59,43 @@ def _describe(p: psutil.Process) -> tuple:
         return p.pid, "(ended)"
 
 
+def _starts_something(item) -> bool:
+    """Whether a doctest runs an example that starts processes or opens sockets."""
+    return any(STARTS_SOMETHING.search(e.source) and not e.options.get(doctest.SKIP) for e in item.dtest.examples)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A module of the package without a doctest example holds no test: it is not imported just to
+    find none (``--doctest-modules`` would import the framework integrations, Lightning's 3 s)."""
+    package = config.rootpath / "ddp_notebook"
+    if collection_path.suffix == ".py" and collection_path.is_relative_to(package) and collection_path.is_file():
+        if ">>>" not in collection_path.read_text(encoding="utf-8"):
+            return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark doctests and notebook cells by what they start; a test marked with none of the slow
-    kinds is a unit test (``pytest -m unit`` runs only those: seconds, no process)."""
+    kinds is a unit test (``pytest -m unit`` runs only those: seconds, no process). A test marked
+    ``unit`` and a slow kind at once (a ``processes`` test in a module marked ``unit``) is refused:
+    ``-m unit`` would run it."""
+    mixed = []
     for item in items:
         path = str(item.fspath)
         if type(item).__name__ == "IPyNbCell":
             item.add_marker(pytest.mark.kernel)
             if path.endswith(NOTEBOOKS_WITH_ENGINES):
                 item.add_marker(pytest.mark.engines)
-        elif type(item).__name__ == "DoctestItem" and path.endswith(DOCTESTS_THAT_LAUNCH):
+        elif type(item).__name__ == "DoctestItem" and (path.endswith(DOCTESTS_THAT_LAUNCH) or _starts_something(item)):
             item.add_marker(pytest.mark.processes)
-        if not any(item.get_closest_marker(name) for name in SLOW):
+        slow = [name for name in SLOW if item.get_closest_marker(name)]
+        if not slow:
             item.add_marker(pytest.mark.unit)
+        elif item.get_closest_marker("unit"):
+            mixed.append(f"{item.nodeid} ({', '.join(slow)})")
+    if mixed:
+        raise pytest.UsageError("marked unit and slow at once (take the unit mark off, e.g. the module's "
+                                "pytestmark):\n  " + "\n  ".join(mixed))
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,11 @@
 import threading
 
+# The codes of validation's findings (``core.validation.Finding``'s list, with ``empty_shard``,
+# which that list leaves out); ``oversubscribed`` is the one warning.
+FINDING_CODES = frozenset({"argument", "syntax", "empty", "duplicate", "missing", "memory", "mixed", "backend",
+                           "oversubscribed", "too_many", "empty_shard"})
+WARNING_CODES = frozenset({"oversubscribed"})
+
 
 def wait_for(run, predicate, timeout=60.0):
     """Block until ``predicate(run.state)`` holds, woken by the run's own events (no polling)."""

@@ -9,6 +9,22 @@ import pytest
 pytestmark = pytest.mark.processes
 
 RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "run.py")
+MEASURED = re.compile(r"^\d+\.\d+ s( \(\d+\.\d+ s/GB\))?$")
+# What a table says of a launcher that hung (data_bench.py), and of the bigger data after that.
+HUNG = re.compile(r"^hung: no outcome after \d+ s$|^not run: it hung with less data$")
+
+
+def ours(row):
+    """Whether a table's row is one of ddp_notebook's, not a baseline's (torch.multiprocessing, the
+    floor of a copy with no launcher): a baseline that hangs is a measurement of it, not our defect."""
+    return "ddp_notebook" in row.split("|")[1]
+
+
+def measured_or_hung(rows, column):
+    """Each row's ``column`` is a time; a baseline's may say it hung instead."""
+    for row in rows:
+        value = row.split("|")[column].strip()
+        assert MEASURED.match(value) or (not ours(row) and HUNG.match(value)), row
 
 
 def test_benchmark_suite_smoke_mode_prints_every_table():
@@ -27,18 +43,19 @@ def test_benchmark_suite_smoke_mode_prints_every_table():
     assert overhead.splitlines()[2].startswith("| none |") and "ctx.log itself costs" in out.stdout
     assert reliability.splitlines()[2].startswith("| ddp_notebook | 4 | 0 | 0 |")  # 4 clean runs, none lost
     assert [row.split("|")[1].strip() for row in engines.splitlines()[2:]] == [
-        "ipyparallel engines (warm), ddp_notebook", "local workers, ddp_notebook warm pool",
+        "ipyparallel engines (warm), ddp_notebook", "local workers, ddp_notebook fork server",
         "torch.multiprocessing fork"]
     assert [row.split("|")[1].strip() for row in relaunch.splitlines()[2:]] == [
         "ddp_notebook, fork server (default)", "ddp_notebook, fork server started by `%load_ext`",
         "torch.multiprocessing fork"]
-    assert all(row.endswith("| 0 of 10 |") for row in relaunch.splitlines()[2:]), relaunch  # no hang
+    for row in relaunch.splitlines()[2:]:  # hung runs: none of ours; torch.multiprocessing fork's, counted
+        hung = row.split("|")[-2].strip()
+        assert re.fullmatch(r"\d+ of 10", hung) and (hung == "0 of 10" or not ours(row)), relaunch
     data_rows = data.splitlines()[2:]
     assert [row.split("|")[1].strip() for row in data_rows] == [
         "floor: one copy into fresh shared memory, read by waiting processes (no launcher)",
         "ddp_notebook (fork server warm)", "ddp_notebook, data from `ddp_notebook.share`"] * 2  # 1 MB, then 64 MB
-    measured = re.compile(r"^\d+\.\d+ s( \(\d+\.\d+ s/GB\))?$")  # not "hung: no outcome after 60 s"
-    assert all(measured.match(row.split("|")[4].strip()) for row in data_rows), data
+    measured_or_hung(data_rows, 4)
     assert [row.split("|")[1].strip() for row in result.splitlines()[2:]] == [
         "ddp_notebook (fork server warm)", "torch.multiprocessing fork"]
-    assert all(measured.match(row.split("|")[2].strip()) for row in result.splitlines()[2:]), result
+    measured_or_hung(result.splitlines()[2:], 2)

@@ -24,7 +24,7 @@ from ddp_notebook.executors.ipyparallel.engines import Engines
 from ddp_notebook.executors.ipyparallel.network_plan import NetworkPlan
 
 import faults
-from helpers import wait_for
+from helpers import wait_for, wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -39,11 +39,21 @@ def local_cluster(n=2):
     # modules; runs leave the engines' sys.path as they found it.
     # (apply_sync(sys.path.insert, ...) would insert into a copy of this process's sys.path)
     client[:].execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})", block=True)
+    # The controller may still count that task as queued a moment after its reply came: a cluster
+    # is ready once it lists every engine idle. (Validation gives an engine the controller lists
+    # as busy 1 s to answer, and an engine's first answer imports torch: seconds on a busy machine.)
+    wait_until(lambda: engines_idle(client), timeout=60)
     try:
         yield client
     finally:
         client.close()
         cluster.stop_cluster_sync()
+
+
+def engines_idle(client):
+    """Whether the controller lists no task queued or running on any engine."""
+    status = client.queue_status(verbose=False)
+    return all(s.get("queue", 0) == 0 and s.get("tasks", 0) == 0 for s in status.values() if isinstance(s, dict))
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +241,20 @@ def test_bad_engine_selections_are_refused_with_what_would_be_valid(rc):
         ddp_notebook.launch(faults.takes_arg, engines="rc", args=(1,))
     with pytest.raises(InvalidDevicesError, match=r"cuda:0 does not exist on engine 0 \(host .*\): it sees no CUDA device"):
         ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,), devices="cuda:0,cuda:1")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "ddp_notebook defect: an engine the controller lists as busy when validation starts gets BUSY_WAIT (1 s); the "
+    "second look meant to give an engine whose task has ended the full time counts validation's own describe "
+    "request, still queued, as a task: it is never taken"))
+def test_an_engine_whose_task_ends_during_validation_gets_the_full_time_to_answer():
+    import time
+
+    with local_cluster(1) as client:
+        client[0].apply_async(time.sleep, 0.8)  # busy when validation starts, idle long before any deadline
+        wait_until(lambda: not engines_idle(client), timeout=30)  # the controller lists it as busy
+        info = Engines(client, [0]).describe()  # its first answer imports torch: more than the rest of the second
+        assert "error" not in info[0], info
 
 
 # Each death on one rank at least, and each rank twice (a cluster each: about 10 s a case).

@@ -3,7 +3,7 @@ import pytest
 import ddp_notebook
 from ddp_notebook.core.failures import WorkerFailure, render_failure_report
 
-pytestmark = pytest.mark.unit
+# No module-wide mark: one test starts processes; conftest.py marks the others unit.
 
 
 def failure(**kw):

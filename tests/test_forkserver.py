@@ -228,7 +228,9 @@ def test_a_stopped_server_delays_no_launch_and_is_ended_once_its_runs_are_done()
         took = time.monotonic() - started
         facts = after.wait(timeout=120)
         assert all(f["parent"] == os.getpid() for f in facts)  # fresh interpreters, without the stopped server
-        assert took < 1.0 and after.state.started_at is not None, took  # the launch did not wait for it
+        # the launch did not wait for it: a launch that did would wait out FORK_TIMEOUT (15 s); a busy
+        # machine may take a second or two for what launch itself does
+        assert took < forkserver.FORK_TIMEOUT / 3 and after.state.started_at is not None, took
         assert f"(pid {server.pid}) is stopped" in forkserver.status()["error"]
         assert server.is_running()  # the run it forked still runs: the server goes once that run is done
         run.stop()

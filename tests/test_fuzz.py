@@ -49,11 +49,18 @@ from ddp_notebook.transfer.loading import Received
 from ddp_notebook.transfer.pickling import dumps
 from ddp_notebook.ui import magics as magics_module
 
-pytestmark = pytest.mark.unit
+from helpers import FINDING_CODES, WARNING_CODES
 
+# No module-wide mark: a property test here is a fuzz test (a thousand examples each: seconds, too
+# long for the unit part), the others are unit tests (conftest.py marks them).
 EXAMPLES = 1000
-fuzz = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
+_fuzz_settings = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=list(HealthCheck))
+
+
+def fuzz(test):
+    """A property test of ``EXAMPLES`` examples, marked ``fuzz``: the whole suite runs it, ``-m unit`` does not."""
+    return pytest.mark.fuzz(_fuzz_settings(test))
 
 CPUS = 4
 PROBE = StaticProbe(cpus=CPUS)
@@ -227,17 +234,38 @@ valid_or_any = {
 }
 
 
+def usable_argument(name, value):
+    """What validate_devices documents for its keyword arguments (a backend it does not know is a
+    ``backend`` finding, not an argument error)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if name in ("min_free_memory", "dataset_size"):
+        return value is None or (whole and value >= 0)
+    if name == "batch_size":
+        return value is None or (whole and value >= 1)
+    if name == "probe":
+        return value is None or isinstance(value, probes.Probe)
+    if name == "drop_last":
+        return isinstance(value, bool)
+    return True
+
+
 @fuzz
 @given(device_spec, some_of(valid_or_any, 4))
 def test_validate_devices_never_raises_and_names_a_bad_argument(monkeypatch, spec, kwargs):
     monkeypatch.setattr(probes, "_default", PROBE)
     report = validate_devices(spec, **kwargs)
-    assert isinstance(report, ValidationReport) and (report.ok or report.errors)
+    assert isinstance(report, ValidationReport)
     for f in report.findings:
-        assert f.message
-        if f.code == "argument":
-            name = f.message.split(" ")[0]
-            assert name in kwargs and says(f.message, kwargs[name])
+        assert f.code in FINDING_CODES and f.level == ("warning" if f.code in WARNING_CODES else "error") and f.message
+    assert report.ok == all(f.level == "warning" for f in report.findings)
+    # A keyword argument validation cannot use is an argument error naming it and its value, and
+    # the only finding: the devices are not looked at with it.
+    bad = {name for name, value in kwargs.items() if not usable_argument(name, value)}
+    named = [f.message.split(" ")[0] for f in report.findings if f.code == "argument"]
+    assert sorted(named) == sorted(bad), report
+    assert all(says(f.message, kwargs[f.message.split(" ")[0]]) for f in report.findings if f.code == "argument")
+    if bad:
+        assert len(named) == len(report.findings) and report.devices == () and not report.ok
     if report.ok:
         cpu = [d for d in report.devices if d.kind == "cpu"]
         cores = (kwargs.get("probe") or PROBE).cpu_count()
@@ -306,7 +334,10 @@ def test_launch_starts_or_refuses_with_our_error(quiet, fn, devices, args, kwarg
         run = ddp_notebook.launch(fn, devices, args, kwargs, **options, **unknown)
     except DDPNotebookError as e:
         assert str(e)
-        assert not unknown or "unexpected keyword" in str(e) or isinstance(e, DDPNotebookError)
+        if unknown and callable(fn) and isinstance(args, (tuple, list)) and \
+                (kwargs is None or (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs))):
+            # the function and its arguments are what launch takes: the unknown keyword is refused, by name
+            assert "unexpected keyword" in str(e) and all(repr(name) in str(e) for name in unknown), str(e)
     else:
         assert isinstance(run, Run) and not unknown and callable(fn)
         assert isinstance(args, (tuple, list))

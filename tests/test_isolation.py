@@ -62,7 +62,8 @@ def test_workers_exit_when_the_notebook_process_dies():
     kernel.wait()
     # An orphan that exited stays a zombie until its new parent (init, or a subreaper) reaps it:
     # it has exited all the same.
-    deadline = time.monotonic() + 5
+    # They go at once (SIGKILL from Linux); a busy machine may take seconds to run their exits.
+    deadline = time.monotonic() + 60
     while (alive := [p for p in pids if not has_ended(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive, f"workers outlived their notebook: {alive}"

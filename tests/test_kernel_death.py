@@ -254,6 +254,7 @@ def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
     # Linux kills a worker when the *thread* that started it ends: a run's own thread starts its
     # fresh interpreters, and users may launch from threads of their own.
     from ddp_notebook.executors.local.processes import spawn_process
+    from ddp_notebook.worker.boot import EXIT_ORPHANED
 
     started, tied = [], []
 
@@ -270,8 +271,14 @@ def test_a_worker_started_from_a_thread_that_then_ends_lives_on():
     thread.join()
     try:
         assert started and tied, "the worker was never tied to the notebook process"
-        time.sleep(0.5)
-        assert started[0].alive(), "the worker died with the thread that started it"
+        # Linux sends a thread's death signal before it lets the thread's task go: once the task is
+        # gone, a worker tied to that thread has SIGKILL pending and runs no further line.
+        wait_until(lambda: not os.path.exists(f"/proc/self/task/{thread.native_id}"), timeout=30)
+        worker = started[0]
+        os.close(worker.control_fd)  # asked to leave: a worker alive reads EOF, and leaves on its own
+        worker.control_fd = None
+        code = worker.proc.wait(timeout=120)
+        assert code == EXIT_ORPHANED, f"the worker died with the thread that started it (exit status {code})"
     finally:
         for p in started:
             try:

@@ -49,6 +49,7 @@ def test_arguments_the_function_cannot_take_are_refused_before_anything_starts(t
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.processes  # the run it stops is a real one
 @pytest.mark.parametrize("grace", [float("nan"), -1.0, float("inf"), "5"])
 def test_a_stop_grace_that_would_never_end_the_stop_is_refused(grace):
     run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu:0")

@@ -14,7 +14,8 @@ from ddp_notebook.core.rundir import RunDir, check_private_folder
 
 import faults
 
-pytestmark = pytest.mark.processes
+# No module-wide mark: the tests that start processes (runs, the second user's) say so; the
+# checks made before anything starts are unit tests (conftest.py marks them).
 
 OTHER = "ddpnbother"
 
@@ -48,12 +49,14 @@ def test_a_runs_folder_others_can_write_to_is_refused_before_anything_starts(tmp
     assert list(folder.iterdir()) == []
 
 
+@pytest.mark.processes
 def test_a_runs_folder_of_another_user_is_refused(tmp_path, other_user):
     folder = shared(tmp_path, 0o755, owner=other_user)
     with pytest.raises(UnsafeRunDirError, match=f"belongs to {OTHER}"):
         ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder))
 
 
+@pytest.mark.processes
 def test_a_sticky_shared_folder_like_tmp_is_fine_and_runs_are_owner_only(tmp_path):
     folder = shared(tmp_path, 0o1777)
     run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder / "runs"))
@@ -83,6 +86,7 @@ ATTACK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.processes
 def test_the_swap_attack_of_a_second_user_is_refused_with_a_clear_error(tmp_path, other_user):
     folder = shared(tmp_path, 0o777)  # what the attack needs: a runs folder the other user can write to
     marker = tmp_path / "owned"
@@ -99,6 +103,7 @@ def test_the_swap_attack_of_a_second_user_is_refused_with_a_clear_error(tmp_path
     assert not marker.exists() and list(folder.iterdir()) == []
 
 
+@pytest.mark.processes
 def test_run_load_refuses_a_run_directory_others_can_write_to(tmp_path):
     run = ddp_notebook.launch(lambda ctx: "secret", devices="cpu:0", run_root=str(tmp_path / "runs"))
     assert run.wait(timeout=120) == "secret"
@@ -107,6 +112,7 @@ def test_run_load_refuses_a_run_directory_others_can_write_to(tmp_path):
         ddp_notebook.Run.load(run.run_dir)
 
 
+@pytest.mark.processes
 def test_resume_from_refuses_a_checkpoint_another_user_could_have_written(tmp_path, other_user):
     import torch
 
@@ -141,6 +147,7 @@ def test_resume_from_refuses_a_checkpoint_another_user_could_have_written(tmp_pa
         checkpoint_to_resume(str(tmp_path))
 
 
+@pytest.mark.processes
 def test_a_kept_call_of_another_user_is_not_read(tmp_path, other_user):
     from ddp_notebook.core.rundir import RunDir
 
@@ -161,6 +168,7 @@ def test_check_private_folder_accepts_this_users_own_folders(tmp_path):
     check_private_folder(str(tmp_path / "not" / "yet" / "there"))
 
 
+@pytest.mark.processes
 def test_the_call_travels_over_the_control_pipe_and_never_lies_in_a_file(tmp_path):
     data = os.urandom(4 << 20)  # far more than a pipe holds at once
     run = ddp_notebook.launch(lambda ctx, blob: len(blob), devices="cpu*2", args=(data,),
@@ -173,6 +181,7 @@ def test_the_call_travels_over_the_control_pipe_and_never_lies_in_a_file(tmp_pat
     assert all(os.stat(os.path.join(run.run_dir, n)).st_mode & 0o777 == 0o600 for n in (RunDir.CALL, RunDir.RESULT))
 
 
+@pytest.mark.processes
 def test_a_stop_asked_while_a_large_call_is_still_being_sent_is_honoured(tmp_path):
     from ddp_notebook.executors.local import forkserver
 

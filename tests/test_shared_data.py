@@ -216,7 +216,7 @@ def test_release_closes_the_shared_memory_and_an_interrupted_copy_leaves_none():
     assert my_memfds() == before
 
 
-@pytest.mark.unit
+@pytest.mark.processes
 def test_another_user_cannot_open_the_shared_memory():
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another user")

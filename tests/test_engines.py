@@ -40,8 +40,7 @@ def local_cluster(n=2):
     # (apply_sync(sys.path.insert, ...) would insert into a copy of this process's sys.path)
     client[:].execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})", block=True)
     # The controller may still count that task as queued a moment after its reply came: a cluster
-    # is ready once it lists every engine idle. (Validation gives an engine the controller lists
-    # as busy 1 s to answer, and an engine's first answer imports torch: seconds on a busy machine.)
+    # is ready once it lists every engine idle.
     wait_until(lambda: engines_idle(client), timeout=60)
     try:
         yield client
@@ -243,10 +242,6 @@ def test_bad_engine_selections_are_refused_with_what_would_be_valid(rc):
         ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,), devices="cuda:0,cuda:1")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ddp_notebook defect: an engine the controller lists as busy when validation starts gets BUSY_WAIT (1 s); the "
-    "second look meant to give an engine whose task has ended the full time counts validation's own describe "
-    "request, still queued, as a task: it is never taken"))
 def test_an_engine_whose_task_ends_during_validation_gets_the_full_time_to_answer():
     import time
 
@@ -255,6 +250,19 @@ def test_an_engine_whose_task_ends_during_validation_gets_the_full_time_to_answe
         wait_until(lambda: not engines_idle(client), timeout=30)  # the controller lists it as busy
         info = Engines(client, [0]).describe()  # its first answer imports torch: more than the rest of the second
         assert "error" not in info[0], info
+
+
+def test_an_engine_busy_with_another_task_is_said_to_be_busy():
+    import time
+
+    with local_cluster(1) as client:
+        client[0].apply_async(time.sleep, 30)  # busy all through validation
+        wait_until(lambda: not engines_idle(client), timeout=30)
+        started = time.monotonic()
+        info = Engines(client, [0]).describe()
+        assert info[0]["error"].startswith("engine 0 is busy with another task"), info
+        assert time.monotonic() - started < 15  # not the whole 30 s: the busy wait
+        client.abort()
 
 
 # Each death on one rank at least, and each rank twice (a cluster each: about 10 s a case).

@@ -192,9 +192,6 @@ def test_validation_never_raises(spec):
             assert f.message.startswith(f"{f.device} does not exist: 1 CUDA device is visible (cuda:0)")
 
 
-@pytest.mark.xfail(strict=True, reason="ddp_notebook defect: parse_devices gives the bare 'cpu' after 1024 CPU slots "
-                   "slot 1024, which Device refuses ('Device index must be a whole number from 0 to 1023, not "
-                   "1024.'): the message names neither the entry nor the limit of the list")
 def test_a_list_past_the_worker_limit_says_so():
     with pytest.raises(DeviceSpecError, match=f"the device list has more than {MAX_WORKERS} devices"):
         parse_devices("cpu*1024,cpu")

@@ -177,6 +177,8 @@ def parse_devices(spec: DeviceSpec, cuda_count: Optional[Callable[[], int]] = No
         i = 0
         while i in used:
             i += 1
+        if i >= MAX_WORKERS:  # every slot taken: the list itself is too long, whichever entry says so
+            raise DeviceSpecError(f"the device list has more than {MAX_WORKERS} devices")
         return i
 
     items: Iterable[Any]

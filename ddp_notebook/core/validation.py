@@ -34,7 +34,8 @@ class Finding:
     """One problem found: ``level`` is ``"error"`` or ``"warning"``; ``code`` a stable name."""
 
     level: str
-    code: str  # argument, syntax, empty, duplicate, missing, memory, mixed, backend, oversubscribed, too_many
+    code: str  # argument, syntax, empty, duplicate, missing, memory, mixed, backend, oversubscribed, too_many,
+    # empty_shard
     message: str
     device: Optional[str] = None
 

@@ -17,6 +17,7 @@ in a store rank 0's engine serves (``network``, ``worker.meeting``).
 from __future__ import annotations
 
 import reprlib
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -27,7 +28,8 @@ from .network_plan import NetworkPlan, plan_network
 __all__ = ["Engines", "engines_of", "DESCRIBE_TIMEOUT"]
 
 DESCRIBE_TIMEOUT = 30.0  # seconds an engine may take to answer before validation reports it
-BUSY_WAIT = 1.0  # the same for an engine the controller says is running a task
+BUSY_WAIT = 2.0  # ... and an engine busy with another task for this long is said to be busy
+_LOOK = 0.1  # seconds between two looks at the answers (and at the controller's queues)
 
 
 class Engines:
@@ -44,27 +46,49 @@ class Engines:
 
     def describe(self, timeout: float = DESCRIBE_TIMEOUT) -> list[dict[str, Any]]:
         """``describe_engine()`` of every engine, in rank order (``{"error": ...}`` for one
-        that cannot answer)."""
+        that cannot answer).
+
+        Every engine gets ``timeout`` seconds (its first answer imports torch: seconds on a busy
+        machine), except one that stays busy with another task than this request for
+        ``BUSY_WAIT`` seconds: it would answer only after that task, and is said to be busy. Its
+        queue holds this request too, and the controller's status lags a task that just ended,
+        so only a queue longer than our request, for that long, counts."""
         if self._info is None:
-            busy = self._busy()
-            pending: list[Any] = []
+            pending: dict[int, Any] = {}
             for eid in self.ids:
                 try:
-                    pending.append(self.client[eid].apply_async(describe_engine))
+                    pending[eid] = self.client[eid].apply_async(describe_engine)
                 except Exception as e:  # noqa: BLE001 - ipyparallel refuses unknown ids at once
-                    pending.append(e)
-            info = []
-            for eid, ar in zip(self.ids, pending):
-                # An engine busy with a task answers only after it: a second, then say so. The
-                # controller's status lags a task that just ended (and an engine's first answer
-                # imports torch): one no longer busy gets the full time.
-                wait = BUSY_WAIT if eid in busy else timeout
-                answer = _answer(eid, ar, wait)
-                if answer is None and eid in busy and eid not in self._busy():
-                    answer, wait = _answer(eid, ar, timeout), timeout
-                info.append(answer if answer is not None else {
-                    "error": f"engine {eid} did not answer within {wait:g} s (busy with another task?)"})
-            self._info = info
+                    pending[eid] = e
+            answers: dict[int, dict[str, Any]] = {}
+            busy_since: dict[int, float] = {}
+            start = time.monotonic()
+            while True:
+                for eid, ar in pending.items():
+                    if eid not in answers:
+                        answer = _answer(eid, ar, 0)
+                        if answer is not None:
+                            answers[eid] = answer
+                waiting = [eid for eid in self.ids if eid not in answers]
+                now = time.monotonic()
+                if not waiting:
+                    break
+                if now - start >= timeout:
+                    for eid in waiting:
+                        answers[eid] = {"error": f"engine {eid} did not answer within {timeout:g} s"}
+                    break
+                busy = self._busy(longer_than=1)
+                for eid in waiting:
+                    if eid not in busy:
+                        busy_since.pop(eid, None)
+                    elif now - busy_since.setdefault(eid, now) >= BUSY_WAIT:
+                        answers[eid] = {"error": f"engine {eid} is busy with another task (for {BUSY_WAIT:g} s "
+                                                 "while asked to describe itself): let it finish, or choose "
+                                                 "other engines"}
+                if all(eid in answers for eid in self.ids):
+                    break
+                time.sleep(_LOOK)
+            self._info = [answers[eid] for eid in self.ids]
         return self._info
 
     def network(self, n: int) -> NetworkPlan:
@@ -73,11 +97,12 @@ class Engines:
             self._plans[n] = plan_network(self, n)
         return self._plans[n]
 
-    def _busy(self) -> set[int]:
-        """The engines with a task queued or running now (asked of the controller)."""
+    def _busy(self, longer_than: int = 0) -> set[int]:
+        """The engines whose queue holds more than ``longer_than`` tasks now (asked of the
+        controller)."""
         try:
             status = self.client.queue_status(targets=list(self.ids), verbose=False)
-            return {int(eid) for eid, s in status.items() if isinstance(s, dict) and s.get("queue", 0) > 0}
+            return {int(eid) for eid, s in status.items() if isinstance(s, dict) and s.get("queue", 0) > longer_than}
         except Exception:  # noqa: BLE001 - no answer: every engine gets the full timeout
             return set()
 

@@ -31,8 +31,27 @@ import tempfile
 import time
 
 import ipyparallel as ipp
+import pytest
+
+import ddp_notebook
+from ddp_notebook import WorkerFailedError
+
+import faults
+from helpers import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def simulated(layout: list[int], **options):
+    """A module fixture's body: ``SimulatedHosts(layout, ...)`` for the module's tests, skipped
+    where hosts cannot be simulated (not root), and failed there in CI, which runs as root."""
+    why = can_simulate_hosts()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    with SimulatedHosts(layout, os.environ["DDP_NOTEBOOK_RUNS"], **options) as hosts:
+        yield hosts
 
 
 def can_simulate_hosts() -> str:
@@ -267,3 +286,47 @@ class SimulatedHosts:
         for ns in self.namespaces:
             for family in ("-4", "-6"):
                 _run("ip", family, "-n", ns, "neigh", "flush", "all", check=False)
+
+
+CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
+
+
+def assert_engines_clean(hosts: SimulatedHosts) -> None:
+    """Every engine is as a run found it (``faults.engine_is_clean``)."""
+    states = hosts.client[:].apply_async(faults.engine_is_clean).get(timeout=60)
+    for state in states:
+        assert {k: state[k] for k in CLEAN} == CLEAN, state
+
+
+def check_a_host_cut_off_mid_run(hosts: SimulatedHosts) -> None:
+    """Host 2's link cut while the ranks of three hosts are in all-reduces: the run fails naming
+    rank 1 a network failure within the bound (the kernel's keepalive and user timeout end the
+    ranks' connections about 2 x 10 s after the cut, not gloo's 30 minutes), its peers are
+    released, the retry runs on hosts 1 and 3, and host 2's engine is free once its link is back.
+    The multihost tests run it on IPv4 and on IPv6-only hosts."""
+    view = hosts.view([0, 1, 2])  # h2's engine stays busy a moment after the link comes back
+    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=view)
+    wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
+    cut_at = time.monotonic()
+    hosts.cut(1)
+    try:
+        with pytest.raises(WorkerFailedError) as e:
+            run.wait(timeout=120)
+        named_after = time.monotonic() - cut_at
+        failure = e.value.failure
+        assert failure.rank == 1 and failure.kind == "network", failure
+        assert str(e.value).startswith(f"Distributed data parallel worker 1 (cpu:1 on engine {hosts.on_host[1][0]}) "
+                                       "failed: its host dropped off the network: host h2")
+        assert all(f.consequence for f in run.failures if f is not failure)
+        # The peers were released: they report, they do not wait out the group's 30 minutes.
+        assert [w.status for w in run.workers][0::2] != ["running", "running"]
+        assert named_after < 40, named_after  # the network timeout (10 s) plus the peers' release
+        again = run.retry(devices="cpu:0,cpu:2")
+        assert again.options.engines.ids == (hosts.on_host[0][0], hosts.on_host[2][0])
+        wait_for(again, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
+        again.stop(wait=True)
+        assert again.status == "stopped"
+    finally:
+        hosts.mend(1)
+    # h2's rank lost rank 0's store too: it leaves on its own, and its engine is free again.
+    hosts.client[hosts.on_host[1][0]].apply_async(os.getpid).get(timeout=60)

@@ -17,33 +17,16 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import WorkerFailedError
 from ddp_notebook.worker.network import is_loopback
 
-import faults
-from helpers import wait_for
-from hosts import SimulatedHosts, can_simulate_hosts
+from hosts import assert_engines_clean, check_a_host_cut_off_mid_run, simulated
 
 pytestmark = pytest.mark.multihost
-
-CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    why = can_simulate_hosts()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)  # CI runs as root: these tests must run there
-        pytest.skip(why)
-    with SimulatedHosts([1, 1, 1], os.environ["DDP_NOTEBOOK_RUNS"], tag="v6", ipv6=True) as simulated:
-        yield simulated
-
-
-def assert_engines_clean(hosts):
-    states = hosts.client[:].apply_async(faults.engine_is_clean).get(timeout=60)
-    for state in states:
-        assert {k: state[k] for k in CLEAN} == CLEAN, state
+    yield from simulated([1, 1, 1], tag="v6", ipv6=True)
 
 
 def _unset_keepalive(addresses):
@@ -121,31 +104,5 @@ def test_a_fit_on_ipv6_only_hosts_trains(hosts):
 
 
 def test_a_host_cut_off_mid_run_is_named_within_the_same_bound_as_on_ipv4(hosts):
-    # As tests/test_multihost.py's IPv4 test: the kernel's keepalive and user timeout on the ranks'
-    # IPv6 connections end them about 2 x 10 s after the cut, not gloo's 30 minutes.
-    view = hosts.view([0, 1, 2])
-    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=view)
-    wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
-    cut_at = time.monotonic()
-    hosts.cut(1)
-    try:
-        with pytest.raises(WorkerFailedError) as e:
-            run.wait(timeout=120)
-        named_after = time.monotonic() - cut_at
-        failure = e.value.failure
-        assert failure.rank == 1 and failure.kind == "network", failure
-        assert str(e.value).startswith(f"Distributed data parallel worker 1 (cpu:1 on engine {hosts.on_host[1][0]}) "
-                                       "failed: its host dropped off the network: host h2")
-        assert all(f.consequence for f in run.failures if f is not failure)
-        assert [w.status for w in run.workers][0::2] != ["running", "running"]  # the peers were released
-        assert named_after < 40, named_after  # the network timeout (10 s) plus the peers' release
-        again = run.retry(devices="cpu:0,cpu:2")
-        assert again.options.engines.ids == (hosts.on_host[0][0], hosts.on_host[2][0])
-        wait_for(again, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
-        again.stop(wait=True)
-        assert again.status == "stopped"
-    finally:
-        hosts.mend(1)
-    # h2's rank lost rank 0's store too: it leaves on its own, and its engine is free and clean again.
-    hosts.client[hosts.on_host[1][0]].apply_async(os.getpid).get(timeout=60)
+    check_a_host_cut_off_mid_run(hosts)  # as on IPv4: the ranks' IPv6 connections get keepalive too
     assert_engines_clean(hosts)

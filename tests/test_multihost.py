@@ -8,7 +8,6 @@ Three hosts: h1 with two engines, h2 and h3 with one each. The tests that break 
 engine come last: the cut link is mended, the killed engine (the very last test) stays dead."""
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -20,28 +19,14 @@ import faults
 import models
 import tutorial_ddp
 from helpers import wait_for
-from hosts import SimulatedHosts, can_simulate_hosts, listening
+from hosts import assert_engines_clean, check_a_host_cut_off_mid_run, listening, simulated
 
 pytestmark = pytest.mark.multihost
-
-CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    why = can_simulate_hosts()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)  # CI runs as root: these tests must run there
-        pytest.skip(why)
-    with SimulatedHosts([2, 1, 1], os.environ["DDP_NOTEBOOK_RUNS"]) as simulated:
-        yield simulated
-
-
-def assert_engines_clean(hosts):
-    states = hosts.client[:].apply_async(faults.engine_is_clean).get(timeout=60)
-    for state in states:
-        assert {k: state[k] for k in CLEAN} == CLEAN, state
+    yield from simulated([2, 1, 1])
 
 
 def where(ctx):
@@ -179,32 +164,7 @@ def test_a_rank_that_holds_the_gil_past_the_network_timeout_is_not_taken_as_cut_
 
 
 def test_a_host_cut_off_mid_run_is_named_within_the_bound_and_the_retry_runs_on_the_rest(hosts):
-    view = hosts.view([0, 1, 2])  # h2's engine stays busy a moment after the link comes back
-    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=view)
-    wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
-    cut_at = time.monotonic()
-    hosts.cut(1)
-    try:
-        with pytest.raises(WorkerFailedError) as e:
-            run.wait(timeout=120)
-        named_after = time.monotonic() - cut_at
-        failure = e.value.failure
-        assert failure.rank == 1 and failure.kind == "network", failure
-        assert str(e.value).startswith(f"Distributed data parallel worker 1 (cpu:1 on engine {hosts.on_host[1][0]}) "
-                                       "failed: its host dropped off the network: host h2")
-        assert all(f.consequence for f in run.failures if f is not failure)
-        # The peers were released: they report, they do not wait out the group's 30 minutes.
-        assert [w.status for w in run.workers][0::2] != ["running", "running"]
-        assert named_after < 40, named_after  # the network timeout (10 s) plus the peers' release
-        again = run.retry(devices="cpu:0,cpu:2")
-        assert again.options.engines.ids == (hosts.on_host[0][0], hosts.on_host[2][0])
-        wait_for(again, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
-        again.stop(wait=True)
-        assert again.status == "stopped"
-    finally:
-        hosts.mend(1)
-    # h2's rank lost rank 0's store too: it leaves on its own, and its engine is free again.
-    hosts.client[hosts.on_host[1][0]].apply_async(os.getpid).get(timeout=60)
+    check_a_host_cut_off_mid_run(hosts)
 
 
 def test_an_engine_killed_on_host_2_is_the_cause_and_the_retry_runs_on_host_1(hosts):

@@ -77,7 +77,9 @@ class Engines:
                     for eid in waiting:
                         answers[eid] = {"error": f"engine {eid} did not answer within {timeout:g} s"}
                     break
-                busy = self._busy(longer_than=1)
+                # Most engines answer within milliseconds: the controller is asked about queues
+                # only for those that did not.
+                busy = self._busy(longer_than=1) if now - start >= _LOOK else set()
                 for eid in waiting:
                     if eid not in busy:
                         busy_since.pop(eid, None)
@@ -87,7 +89,7 @@ class Engines:
                                                  "other engines"}
                 if all(eid in answers for eid in self.ids):
                     break
-                time.sleep(_LOOK)
+                _wait_any([pending[eid] for eid in self.ids if eid not in answers], _LOOK)
             self._info = [answers[eid] for eid in self.ids]
         return self._info
 
@@ -121,6 +123,16 @@ class Engines:
 
     def __repr__(self) -> str:
         return f"Engines({list(self.ids)})"
+
+
+def _wait_any(results: list[Any], timeout: float) -> None:
+    """Wait until one of ``results`` (ipyparallel AsyncResults) is ready, at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not any(getattr(ar, "ready", lambda: True)() for ar in results):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        results[0].wait(min(left, 0.01))
 
 
 def _answer(eid: int, ar: Any, timeout: float) -> Optional[dict[str, Any]]:

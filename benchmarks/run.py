@@ -1,6 +1,6 @@
 """The whole benchmark suite, one command; prints each table (markdown):
 
-    .venv/bin/python benchmarks/run.py            # full (about 10 minutes on 2 cores)
+    .venv/bin/python benchmarks/run.py            # full (about 35 minutes on 2 cores)
     .venv/bin/python benchmarks/run.py --quick    # one short trial of each
     .venv/bin/python benchmarks/run.py --smoke    # --quick without the rows that only add fresh
                                                   # interpreters (the CI smoke test)

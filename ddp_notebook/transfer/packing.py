@@ -180,7 +180,7 @@ class _SharingPickler(pickling.Pickler):
             index = self._piece(obj, obj.data_ptr(), obj.nbytes(), True, ("storage",))
             return (TAG, index, "untyped", None)
         if torch is not None and isinstance(obj, torch.storage.TypedStorage):
-            storage = obj._untyped_storage
+            storage = obj.untyped()
             if storage.device.type != "cpu" or storage.nbytes() < MIN_SHARED:
                 return None
             # One piece per storage, whatever dtype each reference views it as (a dtype view of
@@ -409,7 +409,7 @@ class _LiveUnpickler(pickle.Unpickler):
         obj = self.packed.pieces[pid[1]].obj
         torch = _torch()
         if torch is not None and isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
-            raw = obj if isinstance(obj, torch.UntypedStorage) else obj._untyped_storage
+            raw = obj if isinstance(obj, torch.UntypedStorage) else obj.untyped()
             dtype = torch.uint8 if pid[2] == "untyped" else pid[3]  # (bytes: as torch pickles uint16, float8...)
             if not isinstance(obj, torch.storage.TypedStorage) or obj.dtype != dtype:  # another view of the bytes
                 return torch.storage.TypedStorage(wrap_storage=raw, dtype=dtype, _internal=True)

@@ -69,12 +69,20 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
     except UsageError as e:  # argparse's own message, said by the magic like every other
         raise UsageError(f"%{name}: {e}") from None
     if extra:
-        options = [o for action in magic.parser._actions for o in action.option_strings]
+        options = _option_names(magic.parser)
         close = [match for word in extra if word.startswith("-")
                  for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UsageError(f"%{name}: unrecognized arguments: {' '.join(extra)}{hint}; %{name}? lists them")
     return args
+
+
+def _option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The options a magic's parser takes (``-d``, ``--devices``...), read from its public help:
+    the lines that list them start with a dash."""
+    lines = [line.strip() for line in parser.format_help().splitlines()]
+    return [word.rstrip(",") for line in lines if line.startswith("-") for word in line.split()
+            if re.fullmatch(r"--?[a-z][\w-]*,?", word)]
 
 
 def _seconds(text: str, positive: bool) -> Optional[float]:

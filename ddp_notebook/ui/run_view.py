@@ -220,8 +220,8 @@ class RunView(FullText, widgets.VBox):
         row.last.value = (f'<div style="{NOWRAP.format(width="100%")}"><code style="color:#6c757d">'
                           f"{escape(tail_of(w.last_line, 120))}</code></div>")
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
-        if caused_failure and "ddp-failed-row" not in row.box._dom_classes:
-            row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests
+        if caused_failure:
+            row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests (added once)
 
     def _render_card(self, state: RunState) -> None:
         root = state.root_failure

@@ -90,6 +90,13 @@ def test_hints_fit_the_failure():
     every = WorkerFailure(rank=0, device="cpu:0", kind="exception", time=0.0, exc_type="KeyError",
                           message="'lr'", same_on=["cpu:0", "cpu:1"])
     assert "retry" not in hint_for(every, []).lower() and "not from a device" in hint_for(every, [])
+    # A mistake in the code, on one rank only, or a result that cannot travel: no device advice.
+    for code_error in (WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="TypeError",
+                                     message="unsupported operand"),
+                       WorkerFailure(rank=1, device="cpu:1", kind="result", time=0.0, exc_type="TypeError",
+                                     message="cannot pickle '_thread.lock' object")):
+        hint = hint_for(code_error, ["cpu:0"])
+        assert "cpu:" not in hint and "retry" not in hint.lower() and "not from a device" in hint
 
 
 SCRIPT = """

@@ -11,12 +11,19 @@ from typing import Optional
 from ..core.failures import FailureKind, Phase, WorkerFailure, worker_name
 from ..core.validation import ValidationReport
 
-__all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS"]
+__all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS", "CODE_ERRORS"]
 
 STATUS_COLORS = {
     "starting": "#6c757d", "running": "#0d6efd", "succeeded": "#198754", "failed": "#dc3545",
     "stopped": "#fd7e14",
 }
+# Exceptions that a mistake in the code or its data raises on any device: their hint gives no
+# device advice (a retry elsewhere would raise them again). Read from the type's name, which the
+# worker reports; never from the message.
+CODE_ERRORS = frozenset({"TypeError", "AttributeError", "NameError", "UnboundLocalError", "SyntaxError",
+                         "IndentationError", "ImportError", "ModuleNotFoundError", "KeyError", "IndexError",
+                         "ZeroDivisionError", "AssertionError", "NotImplementedError", "RecursionError",
+                         "PicklingError", "UnpicklingError"})
 RED = "#dc3545"
 ORANGE = "#fd7e14"
 
@@ -59,6 +66,13 @@ def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
     if failure.same_on:
         return ("Every worker raised this same error: it comes from the code or the data, not from a device. "
                 "Fix it and launch again.")
+    if failure.kind == FailureKind.RESULT:
+        return ("The function's return value could not be pickled: return plain data (numbers, tensors, a "
+                "state_dict(), lists and dicts of them), not objects that hold locks, files, sockets or the ctx. "
+                "This comes from the code, not from a device.")
+    if failure.kind == FailureKind.EXCEPTION and failure.exc_type in CODE_ERRORS:
+        return (f"A {failure.exc_type} comes from the code or its data, not from a device: fix it in the function "
+                "(the traceback below shows where) and launch again.")
     if failure.kind == FailureKind.SIGNAL and failure.signal == "SIGKILL" or failure.exc_type == "OutOfMemoryError":
         return ("Out of memory is the usual cause: lower the batch size, use a smaller model or fewer workers "
                 "per machine, or check what else uses the memory.")

@@ -28,6 +28,9 @@ def until_stopped(ctx):
         import time; time.sleep(0.01)
     return step
 
+def without_ctx(steps):
+    return steps
+
 def fails(ctx):
     if ctx.rank == 1:
         raise ValueError("boom on rank 1")
@@ -206,6 +209,8 @@ def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
     ("train(*[1])", "*args and **kwargs are not read in the call"),
     ("train(1", "cannot read the call in 'train(1': write it as Python"),
     ("config(1)", "config is a dict of fit() arguments, not a function to call"),
+    ("without_ctx --devices cpu*2", "without_ctx(steps) does not take the worker context: write "
+                                    "def without_ctx(ctx, steps)"),
 ])
 def test_a_call_that_cannot_work_is_refused_before_anything_starts(ip, line, words):
 

@@ -1,10 +1,12 @@
 """Launch options: declared once, shown in every entry point's signature, checked before a start."""
 import inspect
+import re
 
 import pytest
 
 import ddp_notebook
 from ddp_notebook import LaunchOptionError
+from ddp_notebook.lifecycle.call import check_arguments
 
 
 @pytest.mark.parametrize("option, value, words", [
@@ -47,6 +49,31 @@ def test_arguments_the_function_cannot_take_are_refused_before_anything_starts(t
     with pytest.raises(ddp_notebook.ArgumentsError, match=r"^train\(rank, \.\.\.\) cannot take these arguments"):
         ddp_notebook.spawn(train, args=(1, 2, 3), nprocs=2, run_root=str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fn, words", [
+    ("def train(steps): pass", "train(steps) does not take the worker context: write def train(ctx, steps) ("),
+    ("def train(steps=5, lr=0.1): pass", "write def train(ctx, steps=5, lr=0.1) ("),
+    ("def train(*, steps): pass", "write def train(ctx, *, steps) ("),
+    ("def train(): pass", "train() does not take the worker context: write def train(ctx) ("),
+    ("def train(steps: int): pass", "train(steps) does not take the worker context"),
+    ("train = lambda: 1", "the lambda does not take the worker context: write lambda ctx: ... ("),
+])
+def test_a_function_without_the_worker_context_is_named_before_anything_starts(tmp_path, fn, words):
+    scope: dict = {}
+    exec(fn, scope)
+    with pytest.raises(ddp_notebook.ArgumentsError, match=re.escape(words)):
+        ddp_notebook.launch(scope["train"], devices="cpu*2", run_root=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fn", ["def train(ctx, steps=1): pass", "def train(context): pass",
+                                "def train(worker_ctx): pass", "def train(c: 'WorkerContext'): pass",
+                                "def train(*args): pass"])
+def test_the_usual_ways_to_take_the_context_pass_the_check(fn):
+    scope: dict = {}
+    exec(fn, scope)
+    check_arguments(scope["train"], "ctx", (), {})
 
 
 @pytest.mark.processes  # the run it stops is a real one

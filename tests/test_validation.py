@@ -54,6 +54,11 @@ def test_missing_device_says_how_many_exist():
     assert "2 CUDA devices are visible (cuda:0, cuda:1)" in r.errors[0].message
     r = validate_devices("cuda:0", probe=StaticProbe())
     assert "no CUDA device is visible" in r.errors[0].message
+    # What would run here instead: as many CPU workers as asked for, within the cores.
+    r = validate_devices("cuda:0,cuda:1", probe=StaticProbe(cpus=8))
+    assert r.errors[0].message.endswith("cpu*2 runs on this machine's CPU.")
+    r = validate_devices("cuda*8", probe=StaticProbe(cpus=2))
+    assert r.errors[0].message.endswith("cpu*2 runs on this machine's CPU.")
 
 
 def test_not_enough_gpu_memory():

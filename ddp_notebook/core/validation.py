@@ -187,11 +187,14 @@ def validate_devices(
     if cuda:
         count = probe.cuda_count()
         visible = ", ".join(f"cuda:{i}" for i in range(count))
+        # What would run here instead: as many CPU workers as the list asked for, within the cores.
+        instead = f"cpu*{max(1, min(len(devices), probe.cpu_count()))}"
         for d in cuda:
             if d.index >= count:
                 if count == 0:
                     err("missing", f"{d} does not exist: no CUDA device is visible here (no GPU, a "
-                        "CPU-only torch, or CUDA_VISIBLE_DEVICES is empty).", d)
+                        f"CPU-only torch, or CUDA_VISIBLE_DEVICES is empty); {instead} runs on this "
+                        "machine's CPU.", d)
                 else:
                     err("missing", f"{d} does not exist: {count} CUDA device{'s are' if count > 1 else ' is'} "
                         f"visible ({visible}).", d)

@@ -74,24 +74,84 @@ def call_parts(caller: str, fn: Any, args: Any, kwargs: Any) -> tuple[tuple[Any,
     return tuple(args), dict(kwargs or {})
 
 
+# A first parameter with one of these names (or containing "ctx" or "context") is taken to be there
+# for the worker context; any other name is read as a mistake unless annotated as the context.
+_CONTEXT_NAMES = frozenset({"c", "w", "_", "worker", "self"})
+
+
+def _signature_text(fn: Callable[..., Any], signature: inspect.Signature, add: str = "") -> str:
+    """``train(steps)``, or with a parameter ``add`` first: ``train(ctx, steps)``."""
+    params = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+    if add:
+        params.insert(0, inspect.Parameter(add, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+    return f"{getattr(fn, '__name__', 'fn')}{signature.replace(parameters=params, return_annotation=signature.empty)}"
+
+
+def _takes_context(param: inspect.Parameter) -> bool:
+    """Whether ``param``, the first of a function run by ``launch``, is there for the context."""
+    if param.kind is param.VAR_POSITIONAL:  # fn(*args): it gets it as args[0]
+        return True
+    if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD) or param.default is not param.empty:
+        return False  # a keyword-only parameter, or one with a default, is not for the context
+    note = param.annotation
+    if note is not param.empty:
+        text = note if isinstance(note, str) else getattr(note, "__name__", repr(note))
+        return "context" in text.lower() or text in ("Any", "typing.Any", "object")
+    name = param.name.lower()
+    return "ctx" in name or "context" in name or name in _CONTEXT_NAMES
+
+
 def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Raise ``ArgumentsError`` now when ``fn(<first>, *args, **kwargs)`` cannot bind to ``fn``'s
     signature (every worker would fail the same way); silent when the signature cannot be read.
+
+    For ``first="ctx"`` the function's first parameter must be there for the worker context: named
+    ``ctx``, ``context`` (or containing either), or annotated as the context. A function written
+    without it would receive the context in its first argument and fail far from the mistake.
+
+    Parameters
+    ----------
+    fn : callable
+        The function the workers will call.
+    first : str
+        What the workers pass first: ``"ctx"`` (``launch``, ``fit``) or ``"rank"`` (``spawn``).
+    args, kwargs
+        The rest of the call.
+
+    Raises
+    ------
+    ArgumentsError
+        The call cannot bind, or the function does not take the worker context first.
 
     >>> def train(ctx, steps): ...
     >>> check_arguments(train, "ctx", (1, 2), {})
     Traceback (most recent call last):
     ...
     ddp_notebook.errors.ArgumentsError: train(ctx, ...) cannot take these arguments: too many positional arguments
+    >>> def train(steps): ...
+    >>> check_arguments(train, "ctx", (), {})
+    Traceback (most recent call last):
+    ...
+    ddp_notebook.errors.ArgumentsError: train(steps) does not take the worker context: write def train(ctx, steps) (...
     """
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or a C function: the workers will say
         return
+    name = getattr(fn, "__name__", "the function")
+    if first == "ctx":
+        params = list(signature.parameters.values())
+        if not params or not _takes_context(params[0]):
+            shown, fixed = _signature_text(fn, signature), "def " + _signature_text(fn, signature, add="ctx")
+            if name == "<lambda>":
+                shown, fixed = "the lambda", "lambda " + _signature_text(fn, signature, add="ctx")[9:-1] + ": ..."
+            raise ArgumentsError(
+                f"{shown} does not take the worker context: write {fixed} (the workers call "
+                f"{name}(ctx, *args, **kwargs); its first parameter receives the context, so name it ctx or "
+                "context, or annotate it as WorkerContext)")
     try:
         signature.bind(first, *args, **kwargs)
     except TypeError as e:
-        name = getattr(fn, "__name__", "the function")
         raise ArgumentsError(f"{name}({first}, ...) cannot take these arguments: {e}") from None
 
 

@@ -11,6 +11,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -19,13 +20,27 @@ from .boot import EXIT_ORPHANED, FLUSH, RELEASE, STOP
 
 __all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline"]
 
+_channels: weakref.WeakSet[Channel] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # Threads send too (the progress flusher, the pulse): a child forked while one of them held
+    # the lock would find it locked forever.
+    for channel in list(_channels):
+        channel._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class Channel:
     """``send(event, blob=None)``: fill in rank and time, then hand the event to the carrier."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one event at a time, whole, whichever thread sends it
+        _channels.add(self)
 
     def send(self, event: dict[str, Any], blob: Optional[bytes] = None) -> None:
         event.setdefault("rank", self.rank)

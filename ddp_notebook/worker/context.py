@@ -23,6 +23,7 @@ import io
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
@@ -34,6 +35,28 @@ from .loss_history import LossHistory
 __all__ = ["WorkerContext", "ShardedLoader", "current_context", "set_current"]
 
 _current: Optional[WorkerContext] = None
+# A report held back by the throttle goes out at the end of its interval from one thread per context
+# (``WorkerContext._flush_when_due``), which leaves once nothing was held for this long and is
+# started again by the next held report: a rank between runs (an engine) keeps no thread.
+FLUSHER_IDLE = 1.0
+# The flusher looks at most this often, whatever ``progress_interval`` is: a thread woken every
+# millisecond would take the GIL from a fast loop (a thread started per held report cost about 8%
+# of one's throughput: benchmarks/overhead_bench.py).
+FLUSHER_TICK = 0.05
+_contexts: weakref.WeakSet[WorkerContext] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A child forked while the flusher held the lock (a DataLoader worker, a user's fork) would
+    # find it locked forever, and has no flusher: give it a fresh lock; its next held report
+    # starts a flusher of its own.
+    for ctx in list(_contexts):
+        ctx._lock = threading.Lock()
+        ctx._flusher = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_context() -> Optional[WorkerContext]:
@@ -149,7 +172,10 @@ class WorkerContext:
         self._interval = progress_interval
         self._last_sent = 0.0
         self._pending: Optional[dict] = None
+        # Held while a report is decided on and sent: the flusher's report never overtakes a later one.
         self._lock = threading.Lock()
+        self._flusher: Optional[threading.Thread] = None
+        _contexts.add(self)
         self.resume_from = resume_from
         # Ranks on engines (maybe on other hosts, with no shared file system): the checkpoint to
         # resume from arrives as bytes, and a saved one travels to the notebook as an event.
@@ -180,10 +206,11 @@ class WorkerContext:
         """Report progress: ``ctx.log(step=5, total=100, epoch=0, loss=0.31)``.
 
         Metric values may be numbers, strings or one-element tensors. Reports are sent at
-        most every ``progress_interval`` seconds (the latest one wins); the last step of a run
-        (``step == total``) is always sent. ``epoch`` counts from 0; with ``epochs`` (how many)
-        the panel shows "epoch 1/3". Inside ``ctx.epochs()`` / ``ctx.batches()`` the step,
-        total and epochs are filled in: ``ctx.log(loss=...)`` is enough.
+        most every ``progress_interval`` seconds (the latest one wins, with the metrics of those
+        it replaced); one held back goes out at the end of its interval even when no other report
+        follows, and the last step of a run (``step == total``) is sent at once. ``epoch`` counts
+        from 0; with ``epochs`` (how many) the panel shows "epoch 1/3". Inside ``ctx.epochs()`` /
+        ``ctx.batches()`` the step, total and epochs are filled in: ``ctx.log(loss=...)`` is enough.
         """
         step = self.step if step is None and self.step else step
         total = self.total if total is None else total
@@ -211,13 +238,41 @@ class WorkerContext:
             if final or now - self._last_sent >= self._interval:
                 self._pending = None
                 self._last_sent = now
-            else:
-                # Held back; the next report after the interval, the end of the function or a
-                # failure sends it. (A flush timer thread cost about 8% of a fast DDP loop's
-                # throughput here: benchmarks/overhead_bench.py.)
-                self._pending = dict(event, time=time.time())  # when it happened, if flushed later
+                self._send(dict(event, time=time.time()))
                 return
-        self._send(dict(event, time=time.time()))
+            # Held back: the flusher sends it when its interval ends, unless a report sent before
+            # then carries it (merged above).
+            self._pending = dict(event, time=time.time())  # when it happened, if sent later
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_when_due, name="ddp-progress", daemon=True)
+                self._flusher.start()
+
+    def _flush_when_due(self) -> None:
+        """The flusher thread: send the held report once its interval has ended (stamped with when
+        it was logged; it is progress made then), and leave after ``FLUSHER_IDLE`` s with none."""
+        me = threading.current_thread()
+        idle_since = time.monotonic()
+        while True:
+            with self._lock:
+                if self._flusher is not me:  # replaced (a fork) or no longer wanted
+                    return
+                now = time.monotonic()
+                if self._pending is None:
+                    if now - idle_since >= FLUSHER_IDLE:
+                        self._flusher = None
+                        return
+                    wait = max(self._interval, FLUSHER_TICK)
+                else:
+                    idle_since = now
+                    due = self._last_sent + self._interval
+                    if now >= due:
+                        event, self._pending = self._pending, None
+                        self._last_sent = now
+                        self._send(event)
+                        wait = max(self._interval, FLUSHER_TICK)
+                    else:
+                        wait = max(due - now, FLUSHER_TICK)
+            time.sleep(min(wait, FLUSHER_IDLE))
 
     def flush(self, held: bool = False) -> None:
         """Send a report held back by throttling (when the function returns or fails). ``held``:
@@ -231,8 +286,7 @@ class WorkerContext:
                     event = {"kind": EventKind.PROGRESS, "rank": self.rank, "metrics": {}}
             if event is not None:
                 self._last_sent = time.monotonic()
-        if event is not None:
-            self._send(dict(event, held=True) if held else dict(event, time=time.time()))
+                self._send(dict(event, held=True) if held else dict(event, time=time.time()))
 
     # ---- model and data ----------------------------------------------------------------
     def prepare(self, model: Any, **ddp_kwargs: Any) -> Any:

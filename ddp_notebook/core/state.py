@@ -181,6 +181,7 @@ class RunState:
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
     stop_reason: Optional[str] = None
+    notebook_ended: bool = False  # ended because the notebook process did (kernel restart, crash): stop_reason says when
     supervisor_error: Optional[str] = None  # ddp_notebook's own supervision failed: what happened
     parent: Optional[str] = None  # the run this one retries
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
@@ -251,6 +252,7 @@ class RunState:
             self.result_not_kept = event.get("result_not_kept")
         elif kind == EventKind.STOPPING:
             self.stop_reason = event.get("reason")
+            self.notebook_ended = bool(event.get("notebook_ended"))
         elif kind == EventKind.SUPERVISOR_ERROR:
             self.supervisor_error = event.get("message")
         elif kind == EventKind.LOG_TRUNCATED:

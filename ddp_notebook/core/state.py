@@ -26,6 +26,7 @@ __all__ = ["DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", 
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
 LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
+EPOCHS_KEPT = 1000  # per rank, the epoch records of the epoch table (the first ones and the latest)
 # A running rank silent for longer than SILENCE_FACTOR times its usual gap between reports (and at
 # least SILENCE_FLOOR seconds) is shown as making no progress. Shown only: it never fails a run.
 SILENCE_FLOOR = 30.0
@@ -81,6 +82,12 @@ class WorkerState:
     output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
     console: ConsoleLines = field(default_factory=ConsoleLines, repr=False)  # output as a terminal shows it
     loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
+    # The rank sends its step losses binned (worker/loss_history.py): then a report's own loss is
+    # not plotted, it is among the bins.
+    loss_binned: bool = False
+    # One record per epoch, in order: {"epoch", "seconds", "metrics": {name: last value logged in
+    # the epoch}, "loss_mean": mean step loss, "losses": how many}; the latest may still be open.
+    epoch_history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_main(self) -> bool:
@@ -282,6 +289,32 @@ class RunState:
             if w is not None:
                 self._apply_to_worker(w, kind, event, t)
 
+    @staticmethod
+    def _apply_losses(w: WorkerState, event: dict[str, Any]) -> None:
+        """A report's loss points (its bins, or its own loss from a rank that does not bin) and
+        epoch records, for the plot and the epoch table."""
+        bins = event.get("loss_bins")
+        if isinstance(bins, list):
+            w.loss_binned = True
+            points = [(float(x), float(y)) for x, y in bins]
+        else:
+            loss = (event.get("metrics") or {}).get("loss")
+            points = []
+            number = isinstance(loss, (int, float)) and not isinstance(loss, bool) and abs(loss) < 1e308
+            if number and not w.loss_binned:
+                step = event.get("step")
+                points = [(float(step if step is not None else len(w.loss_history) + 1), float(loss))]
+        w.loss_history.extend(points)
+        if len(w.loss_history) > LOSS_POINTS_KEPT:
+            w.loss_history = w.loss_history[::2]
+        for record in event.get("epoch_records") or []:
+            if w.epoch_history and w.epoch_history[-1].get("epoch") == record.get("epoch"):
+                w.epoch_history[-1] = record  # the open epoch, updated
+            else:
+                w.epoch_history.append(record)
+                if len(w.epoch_history) > EPOCHS_KEPT:
+                    del w.epoch_history[EPOCHS_KEPT // 2]  # the first and the latest ones stay
+
     def _apply_to_worker(self, w: WorkerState, kind: str, event: dict[str, Any], t: Optional[float]) -> None:
         if kind == EventKind.STARTED:
             w.pid = event.get("pid")
@@ -304,12 +337,7 @@ class RunState:
             w.last_progress_at = t
             if t is not None and isinstance(event.get("step"), int):
                 w._measure_rate(t, event["step"])
-            loss = (event.get("metrics") or {}).get("loss")
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and abs(loss) < 1e308:
-                step = event.get("step")
-                w.loss_history.append((float(step if step is not None else len(w.loss_history) + 1), float(loss)))
-                if len(w.loss_history) > LOSS_POINTS_KEPT:
-                    w.loss_history = w.loss_history[::2]
+            self._apply_losses(w, event)
         elif kind == EventKind.CHECKPOINT:
             self.checkpoints.append({"epoch": event.get("epoch"), "path": event.get("path")})
         elif kind == EventKind.OUTPUT:

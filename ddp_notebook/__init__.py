@@ -38,6 +38,7 @@ from .recipes.fit import FitResult, fit
 from .recipes.spawn import spawn
 from .transfer.loading import share
 from .ui import display as _display
+from .ui import tracebacks as _tracebacks
 from .ui.magics import load_ipython_extension as _load
 from .ui.magics import unload_ipython_extension as _unload
 from .worker.context import WorkerContext, current_context
@@ -110,3 +111,5 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 # Inside IPython, a Run that is the value of a cell shows its live panel, with or without %load_ext.
 _display.register()
+# Errors of this package show the user's frames, not the library's (in IPython with its formatter).
+_tracebacks.register()

@@ -4,6 +4,9 @@ import os
 import pytest
 from IPython.utils.capture import capture_output
 
+import ddp_notebook
+from ddp_notebook.ui.html import failure_card_html
+
 pytestmark = pytest.mark.kernel
 
 CELL_DEFINE = '''
@@ -42,6 +45,35 @@ def test_failure_shows_the_workers_traceback_with_cell_source(ip):
     assert "Traceback from worker 1 (cpu:1)" in text
     assert "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 1" in text
     assert "supervisor" not in text and "_outcome" not in text  # not the notebook side's frames
+
+
+def test_a_mistake_in_a_call_shows_the_users_frames_only(ip):
+    assert ip.run_cell(CELL_DEFINE).success
+    with capture_output() as out:
+        result = ip.run_cell("def start():\n    return ddp_notebook.launch(train, devices='cuda:0', args=(1,))\nstart()")
+    assert not result.success and isinstance(result.error_in_exec, ddp_notebook.InvalidDevicesError)
+    text = out.stdout + out.stderr
+    assert "return ddp_notebook.launch(train, devices='cuda:0', args=(1,))" in text  # the user's call
+    assert "cpu*2 runs on this machine's CPU" in text  # and what would run here
+    assert "ddp_notebook/" not in text and "interactiveshell" not in text  # no library frame
+    assert text.count("InvalidDevicesError") == 2  # the header and the last line, once each
+
+
+def test_a_workers_traceback_shows_the_users_frames_only(ip):
+    cell = (
+        "import torch\n"
+        "def bad_metric(out, y):\n"
+        "    return out.sum() + 'x'\n"
+        "x = torch.randn(64, 4); y = x.sum(1, keepdim=True)\n"
+        "ddp_notebook.fit(torch.nn.Linear(4, 1), (x, y), torch.nn.MSELoss(), valid_data=(x, y),\n"
+        "                 metrics={'bad': bad_metric}, devices='cpu*2', preflight=False)\n")
+    with capture_output():
+        result = ip.run_cell(cell)
+    assert not result.success
+    failure = result.error_in_exec.failure
+    assert failure.exc_type == "TypeError" and "return out.sum() + 'x'" in failure.traceback
+    assert "ddp_notebook" not in failure.traceback  # fit's loop around the user's metric: left out
+    assert "not from a device" in failure_card_html(failure, result.error_in_exec.failures, ["cpu:0"])
 
 
 def test_real_kernel_runs_a_cell_defined_function():

@@ -7,10 +7,13 @@ from the plain core.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Optional
 
 from .failures import WorkerFailure, render_failure_report
+from .tracebacks import user_frames
 
 if TYPE_CHECKING:
     from .validation import ValidationReport
@@ -42,8 +45,28 @@ __all__ = [
 ]
 
 
+# How a shell draws a traceback given the frames to show (IPython's own formatter, set by the
+# front end: ``ui.tracebacks``); without one, as Python prints it.
+DrawTraceback = Callable[[BaseException, Optional[TracebackType]], list[str]]
+_draw: Optional[DrawTraceback] = None
+
+
+def draw_tracebacks_with(draw: Optional[DrawTraceback]) -> None:
+    """Set how ``DDPNotebookError._render_traceback_`` draws (the front end calls this once)."""
+    global _draw
+    _draw = draw
+
+
 class DDPNotebookError(Exception):
     """Base class of every error raised by ddp_notebook."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing every frame: a mistake in a call (a bad device
+        # list, an option) reads as the user's call and the message, without this package's frames.
+        frames = user_frames(self.__traceback__)
+        if _draw is not None:
+            return _draw(self, frames)
+        return "".join(traceback.format_exception(type(self), self, frames)).rstrip("\n").split("\n")
 
 
 class DeviceSpecError(DDPNotebookError, ValueError):

@@ -187,8 +187,9 @@ def validate_devices(
     if cuda:
         count = probe.cuda_count()
         visible = ", ".join(f"cuda:{i}" for i in range(count))
-        # What would run here instead: as many CPU workers as the list asked for, within the cores.
-        instead = f"cpu*{max(1, min(len(devices), probe.cpu_count()))}"
+        # What would run here instead: as many CPU workers as the list asked for (two at least, for
+        # DDP), within the cores.
+        instead = f"cpu*{max(1, min(max(2, len(devices)), probe.cpu_count()))}"
         for d in cuda:
             if d.index >= count:
                 if count == 0:

@@ -38,6 +38,7 @@ import pickle
 import stat
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -180,7 +181,11 @@ class _SharingPickler(pickling.Pickler):
             index = self._piece(obj, obj.data_ptr(), obj.nbytes(), True, ("storage",))
             return (TAG, index, "untyped", None)
         if torch is not None and isinstance(obj, torch.storage.TypedStorage):
-            storage = obj.untyped()
+            # torch pickles every tensor through a TypedStorage, whose public methods warn once
+            # that TypedStorage is deprecated: that warning is about torch's own use, not the user's.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                storage = obj.untyped()
             if storage.device.type != "cpu" or storage.nbytes() < MIN_SHARED:
                 return None
             # One piece per storage, whatever dtype each reference views it as (a dtype view of

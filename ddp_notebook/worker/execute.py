@@ -16,14 +16,14 @@ import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
 from ..core.bounds import bound_event
 from ..core.events import EventKind, RankConfig
-from ..core.failures import Phase, is_runner_file
+from ..core.failures import Phase
 from ..core.rundir import RunDir
+from ..core.tracebacks import format_user_traceback
 from ..transfer import loading, packing, pickling
 from ..transfer.packing import Packed
 from . import context, own_init, teardown
@@ -181,20 +181,15 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
 
 
 def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
-    """The ``error`` event for ``exc``: its type, message and traceback without the runner's frames."""
-    # The first frames are this package's runner (main(), execute()): users need their own only.
-    tb_head = exc.__traceback__
-    while tb_head is not None and tb_head.tb_next is not None and is_runner_file(tb_head.tb_frame.f_code.co_filename):
-        tb_head = tb_head.tb_next
-    exc.__traceback__ = tb_head
-    tb = traceback.TracebackException.from_exception(exc)
+    """The ``error`` event for ``exc``: its type, message and traceback with the user's frames
+    (this package's frames, the runner's first of all, mean nothing to users: ``core.tracebacks``)."""
     # Cut here, before it crosses the pipe: a message may hold a whole tensor's repr.
     return bound_event({
         "kind": EventKind.ERROR,
         "phase": phase,
         "exc_type": type(exc).__qualname__,
         "message": _text_of(exc),
-        "traceback": "".join(tb.format()),
+        "traceback": format_user_traceback(exc),
         "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
     })
 

@@ -362,6 +362,8 @@ class Supervisor:
                 self.transport.request_stop(alive)
                 # No worker exists yet (the fork server still imports torch): none needs a grace.
                 self._stop_deadline = self.clock.monotonic() + (grace if self.transport.started() else 0.0)
+            elif self._stop_deadline is not None:  # asked again, sooner (a second interrupt): the sooner wins
+                self._stop_deadline = min(self._stop_deadline, self.clock.monotonic() + grace)
 
     def _check_deadlines(self) -> None:
         now = self.clock.monotonic()

@@ -28,6 +28,9 @@ True
     ├── UnsafeRunDirError (PermissionError)   a runs folder another user could write to
     ├── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
     └── ProcessGroupMismatchError (ValueError) a function's own init_process_group cannot meet
+
+    KeyboardInterrupt
+    └── RunInterrupted                        an interrupt while waiting for a run stopped it
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from .core.errors import (
     PreflightError,
     ProcessGroupMismatchError,
     QueueUseError,
+    RunInterrupted,
     RunLoadError,
     RunStoppedError,
     SharedDataError,
@@ -61,7 +65,7 @@ __all__ = [
     "RunLoadError", "NotPicklableError", "SharedDataError", "ArgumentsError", "EngineSelectionError",
     "EngineUnavailableError", "PreflightError", "NonFiniteLossError", "WorkerFailedError", "SupervisionError",
     "RunStoppedError", "WaitTimeoutError", "NoResultError", "NoCheckpointError", "UnsafeRunDirError",
-    "QueueUseError", "ProcessGroupMismatchError",
+    "QueueUseError", "ProcessGroupMismatchError", "RunInterrupted",
 ]
 
 # Tracebacks, reprs and the documentation name each class by its public home. (Pickles name it

@@ -31,6 +31,7 @@ __all__ = [
     "WorkerFailedError",
     "SupervisionError",
     "RunStoppedError",
+    "RunInterrupted",
     "WaitTimeoutError",
     "NoResultError",
     "QueueUseError",
@@ -157,6 +158,15 @@ class SupervisionError(DDPNotebookError, RuntimeError):
 
 class RunStoppedError(DDPNotebookError):
     """The run was stopped before the main worker returned a result."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """An interrupt (Kernel → Interrupt, Ctrl-C) while the notebook waited for a run: the run
+    was stopped. Still a ``KeyboardInterrupt``, so a script ends as Ctrl-C ends it; a notebook
+    shows its one line, "Run … stopped: interrupted in the notebook", and no traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
 
 
 class WaitTimeoutError(DDPNotebookError, TimeoutError):

@@ -28,6 +28,7 @@ from ..core.errors import (
     DDPNotebookError,
     NoCheckpointError,
     NoResultError,
+    RunInterrupted,
     RunStoppedError,
     SupervisionError,
     WaitTimeoutError,
@@ -292,14 +293,15 @@ class Run:
         Raises WorkerFailedError when a worker failed, RunStoppedError when the run was stopped
         before the main worker returned, WaitTimeoutError when ``timeout`` passes first
         (the run goes on). An interrupt (Kernel → Interrupt, Ctrl-C) stops the run: what the wait
-        was for is called off, so the workers are not left training unseen."""
+        was for is called off, so the workers are not left training unseen; once it has stopped,
+        ``RunInterrupted`` (a ``KeyboardInterrupt``) says so in one line."""
         check_seconds("timeout", timeout, positive=False, optional=True)
         try:
             ended = self._finished.wait(timeout)
         except KeyboardInterrupt:
-            if not self.done:
-                self._interrupted()
-            raise
+            if self.done:
+                raise
+            raise self._interrupted() from None
         if not ended:
             raise WaitTimeoutError(f"run {self.id} is still {self.status} after {timeout} s")
         return self._value()
@@ -345,18 +347,23 @@ class Run:
         if wait:
             self._finished.wait()
 
-    def _interrupted(self) -> None:
-        if self._settings.mode != CallMode.SPAWN:
-            grace = self.options.stop_grace
-            self._request_stop(grace, "interrupted in the notebook")
-            print(f"ddp_notebook: the interrupt stops run {self.id}: each worker sees ctx.should_stop and may "
-                  f"finish its step; those still running after {grace:g} s are ended.", file=sys.stderr)
-            return
-        # fn(rank, ...) cannot see ctx.should_stop: its workers are ended now, and are gone when
-        # the prompt comes back, so that running the cell again finds its ports free.
-        self._request_stop(0.0, "interrupted in the notebook")
-        print(f"ddp_notebook: the interrupt ends the workers of run {self.id}.", file=sys.stderr)
-        self._finished.wait(self.options.kill_grace + 10.0)
+    def _interrupted(self) -> RunInterrupted:
+        """Stop the run the notebook was waiting for, and wait until it has stopped: a worker sees
+        ``ctx.should_stop`` and may finish its step (those still running after ``stop_grace`` are
+        ended); a ``spawn`` function cannot see it, so its workers are ended at once, and are gone
+        when the prompt comes back (running the cell again finds its ports free). A second
+        interrupt meanwhile ends the workers at once."""
+        reason = "interrupted in the notebook"
+        grace = 0.0 if self._settings.mode == CallMode.SPAWN else self.options.stop_grace
+        self._request_stop(grace, reason)
+        try:
+            self._finished.wait(grace + self.options.kill_grace + 10.0)
+        except KeyboardInterrupt:
+            self._request_stop(0.0, reason)
+            self._finished.wait(self.options.kill_grace + 10.0)
+        if self.done:
+            return RunInterrupted(f"Run {self.id} {self.status}: {reason}")
+        return RunInterrupted(f"Run {self.id} is stopping: {reason} (its workers are being ended)")
 
     def _request_stop(self, grace: float, reason: str) -> None:
         if self._supervisor is not None and not self.done:

@@ -8,7 +8,10 @@
         call.pkl              the packed call, options and settings, for a retry after a restart
         rendezvous            the process group's file rendezvous (removed at the end)
         stacks-rank<r>.txt    rank r's stack dumps, for the stall watchdog
-        checkpoints/          ctx.save_checkpoint's files; ``latest`` names the newest
+        notebook.json         the notebook process that runs it (pid, start time, host) and what it reads
+                              from other runs: how a run cut off by its notebook's death is told from a live one
+        checkpoints/          ctx.save_checkpoint's files (the last few: ``keep``); ``latest`` names the
+                              newest, ``best`` the best one when the saver said which
 
 The notebook side and the worker side both build paths with ``RunDir``.
 
@@ -20,14 +23,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Optional
 
-from .errors import UnsafeRunDirError
+from .errors import LaunchOptionError, UnsafeRunDirError
 
-__all__ = ["RunDir", "default_run_root", "latest_checkpoint", "check_private_folder", "check_private_file"]
+__all__ = ["RunDir", "default_run_root", "latest_checkpoint", "check_private_folder", "check_private_file",
+           "is_run_id", "runs_limits", "folder_bytes", "KEEP_RUNS", "RUNS_MAX_BYTES", "KEEP_RUNS_ENV",
+           "RUNS_MAX_BYTES_ENV"]
+
+KEEP_RUNS_ENV = "DDP_NOTEBOOK_KEEP_RUNS"
+RUNS_MAX_BYTES_ENV = "DDP_NOTEBOOK_RUNS_MAX_BYTES"
+KEEP_RUNS = 50
+"""Runs kept in the runs folder by default (``$DDP_NOTEBOOK_KEEP_RUNS``): older finished ones are removed."""
+RUNS_MAX_BYTES = 2 * 10**9
+"""Bytes the runs folder holds by default (``$DDP_NOTEBOOK_RUNS_MAX_BYTES``): older finished runs are removed."""
+
+_RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+_CHECKPOINT = re.compile(r"epoch-(-?[0-9]+)\.pt")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 10**3, "m": 10**6, "g": 10**9,
+          "t": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 # Files a run's workers or the notebook unpickle (the call, the result, checkpoints) are opened
 # without following a link, and created only if absent.
@@ -98,6 +116,65 @@ def check_private_file(path: str, what: str) -> str:
     return real
 
 
+def is_run_id(name: str) -> bool:
+    """Whether ``name`` is a run directory's name as ``RunDir.create`` makes them (the only folders
+    that pruning the runs folder ever removes).
+
+    >>> is_run_id("20261129-174217-5266c4"), is_run_id("my-data")
+    (True, False)
+    """
+    return _RUN_ID.fullmatch(name) is not None
+
+
+def runs_limits() -> tuple[Optional[int], Optional[int]]:
+    """How many runs, and how many bytes, the runs folder keeps: ``$DDP_NOTEBOOK_KEEP_RUNS`` (a
+    whole number >= 1, default ``KEEP_RUNS``) and ``$DDP_NOTEBOOK_RUNS_MAX_BYTES`` (bytes, or with a
+    unit: ``500MB``, ``2GB``, ``1GiB``; default ``RUNS_MAX_BYTES``); ``off`` for either: no bound.
+    A clear ``LaunchOptionError`` for anything else.
+
+    >>> os.environ["DDP_NOTEBOOK_RUNS_MAX_BYTES"] = "1.5 GB"
+    >>> runs_limits()
+    (50, 1500000000)
+    >>> del os.environ["DDP_NOTEBOOK_RUNS_MAX_BYTES"]
+    """
+    keep = _limit_from_env(KEEP_RUNS_ENV, KEEP_RUNS, "a whole number of runs >= 1",
+                           lambda t: int(t) if re.fullmatch(r"[0-9]{1,18}", t) else None)
+    size = _limit_from_env(RUNS_MAX_BYTES_ENV, RUNS_MAX_BYTES, "a number of bytes >= 1, with a unit or not (2GB, "
+                           "500MB, 1GiB)", _bytes)
+    return keep, size
+
+
+def _bytes(text: str) -> Optional[int]:
+    found = re.fullmatch(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)\s*([a-z]*)", text.lower())
+    if found is None or found.group(2) not in _UNITS:
+        return None
+    return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def _limit_from_env(name: str, default: int, valid: str, parse: Callable[[str], Optional[int]]) -> Optional[int]:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if text.lower() in ("off", "none"):
+        return None
+    value = parse(text) if text.isascii() else None
+    if value is None or value < 1:
+        raise LaunchOptionError(f"${name} must be {valid}, or off for no bound; not {text!r}")
+    return value
+
+
+def folder_bytes(path: str) -> int:
+    """The bytes of the files under ``path`` (links not followed; what vanishes meanwhile is not counted)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def default_run_root() -> str:
     """``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``."""
     if os.environ.get("DDP_NOTEBOOK_RUNS"):
@@ -108,8 +185,12 @@ def default_run_root() -> str:
 
 def latest_checkpoint(checkpoint_dir: str) -> Optional[str]:
     """The path of the newest checkpoint saved in ``checkpoint_dir`` (None if there is none)."""
+    return _named_checkpoint(checkpoint_dir, RunDir.LATEST)
+
+
+def _named_checkpoint(checkpoint_dir: str, marker: str) -> Optional[str]:
     try:
-        with open(os.path.join(checkpoint_dir, RunDir.LATEST)) as f:
+        with open(os.path.join(checkpoint_dir, marker)) as f:
             path = os.path.join(checkpoint_dir, f.read().strip())
     except OSError:
         return None
@@ -126,6 +207,8 @@ class RunDir:
     RENDEZVOUS = "rendezvous"
     CHECKPOINTS = "checkpoints"
     LATEST = "latest"
+    BEST = "best"
+    NOTEBOOK = "notebook.json"
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(os.path.expanduser(path))
@@ -194,9 +277,12 @@ class RunDir:
         with open(os.open(self.join(name), _CREATE, 0o600), "wb") as f:
             f.write(data)
 
-    def save_checkpoint(self, epoch: int, write: Callable[[IO[bytes]], object]) -> str:
+    def save_checkpoint(self, epoch: int, write: Callable[[IO[bytes]], object], keep: Optional[int] = None,
+                        best: bool = False) -> str:
         """Write the checkpoint of ``epoch`` with ``write(file)`` (owner-only: it is unpickled on
-        resume; never torn: written aside, then renamed) and make it the latest; its path."""
+        resume; never torn: written aside, then renamed) and make it the latest (and the best, with
+        ``best``); then keep only the ``keep`` of the highest epochs, the latest and the best
+        (``keep`` None: every one). Its path."""
         os.makedirs(self.checkpoint_dir, mode=0o700, exist_ok=True)
         path = self.checkpoint_path(epoch)
         try:
@@ -206,11 +292,41 @@ class RunDir:
         with self.open_private(path + ".tmp", "wb") as f:
             write(f)
         os.replace(path + ".tmp", path)
-        latest = os.path.join(self.checkpoint_dir, self.LATEST)
-        with open(latest + ".tmp", "w") as f:
-            f.write(os.path.basename(path))
-        os.replace(latest + ".tmp", latest)
+        for marker in (self.LATEST, self.BEST) if best else (self.LATEST,):
+            name = os.path.join(self.checkpoint_dir, marker)
+            with open(name + ".tmp", "w") as f:
+                f.write(os.path.basename(path))
+            os.replace(name + ".tmp", name)
+        if keep is not None:
+            self.prune_checkpoints(keep)
         return path
+
+    def checkpoints(self) -> list[str]:
+        """The paths of the checkpoints saved, lowest epoch first."""
+        try:
+            names = os.listdir(self.checkpoint_dir)
+        except OSError:
+            return []
+        found = [(int(m.group(1)), n) for m, n in ((_CHECKPOINT.fullmatch(n), n) for n in names) if m]
+        return [os.path.join(self.checkpoint_dir, n) for _, n in sorted(found)]
+
+    def best_checkpoint(self) -> Optional[str]:
+        """The path of the checkpoint saved as the best (None if none was)."""
+        return _named_checkpoint(self.checkpoint_dir, self.BEST)
+
+    def prune_checkpoints(self, keep: int) -> list[str]:
+        """Remove every checkpoint but the ``keep`` of the highest epochs, the latest and the best;
+        the paths removed."""
+        spare = {self.latest_checkpoint(), self.best_checkpoint()}
+        removed = []
+        for path in self.checkpoints()[:-keep] if keep > 0 else self.checkpoints():
+            if path not in spare:
+                try:
+                    os.unlink(path)
+                    removed.append(path)
+                except FileNotFoundError:
+                    pass
+        return removed
 
     def open_private(self, path: str, mode: str = "w") -> IO[Any]:
         """A new file only its owner can read (stack dumps, checkpoints), never through a link."""

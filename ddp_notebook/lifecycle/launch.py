@@ -28,6 +28,7 @@ from .call import Call, call_parts, check_arguments
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .resume import keep_call
 from .run import Run, restart_loaded_runs_with, validate_on
+from .stored import note_start
 
 __all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",
            "start_fork_server", "stop_fork_server",
@@ -133,6 +134,7 @@ def start_run(call: Call, devices: DeviceSpec, options: LaunchOptions, settings:
     executor.check_placement(report.devices)
     directory = RunDir.create(options.run_root)
     keep_call(directory, payload, options, settings)  # so it can be retried after a kernel restart
+    note_start(directory, settings, spare=[r.run_dir for r in runs()])  # and the runs folder kept within bounds
     run = Run(directory, EventStream(directory.open_log()), report.devices, executor=executor, options=options,
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, call))
     run._start(payload)

@@ -60,7 +60,7 @@ from .options import (
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
 from .store import loopback_store
-from .stored import keep_result, load_result, output_of, read_run
+from .stored import end_with_notebook, keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .torch_compat import WorkerProcess, echo_output, process_failure
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
@@ -507,4 +507,8 @@ def _kill_live_runs() -> None:
     # exit tidy and quick.
     for run in list(_live_runs):
         if run._supervisor is not None and not run.done:
+            # Its end is written first, and the log closed: the ranks' deaths that follow are the
+            # notebook's leaving, not a failure (status and reason as a crash reads them back).
+            end_with_notebook(run.stream, exited=True)
+            run.stream.close()
             run._supervisor.abandon()

@@ -1,5 +1,13 @@
 """A run as its directory keeps it (``Run.load`` reads it back): the event log, replayed and
-checked, the ending of a run whose notebook died, the kept call, the result.
+checked, the ending of a run whose notebook died, the kept call, the result; and the runs folder
+as a whole: its runs listed (``%ddp_runs --all``) and kept within bounds (``prune_runs``).
+
+A run's directory says which notebook process runs it (``notebook.json``: pid, start time, host,
+and what it reads from other runs: ``note_start``). A log without the run's end is a run still
+going while that process lives; once it is gone, the run ended with it (a kernel restart or
+crash: its workers are tied to it, ``worker.boot.tie_to_parent``), at the step its log last
+said, and reads back so (``end_with_notebook``). A notebook that exits on its own (a restart,
+a shutdown) writes that ending itself before ending the workers.
 
 >>> read_run("/nonexistent/run")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
@@ -8,25 +16,37 @@ ddp_notebook.errors.RunLoadError: there is no run at '/nonexistent/run' (given '
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
+import platform
+import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
+
+import psutil
 
 from ..core import bounds
 from ..core.devices import Device, parse_devices
-from ..core.errors import RunLoadError
+from ..core.errors import DDPNotebookError, LaunchOptionError, RunLoadError
 from ..core.events import EventKind
 from ..core.failures import FailureKind, Phase, WorkerFailure
-from ..core.rundir import RunDir, default_run_root
-from ..core.state import RunStatus
+from ..core.rundir import RunDir, check_private_folder, default_run_root, folder_bytes, is_run_id, runs_limits
+from ..core.state import RunState, RunStatus
 from ..core.stream import EventStream
 from ..transfer import pickling
 from ..transfer.loading import Received
+from .options import RunSettings
 from .resume import KEEP_LIMIT, KeptCall, read_call
 
-__all__ = ["StoredRun", "read_run", "find_stored_run", "CUT_OFF", "keep_result", "load_result", "output_of"]
+__all__ = ["StoredRun", "read_run", "find_stored_run", "keep_result", "load_result", "output_of",
+           "note_start", "notebook_of", "Notebook", "end_with_notebook", "notebook_ended_reason", "stored_runs",
+           "read_summary", "prune_runs", "RemovedRun"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,18 +76,8 @@ def read_run(run_dir: Any) -> StoredRun:
     """The run in ``run_dir`` (or with that id under the default runs folder), or ``RunLoadError``
     saying why there is none that can be read there."""
     directory = RunDir(_run_path(run_dir))
-    if not os.path.isfile(directory.events_path):
-        raise RunLoadError(f"there is no run at {directory.path!r} (given {run_dir!r}): a run directory holds "
-                           f"{RunDir.EVENTS}. Give a run's directory, or its id under {default_run_root()!r}")
-    try:
-        stream = EventStream.replay(_checked_events(directory.iter_events()))
-        if not stream.state.finished:
-            _end_cut_off(stream)
-        devices = parse_devices(stream.state.devices, cuda_count=lambda: 0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        # a log cut short, edited or not ddp_notebook's: every way reading it fails is this one error
-        raise RunLoadError(f"the event log {directory.events_path!r} cannot be read as a run's: "
-                           f"{type(e).__name__}: {e}") from None
+    stream = _replayed(directory, directory.iter_events, given=run_dir)
+    devices = parse_devices(stream.state.devices, cuda_count=lambda: 0)
     call = read_call(directory)
     try:
         result = directory.read_result()
@@ -76,20 +86,233 @@ def read_run(run_dir: Any) -> StoredRun:
     return StoredRun(directory, stream, devices, call, result)
 
 
-CUT_OFF = ("the notebook process that supervised it ended (a kernel restart or crash) before the run did, "
-           "and its workers ended with it")
+def read_summary(directory: RunDir) -> RunState:
+    """The state of the run in ``directory`` as a list of runs shows it, read quickly: every event
+    but progress and output, and the progress of the end of the log (a log may hold hundreds of
+    MB); no call, no result. ``RunLoadError`` when it cannot be read as a run's."""
+    return _replayed(directory, lambda: _summary_events(directory)).state
 
 
-def _end_cut_off(stream: EventStream) -> None:
-    """A log that ends without the run's end: its notebook process died, and its workers with it
-    (their lifeline). Fold that ending in, in memory, at the time the run was last heard of."""
-    t = stream.events[-1].get("time") if stream.events else None
-    stream.emit({"kind": EventKind.STOPPING, "time": t, "reason": CUT_OFF})
-    for rank, w in sorted(stream.state.workers.items()):
+# The end of a log read for the last progress of each rank (a summary).
+_SUMMARY_TAIL = 256 * 2**10
+
+
+def _summary_events(directory: RunDir) -> Iterator[dict[str, Any]]:
+    size = os.path.getsize(directory.events_path)
+    position = 0
+    with open(directory.events_path, "rb") as f:
+        for line in f:
+            position += len(line)
+            if not line.endswith(b"\n"):
+                return  # being written right now
+            if b'"kind": "output"' in line or (b'"kind": "progress"' in line and position < size - _SUMMARY_TAIL):
+                continue
+            if line.strip():
+                yield json.loads(line)
+
+
+def _replayed(directory: RunDir, events: Callable[[], Iterable[dict[str, Any]]], given: Any = None) -> EventStream:
+    if not os.path.isfile(directory.events_path):
+        raise RunLoadError(f"there is no run at {directory.path!r} (given {given or directory.path!r}): a run "
+                           f"directory holds {RunDir.EVENTS}. Give a run's directory, or its id under "
+                           f"{default_run_root()!r}")
+    try:
+        stream = EventStream.replay(_checked_events(events()))
+        parse_devices(stream.state.devices, cuda_count=lambda: 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        # a log cut short, edited or not ddp_notebook's: every way reading it fails is this one error
+        raise RunLoadError(f"the event log {directory.events_path!r} cannot be read as a run's: "
+                           f"{type(e).__name__}: {e}") from None
+    # A log without the run's end: the run goes on while its notebook process lives (in this
+    # process or another: what the log says is true now); it ended with that process.
+    if not stream.state.finished and notebook_of(directory) in (Notebook.GONE, Notebook.UNRECORDED):
+        end_with_notebook(stream, exited=False)
+    return stream
+
+
+class Notebook:
+    """What a run directory's record says of the notebook process that runs it (``notebook_of``)."""
+
+    ALIVE = "alive"
+    GONE = "gone"  # ended: a run it did not end ended with it
+    UNKNOWN = "unknown"  # on another host, or not ours to look at: it may live
+    UNRECORDED = "unrecorded"  # no record (a run of an earlier version, or one starting right now)
+
+
+def note_start(directory: RunDir, settings: RunSettings, spare: Iterable[str] = ()) -> None:
+    """Record in ``directory`` that this process runs it, and what it reads from other runs (the
+    checkpoint it resumes from), then keep the runs folder within its bounds (``prune_runs``),
+    sparing this run, the runs it reads and the directories in ``spare`` (runs this process still
+    holds). A folder that cannot be pruned is said in a warning: the run starts all the same."""
+    record = {"pid": os.getpid(), "started": psutil.Process().create_time(), "host": platform.node(),
+              "reads": [settings.resume_from] if settings.resume_from else []}
+    directory.write_private(RunDir.NOTEBOOK, json.dumps(record).encode())
+    try:
+        prune_runs(os.path.dirname(directory.path), spare=[directory.path, *spare])
+    except (DDPNotebookError, OSError) as e:
+        warnings.warn(f"ddp_notebook: the runs folder was not pruned: {e}", stacklevel=2)
+
+
+def _record(directory: RunDir) -> Optional[dict[str, Any]]:
+    try:
+        data = directory.read_private(RunDir.NOTEBOOK)
+        record = json.loads(data) if data is not None else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def notebook_of(directory: RunDir) -> str:
+    """Whether the notebook process that runs the run in ``directory`` lives (a ``Notebook``
+    value): the same pid started at the same time (a pid used again is another process)."""
+    record = _record(directory) or {}
+    try:
+        pid, started, host = int(record["pid"]), float(record["started"]), str(record.get("host", ""))
+    except (TypeError, KeyError, ValueError):
+        return Notebook.UNRECORDED
+    if host and host != platform.node():
+        return Notebook.UNKNOWN
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return Notebook.GONE
+        return Notebook.ALIVE if abs(process.create_time() - started) < 1.0 else Notebook.GONE
+    except psutil.NoSuchProcess:
+        return Notebook.GONE
+    except psutil.Error:
+        return Notebook.UNKNOWN
+
+
+def notebook_ended_reason(state: RunState, exited: bool) -> str:
+    """Why a run ended with its notebook process, and where it was then.
+
+    >>> from ddp_notebook.core.state import WorkerState
+    >>> s = RunState(status=RunStatus.RUNNING, workers={0: WorkerState(0, "cpu:0", step=31, total=400)})
+    >>> notebook_ended_reason(s, exited=False)
+    'the notebook process ended (kernel restart or crash) at step 31 of 400'
+    """
+    what = "exited (kernel restart or shutdown)" if exited else "ended (kernel restart or crash)"
+    stepped = [w for _, w in sorted(state.workers.items()) if w.step is not None]
+    if stepped:
+        w = stepped[0]  # the main worker's, when it said
+        where = f"at step {w.step} of {w.total}" if w.total else f"at step {w.step}"
+        where += f" ({w.epoch_text})" if w.epoch is not None else ""
+    elif state.status == RunStatus.STARTING:
+        where = "while the workers were starting"
+    else:
+        where = "before any step was reported"
+    return f"the notebook process {what} {where}"
+
+
+def end_with_notebook(stream: EventStream, exited: bool) -> None:
+    """End a run whose notebook process ends (``exited``: this one, leaving now) or ended (its
+    log read back): stopped, with the reason (``notebook_ended``), each rank still running ended
+    with it, at the time the run was last heard of (or now)."""
+    state = stream.state
+    if state.finished:
+        return
+    reason = notebook_ended_reason(state, exited)
+    last = stream.events[-1].get("time") if stream.events else None
+    t = time.time() if exited or last is None else last
+    stream.emit({"kind": EventKind.STOPPING, "time": t, "reason": reason, "notebook_ended": True})
+    for rank, w in sorted(state.workers.items()):
         if not w.finished:
             stream.emit({"kind": EventKind.EXITED, "time": t, "rank": rank, "pid": w.pid, "exit_code": None,
                          "signal": None, "by_supervisor": True})
     stream.emit({"kind": EventKind.RUN_FINISHED, "time": t, "status": RunStatus.STOPPED})
+
+
+def stored_runs(root: Optional[str] = None) -> list[RunDir]:
+    """The run directories under ``root`` (default: the default runs folder), newest first."""
+    root = os.path.abspath(root or default_run_root())
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    found = [RunDir(os.path.join(root, n)) for n in names if is_run_id(n)]
+    return sorted((d for d in found if os.path.isdir(d.path) and not os.path.islink(d.path)),
+                  key=lambda d: d.id, reverse=True)
+
+
+class RemovedRun(NamedTuple):
+    """A run directory ``prune_runs`` removed, and the bytes it held."""
+
+    path: str
+    size: int
+
+
+# A run directory without a record of its notebook, whose log has no end, is taken as ended once
+# nothing was written to it for this long (a run of an earlier version; one that starts writes
+# its record at once).
+_UNRECORDED_QUIET = 600.0
+
+
+def _has_ended(directory: RunDir) -> bool:
+    """Whether the run in ``directory`` is over: its log says so, or its notebook process is gone.
+    In doubt, it is not (it is never removed then)."""
+    if _log_ends(directory):
+        return True
+    owner = notebook_of(directory)
+    if owner != Notebook.UNRECORDED:
+        return owner == Notebook.GONE
+    try:
+        touched = max(os.stat(p).st_mtime for p in (directory.path, directory.events_path) if os.path.exists(p))
+    except (OSError, ValueError):
+        return False
+    return time.time() - touched > _UNRECORDED_QUIET
+
+
+def _log_ends(directory: RunDir) -> bool:
+    """Whether the run's log holds its end (the last event a run writes, with nothing after it
+    but what a closing notebook may add)."""
+    try:
+        with open(directory.events_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 2**10))
+            return b'"kind": "run_finished"' in f.read()
+    except OSError:
+        return False
+
+
+def _checked_limit(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LaunchOptionError(f"{name} must be a whole number >= 0 or None (the configured limit), not {value!r}")
+    return value
+
+
+def prune_runs(root: Optional[str] = None, keep: Optional[int] = None, max_bytes: Optional[int] = None,
+               spare: Iterable[str] = ()) -> list[RemovedRun]:
+    """Remove the oldest finished runs of ``root`` until at most ``keep`` runs and ``max_bytes``
+    are left (None: the configured limits, ``core.rundir.runs_limits``); never a run still going
+    (its notebook process lives), one a live run reads (the checkpoint it resumes from), nor one
+    in ``spare``. Only folders named as run ids are ever removed. What was removed, oldest first."""
+    conf_keep, conf_bytes = runs_limits() if keep is None or max_bytes is None else (None, None)
+    keep = conf_keep if keep is None else _checked_limit("keep", keep)
+    max_bytes = conf_bytes if max_bytes is None else _checked_limit("max_bytes", max_bytes)
+    root = os.path.abspath(root or default_run_root())
+    if not os.path.isdir(root):
+        return []
+    check_private_folder(root)
+    runs = stored_runs(root)[::-1]  # oldest first
+    live = [d for d in runs if not _has_ended(d)]
+    reads = [os.path.realpath(str(path)) for d in live for path in (_record(d) or {}).get("reads") or []]
+    kept = {os.path.realpath(p) for p in [*spare, *(d.path for d in live)]}
+    kept |= {os.path.realpath(d.path) for d in runs
+             if any(path.startswith(os.path.realpath(d.path) + os.sep) for path in reads)}
+    sizes = {d.path: folder_bytes(d.path) for d in runs}
+    count, total = len(runs), sum(sizes.values())
+    removed: list[RemovedRun] = []
+    for d in runs:
+        if (keep is None or count <= keep) and (max_bytes is None or total <= max_bytes):
+            break
+        if os.path.realpath(d.path) in kept:
+            continue
+        shutil.rmtree(d.path, ignore_errors=True)
+        if not os.path.lexists(d.path):
+            removed.append(RemovedRun(d.path, sizes[d.path]))
+            count, total = count - 1, total - sizes[d.path]
+    if removed:
+        log.info("removed %d runs (%d bytes) from %s", len(removed), sum(r.size for r in removed), root)
+    return removed
 
 
 def _run_path(run_dir: Any) -> str:

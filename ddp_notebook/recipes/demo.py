@@ -26,7 +26,7 @@ def train_demo(ctx: Any, epochs: int = 3, samples: int = 4096, batch_size: int =
     opt = torch.optim.SGD(model.parameters(), lr=0.02)
     total = epochs * len(loader)
     step = 0
-    for epoch in range(epochs):
+    for epoch in ctx.epochs(epochs):  # the views count epochs from 1: "epoch 3/3" is the last
         sampler.set_epoch(epoch)
         for xb, yb in loader:
             if ctx.should_stop:
@@ -38,5 +38,5 @@ def train_demo(ctx: Any, epochs: int = 3, samples: int = 4096, batch_size: int =
             opt.zero_grad()
             loss.backward()
             opt.step()
-            ctx.log(step=step, total=total, epoch=epoch, loss=loss.item())
+            ctx.log(step=step, total=total, loss=loss.item())
     return {k: v.clone() for k, v in model.module.state_dict().items()} if ctx.is_main else None

@@ -113,10 +113,15 @@ def show_sending(total: int) -> Callable[[int, int, Optional[float]], None]:
 
         def update(sent: int, total: int, seconds: Optional[float]) -> None:
             line.value = f"<code>{escape(format_data(DataState(total, sent, seconds=seconds)))}</code>"
-    else:
-        def update(sent: int, total: int, seconds: Optional[float]) -> None:
+    elif getattr(sys.stderr, "isatty", lambda: False)():
+        def update(sent: int, total: int, seconds: Optional[float]) -> None:  # redrawn in place
             end = "\n" if seconds is not None else ""
-            print(f"\r{format_data(DataState(total, sent, seconds=seconds))}", end=end, file=sys.stderr, flush=True)
+            print(f"\r\x1b[2K{format_data(DataState(total, sent, seconds=seconds))}", end=end, file=sys.stderr,
+                  flush=True)
+    else:
+        def update(sent: int, total: int, seconds: Optional[float]) -> None:  # a log: its first and last lines
+            if sent == 0 or seconds is not None:
+                print(format_data(DataState(total, sent, seconds=seconds)), file=sys.stderr, flush=True)
     update(0, total, None)
     return update
 

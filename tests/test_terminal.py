@@ -2,6 +2,7 @@
 table that shows the outcome; a blocking fit() in a script shows it on stderr."""
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -135,6 +136,30 @@ def test_the_demo_ends_on_a_table_that_shows_a_failure(tmp_path):
     table = done.stdout[done.stdout.rindex("\nRun "):]
     assert " failed after " in table.splitlines()[1] and "worker 1 (cpu:1) failed: ValueError: boom" in table
     assert "WorkerFailedError: Distributed data parallel worker 1 (cpu:1) failed" in done.stderr
+    # Epochs are counted from 1 of 4, as the panel counts them: never "epoch 0", never "epoch 4" alone.
+    epochs = re.findall(r"epoch (\d+)(/4)?", done.stdout + done.stderr)
+    assert epochs and all(1 <= int(n) <= 4 and of == "/4" for n, of in epochs), epochs
+
+
+SENDS_DATA = """
+import numpy as np, ddp_notebook
+data = np.ones(300 * 2**20 // 8)
+def total(ctx, data):
+    return float(data[:10].sum())
+print(ddp_notebook.launch(total, devices="cpu*2", args=(data,)).wait())
+"""
+
+
+@pytest.mark.processes
+def test_outside_a_terminal_the_data_copy_prints_whole_lines(tmp_path):
+    done = subprocess.run([sys.executable, "-c", SENDS_DATA], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": ROOT, "DDP_NOTEBOOK_PROGRESS": "0"})
+    assert done.returncode == 0 and done.stdout == "10.0\n", done.stderr
+    lines = done.stderr.splitlines()
+    assert "\r" not in done.stderr and "\x1b" not in done.stderr
+    assert lines[0] == "sending data 0 B/315 MB", lines
+    assert lines[1].startswith("data: 315 MB copied to shared memory in "), lines
+    assert len(lines) == 2, lines
 
 
 IGNORES_STOP = """

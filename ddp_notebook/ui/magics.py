@@ -30,7 +30,7 @@ from ..core.errors import (
     RunLoadError,
     UnsafeRunDirError,
 )
-from ..core.rundir import default_run_root
+from ..core.rundir import KEEP_RUNS_ENV, RUNS_MAX_BYTES_ENV, default_run_root, folder_bytes, runs_limits
 from ..core.validation import InvalidDevicesError, validate_devices
 from ..lifecycle.launch import (
     default_devices,
@@ -44,11 +44,11 @@ from ..lifecycle.launch import (
 )
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
-from ..lifecycle.stored import find_stored_run
+from ..lifecycle.stored import find_stored_run, prune_runs, read_summary, stored_runs
 from ..recipes.fit import fit
 from . import display
 from .display import show_report, show_run
-from .text import format_run
+from .text import format_bytes, format_run, format_run_line
 
 __all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "start_target"]
 
@@ -180,7 +180,7 @@ def _run(magic: str, run_id: Optional[str]) -> Run:
     stored = find_stored_run(run_id)  # a run of an earlier kernel (before a restart)
     if stored is None:
         raise UsageError(f"%{magic}: no run {run_id!r} in this kernel nor in {default_run_root()!r}; %ddp_runs "
-                         "lists this kernel's runs")
+                         "lists this kernel's runs, %ddp_runs --all those on disk")
     try:
         return Run.load(stored)
     except (RunLoadError, UnsafeRunDirError) as e:
@@ -232,6 +232,53 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
         raise FitConfigError(f"{name} is a {type(target).__name__}; %ddp_fit takes a training function "
                              "fn(ctx, ...) or a dict of fit() arguments")
     return start(devices), start
+
+
+RUNS_SHOWN = 20
+"""Runs on disk that ``%ddp_runs --all`` lists (the newest; ``-n N`` lists N)."""
+
+
+def _list_stored_runs(shown: int) -> None:
+    """The last ``shown`` runs of the runs folder, newest first, one line each."""
+    root = default_run_root()
+    found = stored_runs(root)
+    if not found:
+        print(f"No run on disk in {root}: start one with %ddp_fit FUNC.")
+        return
+    total = sum(folder_bytes(d.path) for d in found)
+    print(f"Runs in {root}, newest first: {_count(len(found), 'run')}, {format_bytes(total)}")
+    current = last_run()
+    for d in found[:shown]:
+        held = find_run(d.id)  # a run of this kernel: its state as it is now
+        try:
+            line = format_run_line(held.state if held is not None and held.id == d.id else read_summary(d))
+        except (RunLoadError, UnsafeRunDirError) as e:
+            line = f"{d.id}  cannot be read: {e}"
+        print(f"{'*' if current is not None and current.id == d.id else ' '} {line}")
+    if len(found) > shown:
+        print(f"  ... and {len(found) - shown} older: %ddp_runs -n {len(found)} lists them all")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _clean_runs() -> None:
+    """Prune the runs folder now, saying what went and what is left."""
+    root = default_run_root()
+    try:
+        keep, max_bytes = runs_limits()
+        removed = prune_runs(root, spare=[r.run_dir for r in runs()])
+    except (LaunchOptionError, UnsafeRunDirError, OSError) as e:
+        raise UsageError(f"%ddp_runs: {e}") from None
+    left = stored_runs(root)
+    limits = (f"at most {_count(keep, 'run') if keep is not None else 'any number of runs'} and "
+              f"{format_bytes(max_bytes) if max_bytes is not None else 'any size'}: ${KEEP_RUNS_ENV}, "
+              f"${RUNS_MAX_BYTES_ENV}")
+    gone = (f"Removed {_count(len(removed), 'finished run')} ({format_bytes(sum(r.size for r in removed))})"
+            if removed else "Nothing to remove")
+    print(f"{gone} from {root}; {_count(len(left), 'run')} ({format_bytes(sum(folder_bytes(d.path) for d in left))}) "
+          f"left ({limits}; runs still going, those they read and this kernel's are kept).")
 
 
 @magics_class
@@ -298,13 +345,28 @@ class DDPMagics(Magics):
         print(format_run(_run("ddp_status", _parse(self.ddp_status, line).run).state))
 
     @magic_arguments()
+    @argument("--all", action="store_true", help="list the runs on disk, earlier kernels' too (the last "
+                                                 f"{RUNS_SHOWN}), newest first, with why each ended")
+    @argument("-n", type=_at_least_one, metavar="N", help="list the last N runs on disk (as --all)")
+    @argument("--clean", action="store_true", help="remove the oldest finished runs now, down to the limits "
+                                                   f"(${KEEP_RUNS_ENV}, ${RUNS_MAX_BYTES_ENV})")
     @line_magic
     def ddp_runs(self, line: str) -> None:
-        """List the runs of this kernel, the current one (the last, ``_ddp_run``) marked with *."""
-        _parse(self.ddp_runs, line)
+        """List this kernel's runs, the current one (``_ddp_run``) marked with *; with --all (or -n N)
+        the runs on disk, earlier kernels' too: after a kernel restart, how a run is found and why
+        it ended; with --clean, remove the oldest finished runs down to the runs folder's limits."""
+        args = _parse(self.ddp_runs, line)
+        if args.clean:
+            _clean_runs()
+        if args.all or args.n is not None:
+            _list_stored_runs(args.n or RUNS_SHOWN)
+            return
+        if args.clean:
+            return
         started = runs()
         if not started:
-            print("No run yet in this kernel: start one with %ddp_fit FUNC.")
+            print("No run yet in this kernel: start one with %ddp_fit FUNC. %ddp_runs --all lists the runs on disk, "
+                  "earlier kernels' too.")
             return
         for run in started:
             mark = "*" if run is started[-1] else " "

@@ -16,7 +16,7 @@ from ..core.console import one_line
 from ..core.state import DataState, RunState, WorkerState
 
 __all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration", "format_bytes",
-           "format_data"]
+           "format_data", "format_run_line", "ended_because"]
 
 
 SHARE_HINT_FROM = 10**9
@@ -145,6 +145,49 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     root = state.root_failure
     if root is not None:
         lines.append("  " + one_line(root.headline()))  # (its message is the worker's)
+    elif state.finished and state.stop_reason:
+        lines.append("  reason: " + one_line(state.stop_reason))
     if state.supervisor_error is not None:
         lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
     return "\n".join(lines)
+
+
+def ended_because(state: RunState) -> str:
+    """Why a run ended, in one line ('' for a run that succeeded or goes on): its root failure,
+    the failure of its supervision, or the reason it was stopped.
+
+    >>> s = RunState()
+    >>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0"]})
+    >>> s.apply({"kind": "stopping", "time": 1.0, "reason": "stopped by the user"})
+    >>> s.apply({"kind": "run_finished", "time": 2.0, "status": "stopped"})
+    >>> ended_because(s)
+    'stopped by the user'
+    """
+    root = state.root_failure
+    if root is not None:
+        return one_line(root.headline())
+    if state.supervisor_error is not None:
+        return one_line(f"ddp_notebook's supervision failed: {state.supervisor_error}")
+    return one_line(state.stop_reason) if state.finished and state.stop_reason else ""
+
+
+def format_run_line(state: RunState, now: Optional[float] = None, width: int = 160) -> str:
+    """A run in one line, for a list of runs: id, status, devices, start, length, and why it
+    ended (at most ``width`` characters).
+
+    >>> s = RunState()
+    >>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "20261129-174217-5266c4", "devices": ["cpu:0", "cpu:1"]})
+    >>> s.apply({"kind": "run_finished", "time": 150.0, "status": "succeeded"})
+    >>> format_run_line(s)[len("20261129-174217-5266c4"):].split()[:2]
+    ['succeeded', 'cpu:0,cpu:1']
+    """
+    now = time.time() if now is None else now
+    devices = ",".join(state.devices)
+    devices = devices if len(devices) <= 23 else devices[:22] + "…"
+    if state.started_at is not None:
+        start = time.strftime("%Y-%m-%d %H:%M", time.localtime(state.started_at))
+        length = format_duration(max(0.0, (state.ended_at or now) - state.started_at))
+    else:
+        start, length = "?", "?"
+    line = f"{state.run_id}  {state.status:<9}  {devices:<23}  {start}  {length:>9}  {ended_because(state)}".rstrip()
+    return line if len(line) <= width else line[:width - 1] + "…"

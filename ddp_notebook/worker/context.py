@@ -448,10 +448,10 @@ class WorkerContext:
         """The folder this run's checkpoints are saved in (in the run's directory)."""
         return RunDir(self.run_dir).checkpoint_dir
 
-    def save_checkpoint(self, state: Any, epoch: int) -> Optional[str]:
+    def save_checkpoint(self, state: Any, epoch: int, keep: Optional[int] = 2, best: bool = False) -> Optional[str]:
         """Save ``state`` (with ``torch.save``) as the checkpoint of ``epoch``, on the main worker.
 
-        The run keeps its last checkpoints; ``run.retry(resume=True)`` and
+        The run keeps its last ``keep`` checkpoints (and the best); ``run.retry(resume=True)`` and
         ``fit(resume_from=run)`` give the latest one to ``load_checkpoint``.
 
         Parameters
@@ -460,25 +460,39 @@ class WorkerContext:
             What to save: ``{"model": ctx.unwrap(model).state_dict(), "epoch": epoch, ...}``.
         epoch : int
             The epoch it was taken at (the file's name says it).
+        keep : int or None, optional
+            How many checkpoints the run keeps, those of the highest epochs (default 2); the
+            latest and the one saved as the best are always kept. None keeps every one.
+        best : bool, optional
+            This one is the best so far (by your measure): kept until a better one is saved,
+            however many come after it.
 
         Returns
         -------
         str or None
             The checkpoint's path on rank 0; None on the other ranks, which save nothing.
+
+        Raises
+        ------
+        ValueError
+            ``keep`` is not a whole number >= 1 or None.
         """
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"keep must be a whole number >= 1 (the checkpoints kept) or None (every one), "
+                             f"not {keep!r}")
         if not self.is_main:
             return None
         import torch
 
         directory = RunDir(self.run_dir)
         event = {"kind": EventKind.CHECKPOINT, "rank": self.rank, "epoch": epoch,
-                 "path": directory.checkpoint_path(epoch), "time": time.time()}
+                 "path": directory.checkpoint_path(epoch), "time": time.time(), "keep": keep, "best": bool(best)}
         if self.checkpoints_to_notebook:  # the notebook writes it where a local run would have
             buffer = io.BytesIO()
             torch.save(state, buffer)
             self._send(dict(event, data=buffer.getvalue()))
             return str(event["path"])
-        path = directory.save_checkpoint(epoch, lambda f: torch.save(state, f))
+        path = directory.save_checkpoint(epoch, lambda f: torch.save(state, f), keep=keep, best=bool(best))
         self._send(event)
         return path
 

@@ -128,7 +128,8 @@ class EngineTransport(Transport):
         """A checkpoint an engine saved: written into the run directory, as a local rank would have."""
         data = event.pop("data")
         try:
-            event["path"] = self.directory.save_checkpoint(int(event["epoch"]), lambda f: f.write(data))
+            event["path"] = self.directory.save_checkpoint(int(event["epoch"]), lambda f: f.write(data),
+                                                           keep=event.get("keep"), best=bool(event.get("best")))
         except (OSError, TypeError, ValueError, KeyError) as e:
             event["error"] = f"the checkpoint could not be written: {e}"
 

@@ -300,10 +300,10 @@ class RunState:
         else:
             loss = (event.get("metrics") or {}).get("loss")
             points = []
-            number = isinstance(loss, (int, float)) and not isinstance(loss, bool) and abs(loss) < 1e308
-            if number and not w.loss_binned:
-                step = event.get("step")
-                points = [(float(step if step is not None else len(w.loss_history) + 1), float(loss))]
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and abs(loss) < 1e308:
+                if not w.loss_binned:
+                    step = event.get("step")
+                    points = [(float(step if step is not None else len(w.loss_history) + 1), float(loss))]
         w.loss_history.extend(points)
         if len(w.loss_history) > LOSS_POINTS_KEPT:
             w.loss_history = w.loss_history[::2]

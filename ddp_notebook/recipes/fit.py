@@ -74,17 +74,19 @@ def _as_dataset(data: Any, name: str) -> Any:
 
 def _check_args(*, epochs: Any, batch_size: Any, grad_accum: Any, valid_batch_size: Any, loss: Any, optimizer: Any,
                 metrics: Any, early_stopping: Any, monitor: Any, mode: Any, min_delta: Any, seed: Any,
-                flags: dict[str, Any]) -> None:
+                flags: dict[str, Any], keep_checkpoints: Any = None) -> None:
     """Every plain argument of ``fit`` checked in the notebook, before anything starts (a bool is
     not a number here, nor a number a bool)."""
     def whole(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("grad_accum", grad_accum),
-                        ("valid_batch_size", valid_batch_size), ("early_stopping", early_stopping)):
+                        ("valid_batch_size", valid_batch_size), ("early_stopping", early_stopping),
+                        ("keep_checkpoints", keep_checkpoints)):
         if (value is not None or name in ("epochs", "batch_size", "grad_accum")) and not (whole(value) and value >= 1):
-            also = " (the patience in epochs)" if name == "early_stopping" else ""
-            none = " or None" if name in ("valid_batch_size", "early_stopping") else ""
+            also = {"early_stopping": " (the patience in epochs)",
+                    "keep_checkpoints": " (the last checkpoints kept; None: every one)"}.get(name, "")
+            none = " or None" if name in ("valid_batch_size", "early_stopping", "keep_checkpoints") else ""
             raise FitConfigError(f"{name}{also} must be a whole number >= 1{none}, not {value!r}.")
     if not (whole(seed) and 0 <= seed < 2**63):
         raise FitConfigError(f"seed must be a whole number from 0 to 2**63 - 1, not {seed!r}.")
@@ -111,11 +113,12 @@ def _check_args(*, epochs: Any, batch_size: Any, grad_accum: Any, valid_batch_si
         raise FitConfigError(f"mode must be 'min' or 'max', not {mode!r}.")
 
 
-def _preflight(spec: FitSpec, device: Device, options: LaunchOptions) -> None:
+def _preflight(spec: FitSpec, device: Device, options: LaunchOptions, resume: Optional[str] = None) -> None:
     """One forward/backward step on the main device before any DDP worker starts."""
     if device.kind != "cpu":
-        # Never touch CUDA in the notebook process: run the step in a one-worker run.
-        run = launch_with(preflight_step, [device], (spec,), {}, options)
+        # Never touch CUDA in the notebook process: run the step in a one-worker run (which names
+        # the checkpoint the fit resumes from, so the runs folder's pruning keeps its run).
+        run = launch_with(preflight_step, [device], (spec,), {}, options, RunSettings(resume_from=resume))
         try:
             run.wait()
         except WorkerFailedError as e:
@@ -161,6 +164,7 @@ def fit(
     mode: str = "min",
     min_delta: float = 0.0,
     checkpoint: bool = True,
+    keep_checkpoints: Optional[int] = 2,
     preflight: bool = True,
     seed: int = 0,
     resume_from: Any = None,
@@ -178,6 +182,8 @@ def fit(
     Per epoch every rank trains on its shard; the main worker validates (``valid_loss`` and
     each of ``metrics``), checkpoints, and all ranks stop together on ``early_stopping``
     (patience in epochs, watching ``monitor`` — default ``valid_loss``, else ``train_loss``).
+    Of the checkpoints (one per epoch, unless ``checkpoint=False``) the run keeps the last
+    ``keep_checkpoints`` (None: every one) and, with ``valid_data``, the best by ``monitor``.
     Before anything starts: the device list and every rank's shard are validated, and (with
     ``preflight``) one forward/backward step runs on the main device so plain bugs surface at
     once with a normal traceback. ``wait=False`` returns the ``Run``; its ``wait()`` then
@@ -194,7 +200,7 @@ def fit(
                 loss=loss, optimizer=optimizer, metrics=metrics, early_stopping=early_stopping, monitor=monitor,
                 mode=mode, min_delta=min_delta, seed=seed, flags={"shuffle": shuffle, "drop_last": drop_last,
                                                                    "checkpoint": checkpoint, "preflight": preflight,
-                                                                   "wait": wait})
+                                                                   "wait": wait}, keep_checkpoints=keep_checkpoints)
     metrics = dict(metrics or {})
     train = _as_dataset(train_data, "train_data")
     valid = _as_dataset(valid_data, "valid_data")
@@ -219,13 +225,14 @@ def fit(
     spec = FitSpec(model=model, train_data=train, valid_data=valid, loss=loss, optimizer=optimizer, epochs=epochs,
                    batch_size=batch_size, valid_batch_size=valid_batch_size or batch_size, metrics=metrics,
                    shuffle=shuffle, drop_last=drop_last, grad_accum=grad_accum, early_stopping=early_stopping,
-                   monitor=monitor, mode=mode, min_delta=min_delta, checkpoint=checkpoint, seed=seed)
+                   monitor=monitor, mode=mode, min_delta=min_delta, checkpoint=checkpoint, seed=seed,
+                   keep_checkpoints=keep_checkpoints)
     unpicklable = first_unpicklable([(f"fit({name}=...)", getattr(spec, name)) for name in
                                      ("model", "train_data", "valid_data", "loss", "optimizer", "metrics")])
     if unpicklable is not None:
         raise unpicklable
     if preflight:
-        _preflight(spec, report.devices[0], options)
+        _preflight(spec, report.devices[0], options, resume)
     settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model), resume_from=resume)
     run = launch_with(fit_worker, list(report.devices), (spec,), {}, options, settings, report=report)
     return wait_showing(run) if wait else run

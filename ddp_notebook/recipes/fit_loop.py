@@ -41,6 +41,7 @@ class FitSpec:
     min_delta: float
     checkpoint: bool
     seed: int
+    keep_checkpoints: Optional[int] = 2  # the last ones kept (None: every one), and the best with valid_data
 
 
 def build_model(model: Any) -> Any:
@@ -229,6 +230,24 @@ class _EarlyStopping:
             self.patience_left = min(left, self.patience) if self.patience is not None else left
 
 
+def _is_best(history: list[dict[str, Any]], spec: FitSpec) -> bool:
+    """Whether the last epoch of ``history`` is the best so far by ``spec.monitor`` (the
+    validation loss by default): its checkpoint is kept beside the last ones. Only with
+    validation data (a training loss says little of which weights are best); a resumed fit's
+    history counts the epochs before it.
+
+    >>> spec = FitSpec(None, None, "valid", None, None, 3, 1, 1, {}, True, False, 1, None, "valid_loss", "min", 0.0,
+    ...                True, 0)
+    >>> [_is_best([{"valid_loss": v} for v in [3.0, 1.0, 2.0][:n]], spec) for n in (1, 2, 3)]
+    [True, True, False]
+    """
+    if spec.valid_data is None or not history or not isinstance(history[-1].get(spec.monitor), (int, float)):
+        return False
+    sign = 1.0 if spec.mode == "min" else -1.0
+    earlier = [sign * r[spec.monitor] for r in history[:-1] if isinstance(r.get(spec.monitor), (int, float))]
+    return not earlier or sign * history[-1][spec.monitor] < min(earlier)
+
+
 def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
     import torch
     import torch.distributed as dist
@@ -289,7 +308,8 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
         if spec.checkpoint:
             ctx.save_checkpoint({"model": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
                                  "history": history, "early_stopping": stopping.state(spec.monitor),
-                                 "rng": _rng_states(ctx)}, epoch)
+                                 "rng": _rng_states(ctx)}, epoch, keep=spec.keep_checkpoints,
+                                best=_is_best(history, spec))
         if stop:
             break
     in_sync = _ranks_in_sync(module, ctx)

@@ -28,7 +28,7 @@ def test_rows_show_epoch_k_of_n_pace_eta_and_readable_rates_on_one_line():
     view = RunView(feed, live=False)
     text = view.rows[0].text.value
     assert "white-space:nowrap" in text
-    assert "epoch 3/8" in text and "samples/s 15.8k" in text and "20 steps/s, ETA 2 s" in text
+    assert "epoch 3/8" in text and "20 steps/s, ETA 2 s" in text and "samples/s 15.8k" in view.rows[0].detail.value
     assert "ETA" in view.title.value
 
 
@@ -54,8 +54,8 @@ def test_rows_show_progress_and_the_main_worker():
     row = view.rows[0]
     assert "main" in row.name.value and "cpu:0" in row.name.value
     assert row.bar.value == 0.25 and row.bar.bar_style == "info"
-    assert "step 5/20" in row.text.value and "epoch 1" in row.text.value and "loss 0.5" in row.text.value
-    assert "samples/s 1234" in row.text.value and "hello" in row.last.value
+    assert "step 5/20" in row.text.value and "epoch 1" in row.text.value and "loss 0.5" in row.detail.value
+    assert "samples/s 1234" in row.detail.value and "hello" in row.last.value
     assert "running" in row.badge.value and "starting" in view.rows[1].badge.value
     assert view.card_box.layout.display == "none"
     assert view.plot.image.value and view.plot.layout.display == ""  # one loss point plotted
@@ -181,7 +181,7 @@ def test_the_clock_ticks_and_a_silent_rank_is_flagged_without_new_events():
         feed.emit({"kind": "progress", "time": now - 62 + i * 0.5, "rank": 1, "step": i + 1})
         feed.emit({"kind": "progress", "time": now - 2 + i * 0.3, "rank": 0, "step": i + 1})
     view = RunView(feed, live=True)
-    assert "no progress for 60 s" in view.rows[1].text.value and "no progress" not in view.rows[0].text.value
+    assert "no progress for 60 s" in view.rows[1].detail.value and "no progress" not in view.rows[0].detail.value
     assert "no progress for 60 s" in repr(view)  # the text view says it too
     first = view.title.value
     deadline = time.monotonic() + 30
@@ -194,7 +194,7 @@ def test_metric_text_from_a_run_is_shown_literally():
     feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
                {"kind": "progress", "time": 101.0, "rank": 0, "metrics": {"<b>x</b>": "<img src=x onerror=alert(1)>"}})
     row = RunView(feed, live=False).rows[0]
-    assert "<img" not in row.text.value and "&lt;img src=x onerror=alert(1)&gt;" in row.text.value
+    assert "<img" not in row.detail.value and "&lt;img src=x onerror=alert(1)&gt;" in row.detail.value
 
 
 @pytest.mark.processes

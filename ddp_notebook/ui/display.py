@@ -50,7 +50,6 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     if not in_notebook():
         print(format_run(run.state))
         return None
-    from IPython.display import display
 
     from .panel import DDPPanel  # ipywidgets: only in a notebook
 
@@ -59,8 +58,28 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     else:
         panel = DDPPanel(run, launcher=launcher, available=run._device_choices(),
                          selected=[str(d) for d in run.devices], validator=run._validate_devices, on_start=on_start)
-    display(panel)
+    display_kept_current(panel)
     return panel
+
+
+def display_kept_current(panel: Any) -> None:
+    """Display ``panel`` with a display id, and send its display again at each status change of
+    its runs: what shows no widget (GitHub, nbviewer, nbconvert, a notebook reopened untrusted)
+    shows the fallback of the last update, which ends on the outcome, not the "starting" of the
+    first display.
+
+    The updates come from the runs' threads; they are sent in the context of the cell that
+    displayed the panel (``contextvars``), whose output they update, whatever cell runs then.
+    """
+    import contextvars
+
+    from IPython.display import display
+
+    handle = display(panel, display_id=True)
+    if handle is None:  # no display id where nothing displays (a shell without a front end)
+        return
+    cell = contextvars.copy_context()
+    panel.keep_current(lambda shown: cell.copy().run(handle.update, shown))
 
 
 class _Report:
@@ -92,11 +111,10 @@ def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:
     """How a run that the caller blocks on (``fit()``, ``spawn()``) shows: its live panel in a
     notebook; progress on stderr elsewhere, then its final table."""
     if in_notebook():
-        from IPython.display import display
 
         from .panel import DDPPanel
 
-        display(DDPPanel(run))
+        display_kept_current(DDPPanel(run))
         return None
     return watch(run)
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import Optional
+from typing import Any, Optional
 
 from ..core.failures import FailureKind, Phase, WorkerFailure, worker_name
 from ..core.validation import ValidationReport
+from .text import format_duration, format_metric
 
 __all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS", "CODE_ERRORS"]
 
@@ -126,3 +127,110 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
                          f"{escape(f.summary())}</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+# ---- the epoch table ----------------------------------------------------------------------------
+
+EPOCH_ROWS_SHOWN = 12  # past this, the first epochs and the latest are shown, and how many are not
+EPOCH_METRIC_COLUMNS = 6  # metric columns besides the losses (the first ones logged)
+TRAIN_LOSS = ("train_loss",)
+VALID_LOSS = ("valid_loss", "val_loss")
+NOT_A_COLUMN = {"loss", "samples_per_s", *TRAIN_LOSS, *VALID_LOSS}
+
+
+def epoch_label(epoch: Any, epochs: Optional[int]) -> str:
+    """An epoch as the rows show it: counted from 1 of ``epochs`` when their number is known, else
+    as reported.
+
+    >>> epoch_label(2, 8), epoch_label(2, None)
+    ('3/8', '2')
+    """
+    return f"{epoch + 1}/{epochs}" if epochs and isinstance(epoch, int) else str(epoch)
+
+
+def train_loss_of(record: dict[str, Any]) -> Optional[float]:
+    """An epoch's train loss: the one logged (``train_loss``, fit's cross-rank mean), else the mean
+    of the step losses logged in it."""
+    metrics = record.get("metrics") or {}
+    for name in TRAIN_LOSS:
+        if name in metrics:
+            return metrics[name]
+    return record.get("loss_mean")
+
+
+def valid_loss_of(record: dict[str, Any]) -> Optional[float]:
+    metrics = record.get("metrics") or {}
+    return next((metrics[name] for name in VALID_LOSS if name in metrics), None)
+
+
+def epoch_seconds(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return ""
+    return f"{seconds:.1f} s" if seconds < 90 else format_duration(seconds)
+
+
+def epoch_table_html(records: Sequence[dict[str, Any]], epochs: Optional[int] = None, last: str = "") -> str:
+    """The per-epoch table of a run (its main worker's records): epoch, train loss, valid loss,
+    each metric logged in the epochs, and each epoch's time.
+
+    ``last`` says what the latest record is when it is not a finished epoch: ``"running"`` (the
+    epoch goes on) or ``"cut short"`` (the run ended in it).
+    """
+    if not records:
+        return ""
+    names: list[str] = []
+    for record in records:
+        for name in record.get("metrics") or {}:
+            if name not in NOT_A_COLUMN and name not in names and len(names) < EPOCH_METRIC_COLUMNS:
+                names.append(name)
+    has_valid = any(valid_loss_of(r) is not None for r in records)
+    head = ["epoch", "train loss"] + (["valid loss"] if has_valid else []) + names + ["time"]
+    cell = 'style="padding:1px 10px;text-align:right;white-space:nowrap"'
+    rows = [f"<tr>{''.join(f'<th {cell}>{escape(h)}</th>' for h in head)}</tr>"]
+    shown: list[Optional[dict[str, Any]]] = list(records)
+    if len(records) > EPOCH_ROWS_SHOWN:
+        tail = EPOCH_ROWS_SHOWN - 3
+        shown = [*records[:2], None, *records[-tail:]]
+    for i, entry in enumerate(shown):
+        if entry is None:
+            hidden = len(records) - EPOCH_ROWS_SHOWN + 1
+            rows.append(f'<tr><td colspan="{len(head)}" style="color:#6c757d;text-align:center">… {hidden} epochs '
+                        "not shown …</td></tr>")
+            continue
+        metrics = entry.get("metrics") or {}
+        values = [train_loss_of(entry)] + ([valid_loss_of(entry)] if has_valid else []) + [
+            metrics.get(n) for n in names]
+        texts = ["" if v is None else format_metric(v) for v in values]
+        label = epoch_label(entry.get("epoch"), epochs)
+        style = ""
+        if i == len(shown) - 1 and last:
+            label += f" ({last})"
+            style = ' style="font-style:italic;color:#6c757d"'
+        cells = [label, *texts, epoch_seconds(entry.get("seconds"))]
+        rows.append(f"<tr{style}>{''.join(f'<td {cell}>{escape(c)}</td>' for c in cells)}</tr>")
+    return f'<table class="ddp-epochs" style="border-collapse:collapse;font-size:12px">{"".join(rows)}</table>'
+
+
+# ---- a view that stops receiving updates says so -----------------------------------------------
+
+STALE_AFTER_S = 15
+
+
+def liveness_html(token: str, tick: int) -> str:
+    """What a live view re-renders every second while its run goes on: a style that restarts, on
+    each render, a 15 s countdown on the view's controls (the keyframes' name changes with the
+    tick, which restarts the animation), and a note revealed when it runs out.
+
+    When the kernel stops sending (restarted, or too busy to run the view's thread), nothing
+    renders it again: after ``STALE_AFTER_S`` seconds the note shows and Stop and Retry are dimmed
+    and take no clicks, without any script (ipywidgets' HTML keeps ``<style>``).
+    """
+    name = f"ddp-stale-{token}-{tick % 2}"
+    return (f"<style>@keyframes {name}{{to{{opacity:.35;pointer-events:none}}}}"
+            f"@keyframes {name}-note{{to{{visibility:visible}}}}"
+            f".ddp-view-{token} .ddp-dims{{animation:{name} 1ms linear {STALE_AFTER_S}s forwards}}"
+            f".ddp-view-{token} .ddp-stale-note{{visibility:hidden;"
+            f"animation:{name}-note 1ms linear {STALE_AFTER_S}s forwards}}</style>"
+            f'<span class="ddp-stale-note" data-tick="{tick}" style="color:{ORANGE};white-space:nowrap">'
+            f"⚠ no update from the kernel for {STALE_AFTER_S} s (restarted or busy?): what shows may be out of date"
+            "</span>")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import ipywidgets as widgets
 
-__all__ = ["LossPlot", "smooth", "plot_png"]
+__all__ = ["LossPlot", "smooth", "plot_png", "epoch_plot_png"]
 
 Series = dict[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
 
@@ -48,6 +48,29 @@ def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
         ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("loss" + (" (smoothed)" if smoothed else ""))
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()
+
+
+def epoch_plot_png(train: Sequence[tuple[float, float]], valid: Sequence[tuple[float, float]]) -> bytes:
+    """Train and valid loss per epoch (``(epoch, loss)`` points, epochs as the table counts them),
+    as fastai's and Keras' progress draw them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(4.2, 2.2), dpi=100)
+    ax = fig.add_subplot()
+    for label, points in (("train loss", train), ("valid loss", valid)):
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, label=label, linewidth=1.4, marker="o", markersize=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     buf = io.BytesIO()

@@ -4,6 +4,7 @@ it; it renders and calls, nothing more.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any, Optional
@@ -14,7 +15,7 @@ from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
 from ..core.validation import ValidationReport
 from .html import RED, report_html
-from .run_view import FullText, RunView
+from .run_view import FullText, RunView, StartGuard
 
 __all__ = ["DDPPanel"]
 
@@ -28,8 +29,12 @@ class DDPPanel(FullText, widgets.VBox):
     only shows ``run`` and its retries. ``on_start(run)`` hears of every run the panel starts
     (launches and retries), so the notebook's idea of the current run follows it.
 
-    One run at a time: Launch is disabled while the panel's latest run goes on (a double click
-    cannot start two), and enabled again when it ends.
+    One run at a time: Launch, and the retry buttons of every view, start one run per click
+    sequence (a double click starts one, from any thread) and refuse while the panel's latest run
+    goes on; Launch is disabled meanwhile, and enabled again when it ends.
+
+    ``keep_current(update)`` has ``update(panel)`` called at each status change of what it shows
+    (``ui.display`` passes the display's update, so its fallback ends on the outcome).
     """
 
     def __init__(self, run: Any = None, launcher: Optional[Callable[[list[str]], Any]] = None,
@@ -43,6 +48,10 @@ class DDPPanel(FullText, widgets.VBox):
         self.validator = validator
         self.on_start = on_start
         self.views: list[RunView] = []
+        self.launches = StartGuard("launching another")
+        self._update: Optional[Callable[[Any], None]] = None
+        self._shown_key: Any = None
+        self._update_lock = threading.Lock()
         self._refusal = ""  # the last "stop it before launching another" shown
         self.views_box = widgets.VBox()
         self.report = widgets.HTML()
@@ -74,13 +83,29 @@ class DDPPanel(FullText, widgets.VBox):
         return report.ok
 
     def launch(self) -> Optional[Any]:
+        """Validate the chosen devices and launch a run on them (nothing while the panel's latest
+        run goes on, or for the second click of a double click)."""
         if self.launcher is None:
             return None
+        run, refused = self.launches.start(self._launch_once)
+        if refused:
+            self._refuse(refused)
+        return run
+
+    def _busy_with(self) -> Optional[Any]:
+        """The panel's latest run while it goes on."""
         current = self.views[-1].run if self.views else None
-        if current is not None and not current.state.finished:
-            self._refusal = (f'<span style="color:{RED}">Run {escape(current.id)} is still {current.status}: stop '
-                             "it before launching another.</span>")
-            self.report.value = self._refusal
+        return current if current is not None and not current.state.finished else None
+
+    def _refuse(self, text: str) -> None:
+        self._refusal = f'<span style="color:{RED}">{escape(text)}</span>'
+        self.report.value = self._refusal
+
+    def _launch_once(self) -> Optional[Any]:
+        assert self.launcher is not None
+        current = self._busy_with()
+        if current is not None:
+            self._refuse(f"Run {current.id} is still {current.status}: stop it before launching another.")
             return None
         if not self.validate():
             return None
@@ -111,6 +136,9 @@ class DDPPanel(FullText, widgets.VBox):
     def show(self, run: Any, title: Optional[str] = None) -> RunView:
         """Add a view of ``run`` (a retry's view goes below the run it retries)."""
         def on_retry(devices: list[str], parent: Any = run) -> Any:
+            current = self._busy_with()
+            if current is not None:
+                raise DDPNotebookError(f"Run {current.id} is still {current.status}: stop it before retrying.")
             new = parent.retry(device=devices[0]) if len(devices) == 1 else parent.retry(devices=devices)
             self.show(new)  # its view says it is a retry, of which run, on which devices
             if self.on_start is not None:
@@ -121,7 +149,29 @@ class DDPPanel(FullText, widgets.VBox):
         self.views.append(view)
         self.views_box.children = list(self.views)
         self._follow_launch_button(run)
+        run.subscribe(lambda _event: self._status_changed())
+        self._status_changed()
         return view
+
+    def keep_current(self, update: Callable[[Any], None]) -> None:
+        """Call ``update(self)`` now and at each status change of the runs shown (never at each
+        report): a display's fallback then says what is true, and ends on the outcome."""
+        self._update = update
+        self._shown_key = None
+        self._status_changed()
+
+    def _status_changed(self) -> None:
+        if self._update is None:
+            return
+        with self._update_lock:  # from the runs' threads: one update at a time, none repeated
+            key = tuple(v.status_key() for v in self.views)
+            if key == self._shown_key:
+                return
+            self._shown_key = key
+            self._update(self)
+
+    def fallback_html(self) -> str:
+        return "".join(v.fallback_html() for v in self.views) or "<pre>DDPPanel (no run yet)</pre>"
 
     def __repr__(self) -> str:
         return "\n".join(repr(v) for v in self.views) or "DDPPanel (no run yet)"

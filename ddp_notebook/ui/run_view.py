@@ -11,8 +11,10 @@ at once.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from html import escape
 from typing import Any, Optional
@@ -20,54 +22,154 @@ from typing import Any, Optional
 import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
-from ..core.state import RunState, RunStatus
-from .html import ORANGE, RED, badge, failure_card_html
-from .loss_plot import LossPlot
+from ..core.state import RunState, RunStatus, WorkerStatus
+from .html import (
+    ORANGE,
+    RED,
+    badge,
+    epoch_table_html,
+    failure_card_html,
+    liveness_html,
+    train_loss_of,
+    valid_loss_of,
+)
+from .loss_plot import LossPlot, epoch_plot_png
 from .text import format_data, format_duration, format_metric, format_rate, format_run
 
-__all__ = ["RunView", "FullText"]
+__all__ = ["RunView", "FullText", "StartGuard", "last_output"]
 
 REFRESH_S = 0.25  # widget updates at most this often
 TICK_S = 1.0  # and at least this often while the run goes on: the clock and silences move without events
 PLOT_S = 1.0  # the loss plot is redrawn at most this often
+CLICK_SEQUENCE_S = 1.0  # a second click this soon after a start is the same click sequence (a double click)
 
 
 class FullText:
-    """ipywidgets cuts a widget's text/plain to 110 characters; ours is the run's text view,
-    which nbval and text-only front ends read whole."""
+    """The fallback of a widget's display, for what shows no widgets (GitHub, nbviewer, nbconvert,
+    an untrusted notebook): ``text/plain``, the run's text view whole (ipywidgets cuts it to 110
+    characters; nbval reads it), and ``text/html``, the same with the epoch table and the failure
+    card. A display kept current (``ui.display``) sends them again at each status change."""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         data = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
         data["text/plain"] = repr(self)
+        data["text/html"] = self.fallback_html()
         return data
 
+    def fallback_html(self) -> str:
+        raise NotImplementedError
 
-# One line, cut with an ellipsis at the column's width: the widget's own box does not clip.
-NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;max-width:{width}"
-TEXT_WIDTH = 420  # px, the row's text column
+
+# A row is two lines that never wrap: fixed columns (rank, status, bar, progress, the last line
+# printed) above the rank's metrics. Text past a column's width ends in an ellipsis, with the
+# whole text on hover.
+NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+NAME_WIDTH, BADGE_WIDTH, BAR_WIDTH, TEXT_WIDTH = 150, 80, 140, 380  # px
+# The warnings module's line ("file.py:12: DeprecationWarning: ...") and the source line under it.
+WARNING_LINE = re.compile(r"^\S.*:\d+: ([A-Za-z_][\w.]*)?Warning: ")
+# Metrics in this order first; the rest as logged, samples/s last.
+METRICS_FIRST = ("loss", "train_loss", "valid_loss", "val_loss")
+
+
+def one_line(html: str, title: str = "") -> str:
+    """``html`` on one line, cut with an ellipsis at its column's width (``title`` on hover)."""
+    hover = f' title="{escape(title)}"' if title else ""
+    return f'<div style="{NOWRAP}"{hover}>{html}</div>'
+
+
+def last_output(output: Any) -> tuple[str, str, int]:
+    """The line a row shows of a rank's output: the last one that is not a warning (a library's
+    deprecation warning says nothing of the run), its stream, and how many warnings came after
+    it or before.
+
+    >>> last_output([("stdout", "epoch 1 done"),
+    ...              ("stderr", "/x/lib.py:3: DeprecationWarning: old"), ("stderr", "  old()")])
+    ('stdout', 'epoch 1 done', 1)
+    """
+    lines = list(output)
+    warnings = sum(1 for _stream, text in lines if WARNING_LINE.match(text))
+    i = len(lines) - 1
+    while i >= 0:
+        stream, text = lines[i]
+        if WARNING_LINE.match(text):
+            i -= 1
+        elif text[:1].isspace() and i > 0 and WARNING_LINE.match(lines[i - 1][1]):
+            i -= 2  # a warning's source line, and the warning
+        elif not text.strip():
+            i -= 1
+        else:
+            return stream, text, warnings
+    return "", "", warnings
+
+
+def ordered_metrics(metrics: dict[str, Any]) -> list[tuple[str, Any]]:
+    first = [(k, metrics[k]) for k in METRICS_FIRST if k in metrics]
+    rest = [(k, v) for k, v in metrics.items() if k not in METRICS_FIRST and k != "samples_per_s"]
+    rate = [("samples/s", metrics["samples_per_s"])] if "samples_per_s" in metrics else []
+    return first + rest + rate
 
 
 class _Row:
-    """The widgets of one rank."""
+    """The widgets of one rank: a line of fixed columns, and its metrics on the line below."""
 
     def __init__(self, rank: int, device: str, place: Optional[str] = None) -> None:
-        where = f"<br><small>{escape(place)}</small>" if place else ""
         main = " <i>main</i>" if rank == 0 else ""
-        self.name = widgets.HTML(f"<b>rank {rank}</b> <code>{escape(device)}</code>{main}{where}",
-                                 layout=widgets.Layout(width="150px"))
-        self.badge = widgets.HTML(layout=widgets.Layout(width="90px"))
-        self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="180px"))
-        self.text = widgets.HTML(layout=widgets.Layout(width=f"{TEXT_WIDTH}px", overflow="hidden"))
-        self.last = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0", overflow="hidden"))
-        self.box = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
-                                layout=widgets.Layout(padding="2px", border="1px solid transparent"))
+        self.place = place
+        self.name = widgets.HTML(one_line(f"<b>rank {rank}</b> <code>{escape(device)}</code>{main}",
+                                          f"rank {rank} {device}" + (f" on {place}" if place else "")),
+                                 layout=widgets.Layout(width=f"{NAME_WIDTH}px", flex="0 0 auto"))
+        self.badge = widgets.HTML(layout=widgets.Layout(width=f"{BADGE_WIDTH}px", flex="0 0 auto"))
+        self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0,
+                                         layout=widgets.Layout(width=f"{BAR_WIDTH}px", flex="0 0 auto"))
+        self.text = widgets.HTML(layout=widgets.Layout(width=f"{TEXT_WIDTH}px", flex="0 0 auto"))
+        self.last = widgets.HTML(layout=widgets.Layout(flex="1 1 0", min_width="0"))
+        self.detail = widgets.HTML(layout=widgets.Layout(margin=f"-4px 0 0 {NAME_WIDTH + 4}px", min_width="0"))
+        line = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
+                            layout=widgets.Layout(flex_flow="row nowrap", align_items="center"))
+        self.box = widgets.VBox([line, self.detail], layout=widgets.Layout(padding="1px 2px",
+                                                                          border="1px solid transparent"))
+
+
+class StartGuard:
+    """One run per click sequence for a button that starts a run: a start is refused while the
+    run it started last goes on, and a second click of the same sequence (a double click, whose
+    second click reaches the kernel before the button shows as disabled) is ignored; from any
+    number of threads at once.
+    """
+
+    def __init__(self, before: str = "starting another", sequence_s: float = CLICK_SEQUENCE_S) -> None:
+        self.before = before  # what the refusal says to stop the run before
+        self.sequence_s = sequence_s
+        self.run: Any = None  # the run started last
+        self._started_at = -float("inf")
+        self._lock = threading.Lock()
+
+    @property
+    def busy(self) -> bool:
+        """Whether the run started last goes on."""
+        return self.run is not None and not self.run.state.finished
+
+    def start(self, begin: Callable[[], Any]) -> tuple[Any, str]:
+        """Call ``begin() -> run`` unless a start is refused now: ``(run, "")``, or ``(None, why)``
+        (``why`` is empty for the ignored second click of a double click)."""
+        with self._lock:  # held while begin() runs: a click meanwhile waits, then sees its run
+            if time.monotonic() - self._started_at < self.sequence_s:
+                return None, ""
+            if self.busy:
+                state = self.run.state
+                return None, f"Run {state.run_id} is still {state.status}: stop it before {self.before}."
+            run = begin()
+            if run is not None:
+                self.run, self._started_at = run, time.monotonic()
+            return run, ""
 
 
 class RunView(FullText, widgets.VBox):
     """Live view of one run (a ``Run``, or anything with ``state`` and ``subscribe``).
 
     ``on_retry(devices) -> run`` is called by the card's retry buttons; the panel that owns the
-    view shows the new run below it.
+    view shows the new run below it. The retry buttons start one run per click sequence and are
+    disabled while it goes on.
     """
 
     def __init__(self, run: Any, title: Optional[str] = None,
@@ -75,22 +177,31 @@ class RunView(FullText, widgets.VBox):
         super().__init__()
         self.run = run
         self.on_retry = on_retry
-        self.title = widgets.HTML()
+        self.retries = StartGuard("retrying again")
+        # A class of this view's own (random: a panel left from before a kernel restart keeps its
+        # DOM, and a new kernel's view must not keep the old one looking alive).
+        self.token = uuid.uuid4().hex[:12]
+        self.add_class("ddp-run-view")
+        self.add_class(f"ddp-view-{self.token}")
+        self.title = widgets.HTML(layout=widgets.Layout(min_width="0"))
         self.subtitle = title
+        self.live = widgets.HTML(layout=widgets.Layout(min_width="0"))  # re-rendered every tick while the run lives
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
-                                          layout=widgets.Layout(width="90px"))
+                                          layout=widgets.Layout(width="90px", flex="0 0 auto"))
         self.stop_button.on_click(lambda _: self._stop())
         self.rows: dict[int, _Row] = {}
         self.rows_box = widgets.VBox()
         self.plot = LossPlot()
+        self.epoch_plot = widgets.Image(format="png", layout=widgets.Layout(width="420px", display="none"))
+        self.epoch_table = widgets.HTML()
         self.card = widgets.HTML()
         self.retry_device = widgets.Dropdown(description="device", layout=widgets.Layout(width="200px"))
         self.retry_single = widgets.Button(description="Retry on single device", button_style="primary",
                                            icon="redo", layout=widgets.Layout(width="210px"))
         self.retry_without = widgets.Button(description="Retry without the failed device", icon="redo",
                                             layout=widgets.Layout(width="250px"))
-        self.retry_single.on_click(lambda _: self._retry([self.retry_device.value]))
-        self.retry_without.on_click(lambda _: self._retry(self._healthy_devices()))
+        self.retry_single.on_click(lambda _: self._retry(lambda: [self.retry_device.value]))
+        self.retry_without.on_click(lambda _: self._retry(self._healthy_devices))
         self.card_box = widgets.VBox([self.card, widgets.HBox([self.retry_device, self.retry_single,
                                                                self.retry_without])],
                                      layout=widgets.Layout(display="none"))
@@ -99,11 +210,18 @@ class RunView(FullText, widgets.VBox):
                                             selected_index=None)
         self.note = widgets.HTML()  # what the run is doing that the rows do not say (stopping, ...)
         self.message = widgets.HTML()  # the outcome of the user's last action here (a retry refused)
-        self.children = [widgets.HBox([self.title, self.stop_button]), self.note, self.rows_box, self.plot,
-                         self.card_box, self.message, self.output_box]
+        header = widgets.HBox([self.title, self.stop_button, self.live],
+                              layout=widgets.Layout(align_items="center", flex_flow="row nowrap"))
+        for dimmed in (self.title, self.stop_button, self.rows_box, self.retry_single, self.retry_without):
+            dimmed.add_class("ddp-dims")  # what a view no longer updated dims (liveness_html)
+        self.children = [header, self.note, self.rows_box,
+                         widgets.HBox([self.plot, self.epoch_plot], layout=widgets.Layout(flex_flow="row wrap")),
+                         self.epoch_table, self.card_box, self.message, self.output_box]
         self._dirty = threading.Event()
         self._plotted_at = 0.0
         self._plotted_points = -1
+        self._epochs_drawn: Any = None
+        self._tick = 0
         self._lock = threading.Lock()
         run.subscribe(lambda _event: self._dirty.set())
         # Followed unless what was drawn is final: a run may end between the drawing and this
@@ -143,9 +261,14 @@ class RunView(FullText, widgets.VBox):
                 elapsed += f" · {escape(format_data(state.data))}"
             if state.waiting_for is not None:
                 elapsed += f" · starting workers ({escape(state.waiting_for)})"
-            self.title.value = (f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
-                                f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
+            self.title.value = one_line(f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
+                                        f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
             self.stop_button.layout.display = "none" if state.finished else ""
+            if state.finished:
+                self.live.value = ""
+            else:  # a new value every tick: what shows it knows the kernel still speaks (liveness_html)
+                self._tick += 1
+                self.live.value = liveness_html(self.token, self._tick)
             if set(self.rows) != set(state.workers):
                 self.rows = {r: _Row(r, w.device, w.place) for r, w in sorted(state.workers.items())}
                 self.rows_box.children = self._grouped(state)
@@ -161,6 +284,7 @@ class RunView(FullText, widgets.VBox):
             self._render_card(state)
             self.note.value = self._note(state)
             self._render_plot(state, now, force_plot)
+            self._render_epochs(state, now, force_plot)
             return final
 
     def _grouped(self, state: RunState) -> list[widgets.Widget]:
@@ -198,30 +322,67 @@ class RunView(FullText, widgets.VBox):
             row.bar.value = 1.0
         row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning",
                              "knock-on": "warning"}.get(w.shown_status, "info")
+        # The first line: where the rank is and for how long (what every row has, in its column).
         bits: list[str] = []
         if w.step is not None:
             bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")
         if w.epoch is not None:
             bits.append(w.epoch_text)
-        for key in ("loss", "samples_per_s"):
-            if key in w.metrics:
-                bits.append(f"{'samples/s' if key == 'samples_per_s' else key} {format_metric(w.metrics[key])}")
-        bits += [f"{k} {format_metric(v)}" for k, v in w.metrics.items() if k not in ("loss", "samples_per_s")][:3]
         if w.status == "running" and format_rate(w):
             bits.append(format_rate(w))
         if w.started_at:
-            bits.append(f"{(w.ended_at or now) - w.started_at:.0f} s")
-        text = " · ".join(escape(bit) for bit in bits)  # metric names and values come from the run
+            bits.append(format_duration((w.ended_at or now) - w.started_at))
+        text = " · ".join(bits)
+        row.text.value = one_line(escape(text), text)
+        # The second line: what the rank says of its training, all of it (names and values come from the run).
+        detail: list[str] = []
         silent = w.silent_for(now)
         if silent is not None:
-            text += f' · <b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>'
-        # One line per rank, however many metrics: what does not fit ends in an ellipsis.
-        row.text.value = f'<div style="{NOWRAP.format(width=f"{TEXT_WIDTH - 8}px")}">{text}</div>'
-        row.last.value = (f'<div style="{NOWRAP.format(width="100%")}"><code style="color:#6c757d">'
-                          f"{escape(tail_of(w.last_line, 120))}</code></div>")
+            detail.append(f'<b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>')
+        if row.place:
+            detail.append(f"<small>{escape(row.place)}</small>")
+        metrics = " · ".join(f"{k} {format_metric(v)}" for k, v in ordered_metrics(w.metrics))
+        if metrics:
+            detail.append(escape(metrics))
+        stream, line, warnings = last_output(w.output)
+        if warnings:
+            detail.append(f'<span style="color:#b8860b">⚠ {warnings} warning{"s" if warnings != 1 else ""} '
+                          "(Output per device)</span>")
+        row.detail.value = one_line(" · ".join(detail), metrics) if detail else ""
+        color = RED if stream == "stderr" else "#6c757d"
+        row.last.value = one_line(f'<code style="color:{color}">{escape(tail_of(line, 160))}</code>', line[-500:])
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
         if caused_failure:
             row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests (added once)
+
+    def _main_epochs(self, state: RunState) -> tuple[Any, str]:
+        """The main worker (whose records the table shows) and what its latest record is."""
+        main = state.workers.get(0)
+        if main is None or not main.epoch_history:
+            return main, ""
+        if not main.finished and not state.finished:
+            return main, "running"
+        if main.status != WorkerStatus.SUCCEEDED:
+            return main, "cut short"
+        return main, ""
+
+    def _render_epochs(self, state: RunState, now: float, force: bool) -> None:
+        main, last = self._main_epochs(state)
+        if main is None or not main.epoch_history:
+            return
+        records = main.epoch_history
+        self.epoch_table.value = epoch_table_html(records, main.epochs, last)
+        drawn = (len(records), records[-1].get("seconds"), last)
+        if drawn == self._epochs_drawn or (not force and now - self._plotted_at < PLOT_S and last == "running"):
+            return
+        self._epochs_drawn = drawn
+        shift = 1 if main.epochs else 0  # counted as the table counts them
+        numbered = [r for r in records if isinstance(r.get("epoch"), int)]
+        train = [(r["epoch"] + shift, v) for r in numbered if isinstance(v := train_loss_of(r), (int, float))]
+        valid = [(r["epoch"] + shift, v) for r in numbered if isinstance(v := valid_loss_of(r), (int, float))]
+        if train or valid:
+            self.epoch_plot.value = epoch_plot_png(train, valid)
+            self.epoch_plot.layout.display = ""
 
     def _render_card(self, state: RunState) -> None:
         root = state.root_failure
@@ -234,7 +395,8 @@ class RunView(FullText, widgets.VBox):
         default = self._default_retry_device()
         if default in options and self.retry_device.value not in options:
             self.retry_device.value = default
-        has_retry = self.on_retry is not None and state.finished
+        # Off while a retry started here goes on: one run per click sequence.
+        has_retry = self.on_retry is not None and state.finished and not self.retries.busy
         self.retry_single.disabled = not has_retry
         self.retry_without.disabled = not has_retry or not self._healthy_devices()
         self.card_box.layout.display = ""
@@ -254,20 +416,53 @@ class RunView(FullText, widgets.VBox):
     def _healthy_devices(self) -> list[str]:
         return self.run.state.healthy_devices
 
-    def _retry(self, devices: list[str]) -> None:
-        if self.on_retry is None or not devices:
+    def _retry(self, devices: Callable[[], list[str]]) -> None:
+        if self.on_retry is None:
             return
+        on_retry = self.on_retry
+
+        def begin() -> Any:
+            chosen = devices()
+            return on_retry(chosen) if chosen else None
+
         try:
-            self.on_retry(devices)
-            self.message.value = ""
+            run, refused = self.retries.start(begin)
         except DDPNotebookError as e:
             self.message.value = f'<span style="color:{RED}">{escape(str(e))}</span>'
+            return
+        if refused:
+            self.message.value = f'<span style="color:{RED}">{escape(refused)}</span>'
+        if run is None:
+            return
+        self.message.value = ""
+        self.retry_single.disabled = self.retry_without.disabled = True
+        run.subscribe(lambda _event: self._dirty.set() if run.state.finished else None)  # on again once it ends
+        self._dirty.set()
+        if run.state.finished:  # it ended before it was subscribed to
+            self.refresh()
 
     def _stop(self) -> None:
         stop = getattr(self.run, "stop", None)
         if stop is not None:
             stop()
             self.refresh()
+
+    def fallback_html(self) -> str:
+        """The run as static HTML: its text view, its epoch table, its failure card."""
+        state: RunState = self.run.state
+        main, last = self._main_epochs(state)
+        table = epoch_table_html(main.epoch_history, main.epochs, last) if main is not None else ""
+        root = state.root_failure
+        card = failure_card_html(root, state.failures, state.healthy_devices) if root is not None else ""
+        return f'<div class="ddp-fallback"><pre>{escape(format_run(state))}</pre>{table}{card}</div>'
+
+    def status_key(self) -> tuple:
+        """What changes at a status change, and not at every report: the run's status, its
+        workers', its failures and finished epochs (a display's fallback is sent again then)."""
+        state: RunState = self.run.state
+        main = state.workers.get(0)
+        return (str(state.status), tuple(w.shown_status for w in state.workers.values()), len(state.failures),
+                len(main.epoch_history) if main is not None else 0, state.stop_reason)
 
     def __repr__(self) -> str:
         return format_run(self.run.state)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.errors import ArgumentsError, DDPNotebookError, NotPicklableError, SharedDataError
 from ..transfer.packing import Packed, pack
+from .stale_code import stale_code_notice
 
 __all__ = ["Call", "pack_call", "first_unpicklable", "check_arguments", "call_parts"]
 
@@ -206,6 +208,9 @@ class Call:
             return Packed(self.saved_payload)
         packed = pack_call(self.fn, self.args, self.kwargs)
         self.has_data = bool(packed.pieces)
+        notice = stale_code_notice(packed.data)
+        if notice is not None:  # said at every start: the workers would run other code than the notebook
+            print(notice, file=sys.stderr)
         return packed
 
     def release(self, why: str) -> None:

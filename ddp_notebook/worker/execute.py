@@ -95,6 +95,9 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
     rank, world_size = cfg["rank"], cfg["world_size"]
     directory = RunDir(cfg["run_dir"])
     ctx = None
+    # The bytecode cache of the user's modules stays as the notebook wrote it: it is how the
+    # notebook sees a module edited after its import (``lifecycle.stale_code``).
+    sys.dont_write_bytecode = True
     try:
         if "environ" in cfg:
             os.environ.clear()

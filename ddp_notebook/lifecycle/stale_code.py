@@ -1,0 +1,121 @@
+"""Modules of the user's own that changed on disk after the notebook imported them.
+
+A function or class from a module next to the notebook travels by reference: the workers
+import the module's file as it is when they start. Edited after the notebook imported it, the
+workers would run the new code while the notebook runs the old (and shows the old in
+tracebacks). ``launch`` says so, naming the module and the fix, instead of letting the two differ
+unseen.
+
+How a change is seen: Python's bytecode cache (``__pycache__/x.cpython-311.pyc``) records the
+modification time and size of the source it was compiled from, and is written when the module is
+imported (or reloaded) here. A source whose time or size no longer matches changed since. The
+workers never write that cache (``sys.dont_write_bytecode``), so their imports do not hide a change.
+Where the notebook writes no cache (``PYTHONDONTWRITEBYTECODE``), the time and size of each module's
+file are noted when this package is imported and at every launch (a reload notes them anew): an
+edit after that is seen, one between the module's import and the first note is not.
+"""
+from __future__ import annotations
+
+import os
+import pickletools
+import sys
+import sysconfig
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any, Optional
+
+__all__ = ["changed_modules", "changed_modules_in", "stale_code_notice"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed code lives (the standard library, site-packages): not the user's own."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(sysconfig.get_paths().get(key, "")
+                                                            for key in ("stdlib", "platstdlib", "purelib", "platlib"))}
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
+def _compiled_from(cached: str) -> Optional[tuple[int, int]]:
+    """The (mtime, size) of the source a bytecode cache file was compiled from (PEP 552: a
+    timestamp-based pyc), or None when there is no such file or it records a hash instead."""
+    try:
+        with open(cached, "rb") as f:
+            header = f.read(16)
+    except OSError:
+        return None
+    if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:
+        return None
+    return int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")
+
+
+# Where no bytecode cache tells: module name -> (its spec when noted, which a reload replaces;
+# the file's (mtime, size) then).
+_noted: dict[str, tuple[Any, tuple[int, int]]] = {}
+
+
+def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optional[str]:
+    """The source file of ``module`` when it is the user's own and changed since it was imported."""
+    source = getattr(module, "__file__", None)
+    if not isinstance(source, str) or not source.endswith(".py"):
+        return None
+    real = os.path.realpath(source)
+    if real.startswith(library) or real.startswith(_PACKAGE):
+        return None
+    try:
+        st = os.stat(source)
+    except OSError:
+        return None
+    now = (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)  # as a bytecode cache records them
+    cached = getattr(module, "__cached__", None)
+    compiled = _compiled_from(cached) if isinstance(cached, str) and not sys.dont_write_bytecode else None
+    if compiled is not None:
+        return source if compiled != now else None
+    spec = getattr(module, "__spec__", None)
+    noted = _noted.get(name)
+    if noted is None or noted[0] is not spec:  # first seen, or reloaded since: as it is now
+        _noted[name] = (spec, now)
+        return None
+    return source if noted[1] != now else None
+
+
+def changed_modules(names: Optional[Iterable[str]] = None) -> dict[str, str]:
+    """The user's own modules (of ``names``, or all imported) whose file changed on disk after the
+    notebook imported them: name → file."""
+    library = _library_dirs()
+    modules = sys.modules if names is None else {n: sys.modules[n] for n in names if n in sys.modules}
+    found = {name: _changed(name, module, library) for name, module in list(modules.items())
+             if isinstance(module, ModuleType)}
+    return {name: path for name, path in found.items() if path is not None}
+
+
+def changed_modules_in(pickled: bytes) -> dict[str, str]:
+    """The changed modules (``changed_modules``) that the pickled call refers to: a function or
+    class of theirs travels by reference, and the workers import them anew."""
+    changed = changed_modules()
+    if not changed:  # the usual case: nothing to read the pickle for
+        return {}
+    named: set[str] = set()
+    try:
+        for _op, arg, _pos in pickletools.genops(pickled):
+            if isinstance(arg, str):
+                named.add(arg.split(" ")[0])  # GLOBAL's argument is "module name"
+    except Exception:  # noqa: BLE001 - a pickle it cannot read: say nothing rather than fail a launch
+        return {}
+    return {name: path for name, path in changed.items() if name in named}
+
+
+def stale_code_notice(pickled: bytes) -> Optional[str]:
+    """What ``launch`` prints when the call refers to a module that changed after it was imported."""
+    changed = changed_modules_in(pickled)
+    if not changed:
+        return None
+    names = sorted(changed)
+    listed = ", ".join(f"{name} ({os.path.relpath(changed[name])})" for name in names)
+    reload = "; ".join(f"importlib.reload({name})" for name in names)
+    return (f"ddp_notebook: {listed} changed on disk after the notebook imported it: the workers import the file "
+            "as it is now, while the notebook runs the version it imported. To run the same code in both, "
+            f"import importlib; {reload} (or %load_ext autoreload and %autoreload 2), then launch again.")
+
+
+changed_modules()  # the modules imported before this package: noted now

@@ -211,6 +211,21 @@ class WorkerContext:
         follows, and the last step of a run (``step == total``) is sent at once. ``epoch`` counts
         from 0; with ``epochs`` (how many) the panel shows "epoch 1/3". Inside ``ctx.epochs()`` /
         ``ctx.batches()`` the step, total and epochs are filled in: ``ctx.log(loss=...)`` is enough.
+
+        Every metric shows on the rank's row of the panel and the text view (its latest value),
+        and in ``run.workers[rank].metrics``; inside ``ctx.epochs()`` the epoch table holds the
+        last value of each metric logged in each epoch (log ``valid_loss=...`` once an epoch, after
+        validating, and it shows there beside the train loss). ``loss`` is also plotted: every
+        step's value reaches the plot (binned on the rank), not only the reports sent.
+
+        Parameters
+        ----------
+        step, total : int, optional
+            The step reached and how many there are (``ctx.batches`` fills them in).
+        epoch, epochs : int, optional
+            The epoch (from 0) and how many (``ctx.epochs`` fills them in).
+        **metrics : number, str or one-element tensor
+            Named values: ``loss=0.31, acc=0.9``.
         """
         step = self.step if step is None and self.step else step
         total = self.total if total is None else total
@@ -382,24 +397,26 @@ class WorkerContext:
             self.epoch = epoch
             yield epoch
 
-    def batches(self, loader: Any) -> Iterator[Any]:
-        """The batches of ``loader``, counted and reported, leaving early on every rank at once
-        after a Stop.
+    def batches(self, loader: Any, to_device: bool = True) -> Iterator[Any]:
+        """The batches of ``loader`` on this rank's device, counted and reported, leaving early on
+        every rank at once after a Stop.
 
         Each batch counts one step (``ctx.step``, and the total of the run: batches per epoch
         times the epochs of ``ctx.epochs``); twice a second, and at the last step, a progress
-        report with ``samples_per_s`` (samples of this rank) is sent. The batches are yielded
-        as the loader gives them: on the CPU, moved nowhere (``x.to(ctx.device)`` on a GPU rank).
+        report with ``samples_per_s`` (samples of this rank) is sent.
 
         Parameters
         ----------
         loader : iterable with a length
             A ``ShardedLoader`` (``ctx.loader``) or any ``DataLoader``.
+        to_device : bool, default True
+            Move the tensors of each batch (alone, or in tuples, lists and dicts) to ``ctx.device``
+            (a no-op on a CPU rank); False yields the batches as the loader gives them.
 
         Yields
         ------
         object
-            Each batch of ``loader``.
+            Each batch of ``loader``, its tensors on ``ctx.device``.
         """
         per_epoch = len(loader)
         if self._epochs is not None:
@@ -411,7 +428,7 @@ class WorkerContext:
             if self.stop_agreed():
                 return
             self.step += 1
-            yield batch
+            yield _to_device(batch, self.device) if to_device and self.device.type != "cpu" else batch
             window_samples += _batch_len(batch)
             now = time.perf_counter()
             if now - window_start >= 0.5 or self.step == self.total:
@@ -519,6 +536,18 @@ class WorkerContext:
     def __repr__(self) -> str:
         return (f"WorkerContext(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device_name!r}, backend={self.backend!r})")
+
+
+def _to_device(batch: Any, device: Any) -> Any:
+    """``batch`` with its tensors (alone, or in tuples, lists and dicts) moved to ``device``."""
+    if hasattr(batch, "to") and hasattr(batch, "device"):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [_to_device(b, device) for b in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)  # namedtuples too
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
 
 
 def _batch_len(batch: Any) -> int:

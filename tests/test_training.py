@@ -74,3 +74,19 @@ def test_prepare_wraps_in_ddp_only_with_peers():
 
     assert ddp_notebook.launch(kinds, devices="cpu*2").wait(timeout=60) == "DistributedDataParallel"
     assert ddp_notebook.launch(kinds, devices="cpu:0").wait(timeout=60) == "Linear"
+
+
+@pytest.mark.unit
+def test_batches_move_every_tensor_of_a_batch_to_the_ranks_device():
+    import collections
+
+    import torch
+
+    from ddp_notebook.worker.context import _to_device
+
+    Pair = collections.namedtuple("Pair", "x y")
+    batch = (torch.ones(2), [torch.zeros(1), "label"], {"mask": torch.ones(3)}, Pair(torch.ones(1), 7))
+    moved = _to_device(batch, torch.device("meta"))  # a device of its own, without a GPU
+    assert moved[0].device.type == moved[1][0].device.type == moved[2]["mask"].device.type == "meta"
+    assert moved[1][1] == "label" and isinstance(moved[3], Pair) and moved[3].x.is_meta and moved[3].y == 7
+    assert batch[0].device.type == "cpu"  # the loader's batch itself is left as it was

@@ -1,5 +1,6 @@
 """The built-in fit with real 2-rank CPU runs."""
 import functools
+import os
 import threading
 
 import pytest
@@ -227,3 +228,20 @@ def test_failed_fit_resumes_from_its_last_checkpoint_on_retry():
     plain.wait(timeout=60)
     with pytest.raises(ddp_notebook.NoCheckpointError, match="saved no checkpoint to resume from"):
         plain.retry(resume=True)
+
+
+def test_a_long_fit_keeps_its_last_checkpoints_and_the_best_and_resumes_from_the_latest():
+    x, y = models.regression_data()
+    # lr 0: the validation loss never improves, so the best is the first epoch's (kept beside the last two)
+    kw = dict(model=models.linear, train_data=(x[:256], y[:256]), valid_data=(x[256:], y[256:]),
+              loss=torch.nn.MSELoss(), optimizer=models.sgd(0.0), batch_size=64, devices="cpu:0", preflight=False)
+    result = ddp_notebook.fit(epochs=30, **kw)
+    names = sorted(os.listdir(result.checkpoint_dir))
+    assert [n for n in names if n.endswith(".pt")] == ["epoch-0000.pt", "epoch-0028.pt", "epoch-0029.pt"], names
+    again = ddp_notebook.fit(epochs=31, resume_from=result, keep_checkpoints=1, **kw)
+    assert again.resumed_from_epoch == 29 and len(again.history) == 31
+    # epoch 30 is the only one of this run; none of its epochs beat the first run's best
+    assert sorted(n for n in os.listdir(again.checkpoint_dir) if n.endswith(".pt")) == ["epoch-0030.pt"]
+    with pytest.raises(ddp_notebook.FitConfigError, match=r"keep_checkpoints \(the last checkpoints kept; None: "
+                                                          r"every one\) must be a whole number >= 1 or None, not 0"):
+        ddp_notebook.fit(epochs=1, keep_checkpoints=0, **kw)

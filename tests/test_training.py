@@ -76,8 +76,7 @@ def test_prepare_wraps_in_ddp_only_with_peers():
     assert ddp_notebook.launch(kinds, devices="cpu:0").wait(timeout=60) == "Linear"
 
 
-@pytest.mark.unit
-def test_batches_move_every_tensor_of_a_batch_to_the_ranks_device():
+def test_batches_move_every_tensor_of_a_batch_to_the_ranks_device():  # (no process: the module marks it)
     import collections
 
     import torch

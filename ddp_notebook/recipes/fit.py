@@ -179,8 +179,11 @@ def fit(
     optimizer class or ``lambda params: torch.optim.SGD(params, lr=0.1)`` (default Adam, lr 1e-3).
     ``batch_size`` is per worker (the global batch is ``batch_size * len(devices)``).
 
-    Per epoch every rank trains on its shard; the main worker validates (``valid_loss`` and
-    each of ``metrics``), checkpoints, and all ranks stop together on ``early_stopping``
+    Per epoch every rank trains on its shard (shuffled anew each epoch with ``shuffle``, the same
+    order on every rank for a given ``seed``); the main worker validates on the whole of
+    ``valid_data`` (``valid_loss`` and each of ``metrics``: ``metrics={"acc": fn}`` with
+    ``fn(outputs, targets)`` returning a number per batch, averaged over the validation samples,
+    each batch weighted by its size), checkpoints, and all ranks stop together on ``early_stopping``
     (patience in epochs, watching ``monitor`` — default ``valid_loss``, else ``train_loss``).
     Of the checkpoints (one per epoch, unless ``checkpoint=False``) the run keeps the last
     ``keep_checkpoints`` (None: every one) and, with ``valid_data``, the best by ``monitor``.

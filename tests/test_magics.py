@@ -1,4 +1,7 @@
 """The %ddp_* magics in a real IPython shell."""
+import json
+import os
+import platform
 import re
 
 import pytest
@@ -7,7 +10,7 @@ from IPython.utils.capture import capture_output
 
 import ddp_notebook
 
-from helpers import started_processes
+from helpers import started_processes, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -248,3 +251,52 @@ def test_a_misspelled_option_is_named_with_the_nearest_one(ip):
         ip.run_line_magic("ddp_fit", "train --devcies cpu*2")
     with pytest.raises(UsageError, match=r"^%ddp_stop: argument --grace: "):
         ip.run_line_magic("ddp_stop", "--grace")
+
+
+def test_ddp_runs_all_lists_the_runs_on_disk_and_clean_prunes_them(ip, tmp_path, monkeypatch):
+    from ddp_notebook.core.rundir import RunDir
+
+    monkeypatch.setenv("DDP_NOTEBOOK_RUNS", str(tmp_path / "runs"))
+    with capture_output() as out:
+        ip.run_line_magic("ddp_runs", "--all")
+    assert out.stdout.startswith(f"No run on disk in {tmp_path / 'runs'}")
+    # a run of an earlier kernel, cut off at step 3: its log has no end, and its notebook process is
+    # gone (the pid recorded is this process's, which did not start then: that one ended)
+    earlier = RunDir.create(str(tmp_path / "runs"))
+    earlier.write_private(RunDir.NOTEBOOK, json.dumps({"pid": os.getpid(), "started": 1.0,
+                                                       "host": platform.node()}).encode())
+    with earlier.open_log() as log:
+        for event in ({"kind": "run_started", "time": 1.0, "run_id": earlier.id, "devices": ["cpu:0"]},
+                      {"kind": "ready", "time": 2.0, "rank": 0},
+                      {"kind": "progress", "time": 3.0, "rank": 0, "step": 3, "total": 9}):
+            log.write(json.dumps(event) + "\n")
+    with capture_output():
+        ip.run_line_magic("ddp_fit", "train --wait")
+        ok = ip.user_ns["_ddp_run"]
+        ip.run_line_magic("ddp_fit", "fails --devices cpu*2")
+        failed = ip.user_ns["_ddp_run"]
+    wait_until(lambda: failed.done, timeout=120)
+    with capture_output() as out:
+        ip.run_line_magic("ddp_runs", "--all")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"Runs in {tmp_path / 'runs'}, newest first: 3 runs, ")
+    assert lines[1].startswith(f"* {failed.id}  failed     cpu:0,cpu:1 ")
+    assert lines[1].endswith("Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom on rank 1")
+    assert lines[2].startswith(f"  {ok.id}  succeeded  cpu:0,cpu:1 ")
+    assert lines[3].startswith(f"  {earlier.id}  stopped    cpu:0 ")
+    assert lines[3].endswith("the notebook process ended (kernel restart or crash) at step 3 of 9")
+    with capture_output() as out:
+        ip.run_line_magic("ddp_runs", "-n 1")
+    assert len(out.stdout.splitlines()) == 3 and out.stdout.splitlines()[-1] == "  ... and 2 older: %ddp_runs -n 3 " \
+                                                                                 "lists them all"
+    monkeypatch.setenv("DDP_NOTEBOOK_KEEP_RUNS", "1")
+    with capture_output() as out:
+        ip.run_line_magic("ddp_runs", "--clean")
+    # the earlier kernel's run goes; this kernel's runs are kept
+    assert out.stdout.startswith(f"Removed 1 finished run (") and "2 runs (" in out.stdout, out.stdout
+    assert not os.path.exists(earlier.path) and os.path.exists(ok.run_dir)
+    monkeypatch.setenv("DDP_NOTEBOOK_KEEP_RUNS", "many")
+    with pytest.raises(UsageError, match=r"^%ddp_runs: \$DDP_NOTEBOOK_KEEP_RUNS must be a whole number of runs >= 1"):
+        ip.run_line_magic("ddp_runs", "--clean")
+    with pytest.raises(UsageError, match=r"^%ddp_runs: argument -n: '0' is not a whole number >= 1"):
+        ip.run_line_magic("ddp_runs", "-n 0")

@@ -171,7 +171,7 @@ def ended_because(state: RunState) -> str:
     return one_line(state.stop_reason) if state.finished and state.stop_reason else ""
 
 
-def format_run_line(state: RunState, now: Optional[float] = None, width: int = 160) -> str:
+def format_run_line(state: RunState, now: Optional[float] = None, width: int = 240) -> str:
     """A run in one line, for a list of runs: id, status, devices, start, length, and why it
     ended (at most ``width`` characters).
 

@@ -52,6 +52,9 @@ class EventKind(TextEnum):
     FAILURE = "failure"  # a WorkerFailure record
     STOPPING = "stopping"  # a stop was asked (reason)
     STALLED = "stalled"  # no progress for stall_timeout: every live rank's stack
+    # The run has been quiet a while: where each rank waits or runs (notes: rank -> one line, from
+    # its stack and CPU use; none: progress resumed). Never a failure: the watchdog decides that.
+    QUIET = "quiet"
     SUPERVISOR_ERROR = "supervisor_error"  # ddp_notebook's supervision itself failed (message)
     RUN_FINISHED = "run_finished"  # the run's status
     LOG_TRUNCATED = "log_truncated"  # the log on disk reached its limit: later progress and output not written

@@ -82,6 +82,9 @@ class WorkerState:
     output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
     console: ConsoleLines = field(default_factory=ConsoleLines, repr=False)  # output as a terminal shows it
     loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
+    # While the run is quiet: where this rank waits or runs ("waits in all_reduce (train.py:9) for
+    # rank 1", "runs at train.py:12, 100 % CPU"), refreshed while the quiet lasts; None otherwise.
+    note: Optional[str] = None
     # The rank sends its step losses binned (worker/loss_history.py): then a report's own loss is
     # not plotted, it is among the bins.
     loss_binned: bool = False
@@ -222,6 +225,20 @@ class RunState:
         return None if any(w.pid is not None or w.finished for w in self.workers.values()) else self.waiting
 
     @property
+    def quiet_note(self) -> Optional[str]:
+        """While no rank makes progress: which rank holds the others up, in one line
+        (``rank 0 waits in all_reduce (train.py:9) for rank 1; rank 1 runs at train.py:12, 100 % CPU``);
+        None while the run progresses.
+
+        >>> s = RunState(workers={0: WorkerState(0, "cpu:0", note="waits in barrier (t.py:3) for rank 1"),
+        ...                       1: WorkerState(1, "cpu:1", note="runs at t.py:7, 99 % CPU")})
+        >>> s.quiet_note
+        'rank 0 waits in barrier (t.py:3) for rank 1; rank 1 runs at t.py:7, 99 % CPU'
+        """
+        notes = [f"rank {r} {w.note}" for r, w in sorted(self.workers.items()) if w.note]
+        return "; ".join(notes) if notes else None
+
+    @property
     def root_failure(self) -> Optional[WorkerFailure]:
         causes = [f for f in self.failures if not f.consequence]
         return causes[0] if causes else (self.failures[0] if self.failures else None)
@@ -254,6 +271,8 @@ class RunState:
             hosts = event.get("hosts") or [None] * len(self.devices)
             self.workers = {r: WorkerState(r, d, p, h) for r, (d, p, h) in enumerate(zip(self.devices, places, hosts))}
         elif kind == EventKind.RUN_FINISHED:
+            for w in self.workers.values():
+                w.note = None
             self.status = RunStatus(event["status"])
             self.ended_at = t
             self.result_not_kept = event.get("result_not_kept")
@@ -262,6 +281,11 @@ class RunState:
             self.notebook_ended = bool(event.get("notebook_ended"))
         elif kind == EventKind.SUPERVISOR_ERROR:
             self.supervisor_error = event.get("message")
+        elif kind == EventKind.QUIET:
+            notes = event.get("notes") or {}
+            for r, w in self.workers.items():
+                note = notes.get(str(r))
+                w.note = cut(str(note), LINE_CHARS) if note and not w.finished else None
         elif kind == EventKind.LOG_TRUNCATED:
             self.log_truncated = True
         elif kind == EventKind.DATA:
@@ -282,6 +306,7 @@ class RunState:
             w = self.workers.get(event["failure"]["rank"])
             if w is not None:
                 w.status = WorkerStatus.FAILED
+                w.note = None
                 w.knock_on = failure.consequence
         else:
             rank = event.get("rank")
@@ -325,6 +350,9 @@ class RunState:
             if self.status == RunStatus.STARTING:
                 self.status = RunStatus.RUNNING
         elif kind == EventKind.PROGRESS:
+            if not event.get("held"):  # progress again: the run is not quiet (a held report is old news)
+                for other in self.workers.values():
+                    other.note = None
             for key in ("step", "total", "epoch", "epochs"):
                 if event.get(key) is not None:
                     setattr(w, key, event[key])
@@ -347,10 +375,12 @@ class RunState:
                 w.output.append((stream, cut(line, LINE_CHARS)))
         elif kind == EventKind.DONE:
             w.returned = True
+            w.note = None
             # Returning after a stop was asked is leaving because of it: a stopped rank is "stopped".
             w.status = WorkerStatus.STOPPED if self.stop_reason is not None else WorkerStatus.SUCCEEDED
         elif kind == EventKind.EXITED:
             w.pid = w.pid or event.get("pid")  # a worker ended before it said it started
+            w.note = None
             w.exit_code = event.get("exit_code")
             w.ended_at = t
             if not w.finished:

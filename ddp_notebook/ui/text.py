@@ -122,6 +122,8 @@ def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     silent = w.silent_for(time.time() if now is None else now)
     if silent is not None:
         parts.append(f"· no progress for {format_duration(silent)}")
+    if w.note and w.status == "running":  # the run is quiet: where this rank waits or runs (from its stack)
+        parts.append(f"· {one_line(w.note)}")
     return " ".join(parts).rstrip()
 
 

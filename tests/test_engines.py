@@ -334,7 +334,7 @@ def test_panel_of_an_engine_run_offers_engine_slots_and_validates_on_the_engines
                      available=run._device_choices(), selected=[str(d) for d in run.devices],
                      validator=run._validate_devices)
     assert panel.picker.options == ("cpu:0", "cpu:1")  # one slot per engine, no GPU on these engines
-    assert "<small>engine 1 on " in panel.views[0].rows[1].name.value
+    assert "<small>engine 1 on " in panel.views[0].rows[1].detail.value  # under the columns: rows keep one line
     panel.picker.value = ("cpu:0", "cpu:1")
     assert panel.validate() and relaunched == []
     assert "3 devices for 2 engines" in panel.validator(["cpu:0", "cpu:1", "cpu:2"]).summary()

@@ -208,9 +208,13 @@ def test_launch_is_off_while_the_panels_run_goes_on_and_a_second_click_starts_no
                      validator=ddp_notebook.validate_devices, on_start=started.append)
     assert not panel.launch_button.disabled
     panel.launch_button.click()
-    panel.launch_button.click()  # a double click
+    panel.launch_button.click()  # a double click: the second reaches the kernel before the button is off
     assert len(started) == 1 and len(panel.views) == 1 and panel.launch_button.disabled
+    assert panel.report.value.startswith('<div class="ddp-report">')  # ignored, as part of the same click sequence
     run = started[0]
+    panel.launches.sequence_s = 0.0  # a click well after it: refused while the run goes on
+    panel.launch_button.click()
+    assert len(started) == 1
     assert f"Run {run.id} is still" in panel.report.value and "stop it before launching another" in panel.report.value
     run.stop(grace=20, wait=True)
     assert not panel.launch_button.disabled  # on again once the run has ended
@@ -227,3 +231,118 @@ def test_the_title_says_data_is_being_sent_then_what_was_sent():
     view.refresh()
     assert ("data: 4 GB copied to shared memory in 1.3 s (held twice while the run lives: ddp_notebook.share() holds "
             "it once), /data/&lt;tokens&gt;.bin mapped from its file") in view.title.value
+
+
+@pytest.mark.processes
+def test_a_double_click_on_retry_starts_one_retry_from_one_thread_or_two():
+    import threading
+
+    from helpers import started_processes, wait_until
+
+    before = started_processes()
+    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu:0,cpu:1", kwargs={"fault": "raise", "bad_rank": 1})
+    panel = DDPPanel(run)
+    with pytest.raises(ddp_notebook.WorkerFailedError):
+        run.wait(timeout=60)
+    view = panel.views[0]
+    view.refresh()
+    assert not view.retry_single.disabled
+    view.retry_single.click()
+    view.retry_single.click()  # a double click: the second reaches the kernel before the button is off
+    assert len(panel.views) == 2 and view.retry_single.disabled and view.retry_without.disabled
+    retry = panel.views[1].run
+    assert retry.wait(timeout=60) == [1.0, 1.0]
+    wait_until(lambda: not view.retry_single.disabled)  # on again once the retry has ended
+    view.retries.sequence_s = 0.0  # the double click's sequence is over (without waiting for it to be)
+    clicks = [threading.Thread(target=view.retry_single.click) for _ in range(2)]  # two threads at once
+    for t in clicks:
+        t.start()
+    for t in clicks:
+        t.join(timeout=60)
+    assert len(panel.views) == 3
+    assert panel.views[2].run.wait(timeout=60) == [1.0, 1.0]
+    wait_until(lambda: started_processes() <= before)  # every worker ended
+
+
+def test_start_guard_refuses_while_its_run_goes_on_and_ignores_a_second_click():
+    from ddp_notebook.ui.run_view import StartGuard
+
+    guard = StartGuard("retrying again", sequence_s=3600.0)
+    feed = fed()
+    assert guard.start(lambda: feed) == (feed, "")
+    assert guard.start(lambda: fed()) == (None, "")  # the same click sequence: ignored
+    guard.sequence_s = 0.0
+    assert guard.start(lambda: fed()) == (None, "Run r1 is still starting: stop it before retrying again.")
+    feed.emit({"kind": "run_finished", "time": 101.0, "status": "failed"})
+    again = fed()
+    assert guard.start(lambda: again) == (again, "")
+
+
+def test_the_last_line_skips_warnings_and_the_row_counts_them():
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
+               {"kind": "output", "time": 101.0, "rank": 0, "stream": "stdout", "text": "epoch 1 done\n"},
+               {"kind": "output", "time": 101.1, "rank": 0, "stream": "stderr",
+                "text": "/lib/x.py:12: DeprecationWarning: old api\n  old_api()\n"},
+               {"kind": "output", "time": 101.2, "rank": 1, "stream": "stderr", "text": "Traceback: boom\n"})
+    view = RunView(feed, live=False)
+    assert "epoch 1 done" in view.rows[0].last.value and "DeprecationWarning" not in view.rows[0].last.value
+    assert "1 warning" in view.rows[0].detail.value
+    assert "Traceback: boom" in view.rows[1].last.value and "#dc3545" in view.rows[1].last.value  # stderr in red
+    engines = EventStream()
+    engines.emit(dict(START, places=["engine 0 on host-a", "engine 1 on host-b"]))
+    row = RunView(engines, live=False).rows[1]
+    assert "<br>" not in row.name.value and "engine 1 on host-b" in row.detail.value  # one line of columns
+
+
+def test_a_fit_gets_an_epoch_table_and_plot_and_the_fallback_says_the_outcome():
+    records = [{"epoch": e, "seconds": 1.5, "loss_mean": 1.0 / (e + 1),
+                "metrics": {"train_loss": 1.0 / (e + 1), "valid_loss": 1.2 / (e + 1), "acc": 0.5 + e / 10,
+                            "samples_per_s": 100.0}} for e in range(3)]
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
+               {"kind": "progress", "time": 101.0, "rank": 0, "step": 30, "total": 40, "epoch": 2, "epochs": 4,
+                "metrics": {"loss": 0.3}, "loss_bins": [[s, 1.0 / s] for s in range(1, 31)],
+                "epoch_records": records})
+    view = RunView(feed, live=False)
+    table = view.epoch_table.value
+    for text in ("<th", "train loss", "valid loss", ">acc<", ">time<", ">1/4<", ">0.5<", "1.5 s", "3/4 (running)"):
+        assert text in table, text
+    assert "samples" not in table and view.epoch_plot.value and view.epoch_plot.layout.display == ""
+    assert len(feed.state.workers[0].loss_history) == 30  # every step, from the bins
+    assert "starting" in view.fallback_html() or "running" in view.fallback_html()
+    feed.emit({"kind": "failure", "time": 102.0, "rank": 0, "failure": WorkerFailure(
+        rank=0, device="cpu:0", kind="exception", time=102.0, exc_type="ValueError", message="boom").to_dict()})
+    feed.emit({"kind": "run_finished", "time": 103.0, "status": "failed"})
+    view.refresh()
+    assert "3/4 (cut short)" in view.epoch_table.value
+    assert "failed" in view.fallback_html() and "ValueError: boom" in view.fallback_html()
+    bundle = view._repr_mimebundle_()
+    assert "failed" in bundle["text/plain"] and bundle["text/html"] == view.fallback_html()
+
+
+def test_a_live_view_renders_its_liveness_every_tick_and_a_finished_one_none():
+    import time
+
+    from helpers import wait_until
+
+    feed = fed({"kind": "ready", "time": time.time(), "rank": 0})
+    view = RunView(feed, live=True)
+    first = view.live.value
+    assert "<style>" in first and "@keyframes" in first and f"ddp-view-{view.token}" in first
+    assert f"ddp-view-{view.token}" in view._dom_classes and "ddp-dims" in view.stop_button._dom_classes
+    wait_until(lambda: view.live.value != first)  # the next tick, with no event: a new value
+    feed.emit({"kind": "run_finished", "time": time.time(), "status": "stopped"})
+    wait_until(lambda: view.live.value == "")
+
+
+def test_the_panel_sends_its_display_again_at_status_changes_only():
+    sent = []
+    feed = fed()
+    panel = DDPPanel(feed)
+    panel.keep_current(lambda shown: sent.append(repr(shown)))
+    assert len(sent) == 1 and "starting" in sent[0]
+    for t in range(5):  # reports: no status change, no update
+        feed.emit({"kind": "progress", "time": 100.1 + t, "rank": 0, "step": t})
+    assert len(sent) == 1
+    feed.emit({"kind": "ready", "time": 101.0, "rank": 0})
+    feed.emit({"kind": "run_finished", "time": 103.0, "status": "succeeded"})
+    assert len(sent) == 3 and "succeeded" in sent[-1]

@@ -232,5 +232,5 @@ def liveness_html(token: str, tick: int) -> str:
             f".ddp-view-{token} .ddp-stale-note{{visibility:hidden;"
             f"animation:{name}-note 1ms linear {STALE_AFTER_S}s forwards}}</style>"
             f'<span class="ddp-stale-note" data-tick="{tick}" style="color:{ORANGE};white-space:nowrap">'
-            f"⚠ no update from the kernel for {STALE_AFTER_S} s (restarted or busy?): what shows may be out of date"
+            f"⚠ no update from the kernel for {STALE_AFTER_S} s (restarted or busy?)"
             "</span>")

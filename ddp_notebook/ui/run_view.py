@@ -22,6 +22,7 @@ from typing import Any, Optional
 import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
+from ..core.events import EventKind
 from ..core.state import RunState, RunStatus, WorkerStatus
 from .html import (
     ORANGE,
@@ -124,6 +125,8 @@ class _Row:
         self.text = widgets.HTML(layout=widgets.Layout(width=f"{TEXT_WIDTH}px", flex="0 0 auto"))
         self.last = widgets.HTML(layout=widgets.Layout(flex="1 1 0", min_width="0"))
         self.detail = widgets.HTML(layout=widgets.Layout(margin=f"-4px 0 0 {NAME_WIDTH + 4}px", min_width="0"))
+        for widget, name in ((self.text, "ddp-progress"), (self.detail, "ddp-detail"), (self.last, "ddp-last")):
+            widget.add_class(name)  # stable hooks for browser tests
         line = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
                             layout=widgets.Layout(flex_flow="row nowrap", align_items="center"))
         self.box = widgets.VBox([line, self.detail], layout=widgets.Layout(padding="1px 2px",
@@ -183,9 +186,9 @@ class RunView(FullText, widgets.VBox):
         self.token = uuid.uuid4().hex[:12]
         self.add_class("ddp-run-view")
         self.add_class(f"ddp-view-{self.token}")
-        self.title = widgets.HTML(layout=widgets.Layout(min_width="0"))
+        self.title = widgets.HTML(layout=widgets.Layout(min_width="0", flex="0 1 auto"))
         self.subtitle = title
-        self.live = widgets.HTML(layout=widgets.Layout(min_width="0"))  # re-rendered every tick while the run lives
+        self.live = widgets.HTML(layout=widgets.Layout(flex="0 0 auto"))  # re-rendered every tick while the run lives
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
                                           layout=widgets.Layout(width="90px", flex="0 0 auto"))
         self.stop_button.on_click(lambda _: self._stop())
@@ -221,6 +224,7 @@ class RunView(FullText, widgets.VBox):
         self._plotted_at = 0.0
         self._plotted_points = -1
         self._epochs_drawn: Any = None
+        self._epochs_plotted_at = 0.0
         self._tick = 0
         self._lock = threading.Lock()
         run.subscribe(lambda _event: self._dirty.set())
@@ -373,9 +377,9 @@ class RunView(FullText, widgets.VBox):
         records = main.epoch_history
         self.epoch_table.value = epoch_table_html(records, main.epochs, last)
         drawn = (len(records), records[-1].get("seconds"), last)
-        if drawn == self._epochs_drawn or (not force and now - self._plotted_at < PLOT_S and last == "running"):
+        if drawn == self._epochs_drawn or (not force and now - self._epochs_plotted_at < PLOT_S and last == "running"):
             return
-        self._epochs_drawn = drawn
+        self._epochs_drawn, self._epochs_plotted_at = drawn, now
         shift = 1 if main.epochs else 0  # counted as the table counts them
         numbered = [r for r in records if isinstance(r.get("epoch"), int)]
         train = [(r["epoch"] + shift, v) for r in numbered if isinstance(v := train_loss_of(r), (int, float))]
@@ -436,8 +440,8 @@ class RunView(FullText, widgets.VBox):
             return
         self.message.value = ""
         self.retry_single.disabled = self.retry_without.disabled = True
-        run.subscribe(lambda _event: self._dirty.set() if run.state.finished else None)  # on again once it ends
-        self._dirty.set()
+        # On again once it ends (this view may no longer follow its own run, which has ended).
+        run.subscribe(lambda event: self.refresh() if event.get("kind") == EventKind.RUN_FINISHED else None)
         if run.state.finished:  # it ended before it was subscribed to
             self.refresh()
 

@@ -271,8 +271,8 @@ class RunState:
             hosts = event.get("hosts") or [None] * len(self.devices)
             self.workers = {r: WorkerState(r, d, p, h) for r, (d, p, h) in enumerate(zip(self.devices, places, hosts))}
         elif kind == EventKind.RUN_FINISHED:
-            for w in self.workers.values():
-                w.note = None
+            for worker in self.workers.values():
+                worker.note = None
             self.status = RunStatus(event["status"])
             self.ended_at = t
             self.result_not_kept = event.get("result_not_kept")
@@ -283,9 +283,9 @@ class RunState:
             self.supervisor_error = event.get("message")
         elif kind == EventKind.QUIET:
             notes = event.get("notes") or {}
-            for r, w in self.workers.items():
+            for r, worker in self.workers.items():
                 note = notes.get(str(r))
-                w.note = cut(str(note), LINE_CHARS) if note and not w.finished else None
+                worker.note = cut(str(note), LINE_CHARS) if note and not worker.finished else None
         elif kind == EventKind.LOG_TRUNCATED:
             self.log_truncated = True
         elif kind == EventKind.DATA:

@@ -12,6 +12,7 @@ import importlib.util
 import linecache
 import os
 import re
+import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from typing import Optional
@@ -20,7 +21,7 @@ from ..core.failures import FailureKind, WorkerFailure, is_runner_file
 from .clock import REAL_CLOCK, Clock
 
 __all__ = ["torch_dir", "dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective",
-           "pick_stalled", "format_stack"]
+           "pick_stalled", "format_stack", "quiet_notes", "user_site", "collective_name"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
@@ -177,3 +178,117 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+# A rank that used less than this share of a core between two looks is idle, not computing.
+IDLE_CPU = 0.05
+_NAMED_IN_NOTE = 4  # ranks a waiting rank's note names before "..."
+# Frames of decorators around torch.distributed's functions (c10d_logger's ``wrapper``): the
+# collective is the function they wrap.
+_WRAPPERS = frozenset({"wrapper", "_wrapper", "inner", "decorate_context"})
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose files are no user's code: torch, this package, the standard library and
+    the installed packages."""
+    dirs = {os.path.dirname(os.path.dirname(os.path.realpath(__file__)))}  # ddp_notebook/
+    torch_home = torch_dir()
+    if torch_home is not None:
+        dirs.add(torch_home)
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            dirs.add(os.path.realpath(paths[key]))
+    return tuple(sorted(d + os.sep for d in dirs))
+
+
+def _is_library(file: str) -> bool:
+    if file.startswith("<frozen "):
+        return True
+    return os.path.realpath(file).startswith(_library_dirs()) if not file.startswith("<") else False
+
+
+def _in_torch(file: str, torch_home: Optional[str]) -> bool:
+    return torch_home is not None and os.path.realpath(file).startswith(torch_home + os.sep)
+
+
+def user_site(frames: Sequence[tuple[str, int, str]]) -> Optional[str]:
+    """``train.py:12``: the innermost frame of the user's code (not torch, this package, the
+    standard library or an installed package); the innermost frame when there is none.
+
+    >>> import threading
+    >>> user_site([(threading.__file__, 320, "wait"), ("/work/train.py", 12, "train")])
+    'train.py:12'
+    """
+    if not frames:
+        return None
+    for file, line, _name in frames:
+        if not _is_library(file):
+            return f"{os.path.basename(file)}:{line}"
+    file, line, _name = frames[0]
+    return f"{os.path.basename(file)}:{line}"
+
+
+def collective_name(frames: Sequence[tuple[str, int, str]], torch_home: Optional[str] = None) -> str:
+    """What a rank waiting in torch waits in: the torch.distributed function called from outside
+    torch (``all_reduce``, ``all_gather_object``), ``backward`` (DDP reduces gradients from
+    autograd's hooks), or DistributedDataParallel's method."""
+    torch_home = torch_home or torch_dir()
+    inside = []
+    for file, _line, name in frames:  # innermost first, up to the first frame outside torch
+        if not _in_torch(file, torch_home):
+            break
+        inside.append((os.path.relpath(os.path.realpath(file), torch_home).split(os.sep), name))
+    if not inside:
+        return "a collective"
+    parts, name = inside[0]
+    if parts[0] == "autograd":
+        return "backward"
+    if parts[:2] == ["nn", "parallel"]:
+        return f"DistributedDataParallel.{name}"
+    called = [n for p, n in inside if p[0] == "distributed" and n not in _WRAPPERS]
+    return called[-1] if called else name
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    shown = ", ".join(map(str, ranks[:_NAMED_IN_NOTE])) + (", ..." if len(ranks) > _NAMED_IN_NOTE else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
+
+
+def quiet_notes(frames: dict[int, list[tuple[str, int, str]]], cpu: dict[int, Optional[float]],
+                returned: Sequence[int] = (), torch_home: Optional[str] = None) -> dict[int, str]:
+    """Where each rank of a quiet run is, in a few words: ``{0: "waits in all_reduce
+    (train.py:9) for rank 1", 1: "runs at train.py:12, 100 % CPU"}``. A rank in a collective
+    waits for the ranks that are not in one (and those that returned from the function);
+    ``cpu``: each rank's share of a core since the last look (None: unknown). A rank whose stack
+    could not be read gets no note, unless its CPU use is known.
+
+    >>> quiet_notes({1: [("/work/train.py", 12, "train")]}, {1: 1.0})
+    {1: 'runs at train.py:12, 100 % CPU'}
+    """
+    torch_home = torch_home or torch_dir()
+    waiting = {r: is_waiting_in_collective(f, torch_home) for r, f in frames.items()}
+    waited_for = sorted({r for r, w in waiting.items() if not w} | set(returned))
+    notes: dict[int, str] = {}
+    for rank in sorted(frames):
+        share = cpu.get(rank)
+        use = f"{100 * share:.0f} % CPU" if share is not None else None
+        site = user_site(frames[rank])
+        if waiting[rank]:
+            others = [r for r in waited_for if r != rank]
+            gone = [r for r in others if r in returned]
+            whom = ""
+            if others:
+                whom = f" for {_ranks_text(others)}" + (", which returned from the function"
+                                                        if gone and len(gone) == len(others) else "")
+            notes[rank] = f"waits in {collective_name(frames[rank], torch_home)} ({site}){whom}"
+        elif site is None:
+            if use is not None:
+                notes[rank] = f"uses {use} (its stack could not be read)"
+        else:
+            innermost = frames[rank][0]  # in a library called from there: say which function
+            inside = f" (in {innermost[2]})" if _is_library(innermost[0]) else ""
+            verb = "is idle at" if share is not None and share < IDLE_CPU else "runs at"
+            notes[rank] = f"{verb} {site}{inside}" + (f", {use}" if use is not None else "")
+    return notes

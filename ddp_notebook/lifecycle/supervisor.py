@@ -20,6 +20,8 @@ has ended. It owns the run's bookkeeping, written once for every executor:
   ``kill_grace`` is killed (or given up on, where the executor cannot kill);
 - the stall watchdog (``lifecycle.watchdog``): when no rank makes progress, it decides from the
   ranks' stacks whether one hangs, and the supervisor fails the run naming the straggler.
+  Long before it may decide, a quiet run's ranks are described (``quiet`` events: where each one
+  waits or runs), which never fails a run.
 
 Time is read from an injected ``Clock`` (``lifecycle.clock``; the real one by default), so every
 ordering of these steps is tested with a fake clock and a scripted transport.
@@ -117,6 +119,7 @@ class Supervisor:
         self._stop_deadline: Optional[float] = None
         self._kill_deadline: dict[int, float] = {}
         self.error: Optional[str] = None
+        self._notes_shown: dict[int, str] = {}  # the quiet notes last emitted
 
     # ---- requests from other threads ------------------------------------------------------------
     def request_stop(self, grace: float, reason: str) -> None:
@@ -139,6 +142,7 @@ class Supervisor:
                 self._take_commands()
                 self._check_deadlines()
                 self._check_stall()
+                self._check_quiet()
             self._collect(self.transport.settle([]))  # what was written after the last exit
             self._judge()
         except BaseException as exc:  # a bug here must never leave ranks behind, nor hide itself
@@ -174,9 +178,8 @@ class Supervisor:
         deadlines = list(self._kill_deadline.values())
         if self._stop_deadline is not None:
             deadlines.append(self._stop_deadline)
-        stall = self.watchdog.deadline()
-        if stall is not None and self.root is None and self.stop_reason is None:
-            deadlines.append(stall)
+        if self._watching():
+            deadlines += [d for d in (self.watchdog.deadline(), self.watchdog.note_deadline()) if d is not None]
         now = self.clock.monotonic()
         return max(0.0, min(min((d - now for d in deadlines), default=1.0), 1.0))
 
@@ -379,14 +382,42 @@ class Supervisor:
                 self.transport.kill([rank])
 
     # ---- the stall watchdog ---------------------------------------------------------------------
-    def _check_stall(self) -> None:
-        if self.root is not None or self._collected or self.stop_reason is not None or self.released:
-            return
-        # The ranks inside the function: a rank that returned waits for its peers, never the straggler.
+    def _watching(self) -> bool:
+        """Whether the run's progress is watched: not once it failed, a stop was asked, or every rank is done."""
+        return self.root is None and not self._collected and self.stop_reason is None and not self.released
+
+    def _inside(self) -> tuple[list[int], list[int]]:
+        """The ranks inside the function (a rank that returned waits for its peers, never the
+        straggler), and those that left it (a peer may wait for them)."""
         alive = [r for r in self._alive() if r not in self.reported and r not in self.returned]
-        left = self.returned | {r for r, how in self.reported.items() if how == _DONE}  # (a peer may wait for them)
+        left = self.returned | {r for r, how in self.reported.items() if how == _DONE}
+        return alive, sorted(left)
+
+    def _check_quiet(self) -> None:
+        """Say where each rank of a quiet run waits or runs (a ``quiet`` event when that changes;
+        empty notes once progress resumes or the run is no longer watched). A description only:
+        whatever goes wrong here is logged, and the run goes on."""
+        notes: dict[int, str] = {}
+        if self._watching():
+            alive, left = self._inside()
+            try:
+                notes = self.watchdog.quiet_notes(alive, self.main_ident, left)
+            except Exception:  # a description must never end a run
+                log.warning("the quiet ranks of a run could not be described", exc_info=True)
+                notes = {}
+        if notes == self._notes_shown:
+            return
+        self._notes_shown = dict(notes)
+        idle = None if self.watchdog.quiet_since is None else self.clock.monotonic() - self.watchdog.quiet_since
+        self._emit({"kind": EventKind.QUIET, "time": self.clock.time(), "idle": idle if notes else None,
+                    "notes": {str(r): text for r, text in notes.items()}})
+
+    def _check_stall(self) -> None:
+        if not self._watching():
+            return
+        alive, left = self._inside()
         found, stacks = self.watchdog.check(alive, self.steps, self.main_ident, {r: self.labels[r] for r in alive},
-                                            {r: self.pids.get(r) for r in alive}, sorted(left))
+                                            {r: self.pids.get(r) for r in alive}, left)
         if not found:
             return
         self._emit({"kind": EventKind.STALLED, "time": self.clock.time(), "ranks": [f.rank for f in found],

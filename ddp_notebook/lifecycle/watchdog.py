@@ -13,6 +13,12 @@ Two modes, chosen with ``stall_timeout``:
   rank it could be waiting for is frozen: the same stack in both samples and (where the executor
   can tell) no CPU time spent. Anything else is work in progress: the panel shows "no progress
   for ..." and the watchdog looks again one quiet period later.
+
+Long before that, whatever the setting, a quiet run is described, never judged: after
+``NOTE_AFTER`` seconds without progress (or 5 times the usual gap between reports), the ranks'
+stacks and CPU use say where each one waits or runs (``quiet_notes``: "rank 0 waits in
+all_reduce (train.py:9) for rank 1; rank 1 runs at train.py:12, 100 % CPU"), refreshed while
+the quiet lasts and dropped when progress resumes.
 """
 from __future__ import annotations
 
@@ -24,9 +30,9 @@ from ..core.failures import WorkerFailure
 from ..core.switches import seconds_from_env
 from ..executors.base import Transport
 from .clock import REAL_CLOCK, Clock
-from .stall import dump_stacks, is_waiting_in_collective, main_thread_stack, stall_failures, torch_dir
+from .stall import dump_stacks, is_waiting_in_collective, main_thread_stack, quiet_notes, stall_failures, torch_dir
 
-__all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV"]
+__all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV", "NOTE_AFTER"]
 
 AUTO = "auto"
 StallSetting = Union[float, str, None]  # seconds, "auto" or None (off)
@@ -36,6 +42,13 @@ GAP_FACTOR = 20.0  # ... nor before 20 times a rank's usual gap between two prog
 SAMPLE_GAP = 2.0  # seconds between the two stack samples
 FLUSH_WAIT = 0.5  # seconds the strict watchdog gives the ranks to send their held-back progress
 FROZEN_CPU = 0.05  # a rank that used less than this share of a core between the samples is idle
+NOTE_AFTER = 10.0  # seconds of quiet before the ranks' notes say where each one waits or runs ...
+NOTE_GAP_FACTOR = 5.0  # ... and not before 5 times the usual gap between two progress reports
+NOTE_CPU_WINDOW = 1.0  # seconds over which the first note's CPU use is measured
+# The notes are refreshed every NOTE_REFRESH seconds, then every tenth of the quiet so far, at
+# most every NOTE_REFRESH_MAX (each look appends a dump to every rank's stack file).
+NOTE_REFRESH = 10.0
+NOTE_REFRESH_MAX = 60.0
 
 
 def auto_floor() -> float:
@@ -69,6 +82,9 @@ class Watchdog:
         self._next_look: Optional[float] = None
         self._first: Optional[_Sample] = None  # auto: the first of the two samples
         self._flushed = False  # strict: held-back progress asked for, the look comes next
+        self.notes: dict[int, str] = {}  # where each rank waits or runs, while the run is quiet
+        self._note_at: Optional[float] = None  # the next look for the notes
+        self._note_cpu: Optional[tuple[float, dict[int, Optional[float]]]] = None  # (when, CPU seconds) last read
 
     @property
     def enabled(self) -> bool:
@@ -91,6 +107,9 @@ class Watchdog:
         self._first = None
         self._flushed = False
         self._next_look = now + self.limit()
+        self.notes = {}
+        self._note_cpu = None
+        self._note_at = now + max(NOTE_AFTER, NOTE_GAP_FACTOR * max(self.gaps.values(), default=0.0))
 
     def limit(self) -> float:
         """Seconds of quiet before the watchdog looks."""
@@ -135,6 +154,39 @@ class Watchdog:
                     sample.stacks)
         self._next_look = now + self.limit()
         return [], {}
+
+    def note_deadline(self) -> Optional[float]:
+        """When the quiet notes are next due (None before any rank called the function)."""
+        return self._note_at if self.quiet_since is not None else None
+
+    def quiet_notes(self, alive: Sequence[int], main_ident: dict[int, int],
+                    returned: Sequence[int] = ()) -> dict[int, str]:
+        """Where each rank waits or runs while the run is quiet (empty while it progresses):
+        looks at the ranks' stacks and CPU use when due, else the last look's notes. ``alive``:
+        the ranks inside the function; ``returned``: those that returned (their peers may wait
+        for them). Describes only: nothing here fails a run."""
+        now = self.clock.monotonic()
+        if self._note_at is None or self.quiet_since is None or now < self._note_at:
+            return self.notes
+        if not alive:
+            self.notes, self._note_cpu, self._note_at = {}, None, now + NOTE_REFRESH
+            return self.notes
+        if self._note_cpu is None:  # the CPU use is a difference: read it once, look a moment later
+            self._note_cpu, self._note_at = (now, self.transport.cpu_seconds(alive)), now + NOTE_CPU_WINDOW
+            return self.notes
+        self._note_at = now + NOTE_REFRESH  # (set first: a look that fails is not retried at once)
+        sample = self._sample(alive, main_ident)
+        then, before = self._note_cpu
+        elapsed = max(now - then, 1e-3)  # (the sample reads the CPU time first, then the stacks)
+        shares: dict[int, Optional[float]] = {}
+        for rank in alive:
+            a, b = before.get(rank), sample.cpu.get(rank)
+            shares[rank] = (b - a) / elapsed if a is not None and b is not None else None
+        self.notes = quiet_notes(sample.frames, shares, returned)
+        self._note_cpu = (now, sample.cpu)
+        idle = self.clock.monotonic() - self.quiet_since
+        self._note_at = self.clock.monotonic() + min(NOTE_REFRESH_MAX, max(NOTE_REFRESH, idle / 10))
+        return self.notes
 
     def _sample(self, ranks: Sequence[int], main_ident: dict[int, int]) -> _Sample:
         cpu = self.transport.cpu_seconds(ranks)

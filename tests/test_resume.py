@@ -92,3 +92,101 @@ def test_resume_from_names_what_it_looked_at(tmp_path):
         ddp_notebook.fit(resume_from=str(tmp_path), **kw)
     with pytest.raises(NoCheckpointError, match="resume_from must be a run, .* not int"):
         ddp_notebook.fit(resume_from=3, **kw)
+
+
+# A kernel's cells: a 2-rank fit (8 steps an epoch, 4 epochs) whose 17th batch waits while the
+# file "hold" exists, in the default runs folder the kernel was given.
+KERNEL_FIT = textwrap.dedent("""
+    import json, os, sys, torch
+    sys.path.insert(0, {tests!r})
+    import ddp_notebook, models
+    %load_ext ddp_notebook
+    x, y = models.regression_data()
+    run = ddp_notebook.fit(model=models.HeldAfter({hold!r}, after=16), train_data=(x, y), loss=torch.nn.MSELoss(),
+                           optimizer=models.sgd(0.05), epochs=4, batch_size=32, devices="cpu*2", wait=False)
+    print(json.dumps({{"run": run.id, "kernel": os.getpid()}}))
+""")
+LOADED = textwrap.dedent("""
+    loaded = ddp_notebook.Run.load({run!r})
+    print(json.dumps({{"status": loaded.status, "reason": loaded.state.stop_reason,
+                      "notebook_ended": loaded.state.notebook_ended}}))
+""")
+
+
+def _execute(kc, code):
+    """Run ``code`` in the kernel; what it printed (an error fails the test)."""
+    out = []
+    reply = kc.execute_interactive(code, timeout=180, output_hook=lambda m: out.append(
+        m["content"].get("text", "") if m["msg_type"] == "stream" else ""))
+    assert reply["content"]["status"] == "ok", (reply["content"], out)
+    return "".join(out)
+
+
+def _reached_step(run_dir, step):
+    """Whether rank 0 of the run said it reached ``step`` (its log, read as it is written)."""
+    try:
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            return any('"progress"' in line and '"rank": 0' in line and f'"step": {step},' in line for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.kernel
+def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_restart(tmp_path):
+    """A real kernel killed mid-run (a crash), then one restarted mid-run (it exits on its own): the
+    next kernel lists each run with why it ended, ``%ddp_status`` and ``Run.load`` say it, and
+    ``%ddp_retry ID --resume`` goes on from the checkpoint."""
+    import json
+
+    import psutil
+    from jupyter_client.manager import start_new_kernel
+
+    root = tmp_path / "runs"
+    env = dict(os.environ, DDP_NOTEBOOK_RUNS=str(root), DDP_NOTEBOOK_PROGRESS="0")
+    holds = [tmp_path / "hold1", tmp_path / "hold2"]
+    for hold in holds:
+        hold.touch()
+    crash = "the notebook process ended (kernel restart or crash) at step 16 of 32 (epoch 2/4)"
+    kernels = []
+    try:
+        km, kc = start_new_kernel(kernel_name="python3", env=env)
+        kernels.append((km, kc))
+        first = json.loads(_execute(kc, KERNEL_FIT.format(tests=TESTS, hold=str(holds[0]))).splitlines()[-1])
+        wait_until(lambda: _reached_step(root / first["run"], 16), timeout=180)
+        psutil.Process(first["kernel"]).kill()  # a crash: nothing of the kernel runs after this
+        wait_until(lambda: not psutil.pid_exists(first["kernel"]) or
+                   psutil.Process(first["kernel"]).status() == psutil.STATUS_ZOMBIE, timeout=30)
+        holds[0].unlink()
+
+        km, kc = start_new_kernel(kernel_name="python3", env=env)
+        kernels.append((km, kc))
+        out = _execute(kc, f"import json, sys, ddp_notebook\nsys.path.insert(0, {TESTS!r})\n%load_ext ddp_notebook\n"
+                           "%ddp_runs")
+        assert out.strip() == ("No run yet in this kernel: start one with %ddp_fit FUNC. %ddp_runs --all lists the "
+                               "runs on disk, earlier kernels' too.")
+        listed = _execute(kc, "%ddp_runs --all").splitlines()
+        assert listed[0].startswith(f"Runs in {root}, newest first: 1 run, ")
+        assert listed[1].startswith(f"  {first['run']}  stopped    cpu:0,cpu:1 ") and listed[1].endswith(crash)
+        assert f"  reason: {crash}" in _execute(kc, f"%ddp_status {first['run']}").splitlines()
+        loaded = json.loads(_execute(kc, LOADED.format(run=first["run"])).splitlines()[-1])
+        assert loaded == {"status": "stopped", "reason": crash, "notebook_ended": True}
+        _execute(kc, f"%ddp_retry {first['run']} --resume -d cpu*2")
+        resumed = _execute(kc, "print(_ddp_run.wait(timeout=120).resumed_from_epoch)")
+        assert resumed.strip().splitlines()[-1] == "1"
+
+        # A restart: the kernel exits on its own, and writes the run's end before its workers go.
+        second = json.loads(_execute(kc, KERNEL_FIT.format(tests=TESTS, hold=str(holds[1]))).splitlines()[-1])
+        wait_until(lambda: _reached_step(root / second["run"], 16), timeout=180)
+        km.restart_kernel(now=False)
+        kc.wait_for_ready(timeout=120)
+        _execute(kc, f"import json, sys, ddp_notebook\nsys.path.insert(0, {TESTS!r})")
+        loaded = json.loads(_execute(kc, LOADED.format(run=second["run"])).splitlines()[-1])
+        assert loaded == {"status": "stopped", "notebook_ended": True, "reason": "the notebook process exited "
+                          "(kernel restart or shutdown) at step 16 of 32 (epoch 2/4)"}
+    finally:
+        for km, kc in kernels:
+            kc.stop_channels()
+            try:
+                km.shutdown_kernel(now=True)
+            except Exception:  # noqa: BLE001 - the one killed above: only its resources are left to free
+                km.cleanup_resources()

@@ -75,6 +75,9 @@ def test_the_last_loss_and_epoch_of_a_fast_lightning_fit_are_shown_not_a_stale_o
         last = [e for e in progress_of(run, rank) if "loss" in e["metrics"]][-1]
         assert last["step"] == run.workers[rank].total  # the loss of the last step, not of a step before it
     assert [w.epoch_text for w in run.workers] == ["epoch 6/6", "epoch 6/6"]
+    for w in run.workers:  # the plot has every step's loss, from the first (read at no cost on a CPU)
+        steps = [step for step, _ in w.loss_history]
+        assert steps[0] == 1 and steps == sorted(steps) and len(steps) == w.total, steps
 
 
 def test_lightning_code_written_for_its_own_notebook_strategy_runs_as_it_is():

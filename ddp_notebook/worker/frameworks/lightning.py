@@ -70,6 +70,8 @@ def progress_callback(base: type) -> type:
                 metrics = scalars(trainer.callback_metrics)
                 if "loss" not in metrics and self._loss is not None:
                     metrics.update(scalars({"loss": self._loss}))
+            elif self._loss is not None and ctx.device.type == "cpu":  # every step's loss for the plot: free on a CPU
+                metrics = scalars({"loss": self._loss})
             epochs = finite_int(trainer.max_epochs) or None
             ctx.log(step=trainer.global_step, total=total, epoch=epoch_of(trainer.current_epoch, epochs),
                     epochs=epochs, **metrics)

@@ -161,7 +161,10 @@ def forever(ctx):
         time.sleep(0.01)
     return "stopped cleanly"
 
+import time
 long_run = ddp_notebook.launch(forever, devices="cpu*2")
+while not all(w.step for w in long_run.workers):   # until both workers are stepping
+    time.sleep(0.05)
 long_run.stop()
 print(long_run.wait(), "->", long_run.status)
 """),

@@ -92,8 +92,9 @@ def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason()
     kernel.stdout.close()
     run = ddp_notebook.Run.load(run_dir)
     assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
-    assert run.state.stop_reason.startswith("the notebook process that supervised it ended")
-    with pytest.raises(ddp_notebook.RunStoppedError, match="was stopped \\(the notebook process that supervised it ended"):
+    assert run.state.stop_reason.startswith("the notebook process ended (kernel restart or crash) at step ")
+    assert run.state.notebook_ended
+    with pytest.raises(ddp_notebook.RunStoppedError, match=r"was stopped \(the notebook process ended \(kernel restart"):
         run.wait()
     from ddp_notebook.ui.text import format_run
 

@@ -293,7 +293,7 @@ def test_ddp_runs_all_lists_the_runs_on_disk_and_clean_prunes_them(ip, tmp_path,
     with capture_output() as out:
         ip.run_line_magic("ddp_runs", "--clean")
     # the earlier kernel's run goes; this kernel's runs are kept
-    assert out.stdout.startswith(f"Removed 1 finished run (") and "2 runs (" in out.stdout, out.stdout
+    assert out.stdout.startswith("Removed 1 finished run (") and "2 runs (" in out.stdout, out.stdout
     assert not os.path.exists(earlier.path) and os.path.exists(ok.run_dir)
     monkeypatch.setenv("DDP_NOTEBOOK_KEEP_RUNS", "many")
     with pytest.raises(UsageError, match=r"^%ddp_runs: \$DDP_NOTEBOOK_KEEP_RUNS must be a whole number of runs >= 1"):

@@ -15,8 +15,8 @@ from ddp_notebook.core.rundir import RunDir, folder_bytes, runs_limits
 from ddp_notebook.lifecycle.options import RunSettings
 from ddp_notebook.lifecycle.stored import (
     Notebook,
-    notebook_of,
     note_start,
+    notebook_of,
     prune_runs,
     read_run,
     read_summary,
@@ -185,6 +185,7 @@ def test_real_runs_prune_the_folder_but_keep_the_run_a_fit_resumes_from(tmp_path
     import torch
 
     import ddp_notebook
+
     import models
 
     monkeypatch.setenv("DDP_NOTEBOOK_RUNS", str(tmp_path / "runs"))

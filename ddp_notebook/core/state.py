@@ -191,7 +191,7 @@ class RunState:
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
     stop_reason: Optional[str] = None
-    notebook_ended: bool = False  # ended because the notebook process did (kernel restart, crash): stop_reason says when
+    notebook_ended: bool = False  # ended because its notebook process did (restart, crash): stop_reason says when
     supervisor_error: Optional[str] = None  # ddp_notebook's own supervision failed: what happened
     parent: Optional[str] = None  # the run this one retries
     checkpoints: list[dict[str, Any]] = field(default_factory=list)

@@ -34,6 +34,7 @@ from .errors import DDPNotebookError, InvalidDevicesError, NonFiniteLossError, W
 from .lifecycle.launch import default_devices, last_run, launch, runs, set_default_devices
 from .lifecycle.options import LaunchOptions
 from .lifecycle.run import Run
+from .lifecycle.stored import prune_runs
 from .recipes.fit import FitResult, fit
 from .recipes.spawn import spawn
 from .transfer.loading import share
@@ -50,8 +51,8 @@ __all__ = [
     "WorkerContext", "current_context",
     # devices
     "Device", "parse_devices", "validate_devices", "ValidationReport", "default_devices", "set_default_devices",
-    # runs of this kernel
-    "last_run", "runs",
+    # runs of this kernel, and the runs folder
+    "last_run", "runs", "prune_runs",
     # failures (every exception: ddp_notebook.errors)
     "WorkerFailure", "DDPNotebookError", "WorkerFailedError", "InvalidDevicesError", "NonFiniteLossError",
     "__version__",

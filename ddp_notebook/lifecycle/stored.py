@@ -292,10 +292,36 @@ def _checked_limit(name: str, value: Any) -> int:
 
 def prune_runs(root: Optional[str] = None, keep: Optional[int] = None, max_bytes: Optional[int] = None,
                spare: Iterable[str] = ()) -> list[RemovedRun]:
-    """Remove the oldest finished runs of ``root`` until at most ``keep`` runs and ``max_bytes``
-    are left (None: the configured limits, ``core.rundir.runs_limits``); never a run still going
-    (its notebook process lives), one a live run reads (the checkpoint it resumes from), nor one
-    in ``spare``. Only folders named as run ids are ever removed. What was removed, oldest first."""
+    """Remove the oldest finished runs of the runs folder until it holds at most ``keep`` runs and
+    ``max_bytes`` bytes (what ``%ddp_runs --clean`` does, and each new run does at its start).
+
+    Never removed: a run still going (its notebook process lives, in this kernel or another), a
+    run a live run reads (the checkpoint it resumes from), one in ``spare``, and anything in the
+    folder not named as a run.
+
+    Parameters
+    ----------
+    root : str, optional
+        The runs folder (default ``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``).
+    keep : int, optional
+        How many runs to leave (>= 0; default ``$DDP_NOTEBOOK_KEEP_RUNS``, else 50).
+    max_bytes : int, optional
+        How many bytes to leave (>= 0; default ``$DDP_NOTEBOOK_RUNS_MAX_BYTES``, else 2 GB).
+    spare : iterable of str, optional
+        Run directories to keep whatever the limits.
+
+    Returns
+    -------
+    list of RemovedRun
+        Each run removed, oldest first: its directory (``path``) and the bytes it held (``size``).
+
+    Raises
+    ------
+    LaunchOptionError
+        ``keep`` or ``max_bytes`` (or the environment variable read instead) is not a valid limit.
+    UnsafeRunDirError
+        Another user could write to the runs folder.
+    """
     conf_keep, conf_bytes = runs_limits() if keep is None or max_bytes is None else (None, None)
     keep = conf_keep if keep is None else _checked_limit("keep", keep)
     max_bytes = conf_bytes if max_bytes is None else _checked_limit("max_bytes", max_bytes)

@@ -190,6 +190,20 @@ def test_the_clock_ticks_and_a_silent_rank_is_flagged_without_new_events():
         time.sleep(0.1)
 
 
+def test_a_quiet_run_says_which_rank_holds_the_others_up_and_stops_saying_it_once_it_goes_on():
+    feed = fed({"kind": "ready", "time": 100.2, "rank": 0}, {"kind": "ready", "time": 100.2, "rank": 1},
+               {"kind": "quiet", "time": 112.0, "idle": 11.0,
+                "notes": {"0": "waits in all_reduce (train.py:9) for rank 1", "1": "runs at train.py:12, 100 % CPU <b>"}})
+    view = RunView(feed, live=False)
+    assert ("rank 0 waits in all_reduce (train.py:9) for rank 1; rank 1 runs at train.py:12, 100 % CPU &lt;b&gt;"
+            in view.note.value)
+    assert "waits in all_reduce (train.py:9) for rank 1" in view.rows[0].detail.value
+    assert "runs at train.py:12, 100 % CPU" in view.rows[1].detail.value
+    feed.emit({"kind": "quiet", "time": 113.0, "idle": None, "notes": {}})
+    view.refresh()
+    assert view.note.value == "" and "runs at" not in view.rows[1].detail.value
+
+
 def test_metric_text_from_a_run_is_shown_literally():
     feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
                {"kind": "progress", "time": 101.0, "rank": 0, "metrics": {"<b>x</b>": "<img src=x onerror=alert(1)>"}})

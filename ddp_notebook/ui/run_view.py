@@ -316,6 +316,9 @@ class RunView(FullText, widgets.VBox):
                     "those still running after the grace period are ended.</i>")
         if state.status == RunStatus.STOPPED and state.stop_reason:
             return f"<i>Stopped: {escape(state.stop_reason)}.</i>"
+        quiet = state.quiet_note
+        if quiet is not None and not state.finished:  # who holds the others up, before any watchdog decides
+            return f'<span class="ddp-quiet-run" style="color:{ORANGE}"><b>No progress:</b> {escape(quiet)}</span>'
         return ""
 
     def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
@@ -343,6 +346,8 @@ class RunView(FullText, widgets.VBox):
         silent = w.silent_for(now)
         if silent is not None:
             detail.append(f'<b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>')
+        if w.note and w.status == "running":  # the run is quiet: where this rank waits or runs (its stack)
+            detail.append(f'<span class="ddp-quiet" style="color:{ORANGE}">{escape(w.note)}</span>')
         if row.place:
             detail.append(f"<small>{escape(row.place)}</small>")
         metrics = " · ".join(f"{k} {format_metric(v)}" for k, v in ordered_metrics(w.metrics))

@@ -35,12 +35,14 @@ class Scripted(Transport):
     """Ranks that do what the test says: ``script`` is a list of batches ``poll`` returns in turn
     (a number instead of a batch: that many seconds pass with nothing to see); ``settled`` is what
     ``settle`` reveals. Interrupted ranks exit by SIGTERM unless told to ignore it; killed ranks
-    exit by SIGKILL. ``stacks`` (rank -> faulthandler text) is what a rank writes into its stack
-    file when asked for its stacks. Every request is recorded, with the time it came."""
+    exit by SIGKILL. ``stacks`` (rank -> faulthandler text, or a callable of the time giving it) is
+    what a rank writes into its stack file when asked for its stacks; ``cpu`` (rank -> share of a
+    core) how fast its CPU time grows. Every request is recorded, with the time it came."""
 
     def __init__(self, clock, script=(), settled=(), ignore_interrupt=(), returns_on_stop=(), stacks=None,
-                 stack_dir=None):
+                 stack_dir=None, cpu=None):
         self.clock = clock
+        self.cpu = cpu  # rank -> share of a core it uses (its CPU seconds grow with the clock); None: unknown
         self.script = [batch if isinstance(batch, (int, float)) else list(batch) for batch in script]
         self.settled = list(settled)
         self.ignore_interrupt = set(ignore_interrupt)
@@ -99,11 +101,16 @@ class Scripted(Transport):
     def request_flush(self, ranks):
         self._call("flush", tuple(ranks))
 
+    def cpu_seconds(self, ranks):
+        self._call("cpu", tuple(ranks))
+        return {r: None if self.cpu is None else self.cpu[r] * self.clock.monotonic() for r in ranks}
+
     def request_stacks(self, ranks):
         self._call("stacks", tuple(ranks))
         for r in ranks:  # as faulthandler would: appended to the rank's stack file at once
+            text = self.stacks.get(r, "")
             with open(os.path.join(self.stack_dir, f"stacks-{r}"), "a") as f:
-                f.write(self.stacks.get(r, ""))
+                f.write(text(self.clock.monotonic()) if callable(text) else text)
 
     def abandon(self):
         self._call("abandon")
@@ -393,3 +400,109 @@ def test_a_rank_killed_by_sigbus_names_the_file_of_the_call_that_changed():
     assert stream.state.root_failure.summary() == (
         "killed by signal SIGBUS: it read data of the call from a file that changed while the run used it "
         "(/data/x.npy was cut short, from 4194432 to 0 bytes)")
+
+
+# ---- a quiet run described ------------------------------------------------------------------------
+def quiet_events(stream):
+    return [(e["time"] - 1_800_000_000.0, e["notes"]) for e in stream.events if e["kind"] == "quiet"]
+
+
+def progress(rank, step):
+    return WorkerEvent(rank, {"kind": "progress", "time": 0.0, "step": step})
+
+
+def done(rank):
+    return WorkerEvent(rank, {"kind": "done", "time": 0.0}, b"r" if rank == 0 else None)
+
+
+IN_ALL_REDUCE = stack((os.path.join(torch_dir(), "distributed", "distributed_c10d.py"), 2800, "all_reduce"),
+                      (os.path.join(torch_dir(), "distributed", "c10d_logger.py"), 83, "wrapper"),
+                      ("/work/train.py", 9, "train"))
+SPINNING = stack(("/work/train.py", 12, "train"))
+
+
+@pytest.mark.parametrize("stall_timeout", [None, "auto"])
+def test_a_quiet_run_says_who_holds_the_others_up_refreshes_it_and_clears_it_when_progress_resumes(
+        tmp_path, stall_timeout):
+    from ddp_notebook.lifecycle import watchdog
+
+    clock = FakeClock()
+    # Quiet from t=0 for 35 s (rank 1 spins, rank 0 waits in all_reduce), then progress, then the end.
+    transport = Scripted(clock, script=[started(0) + started(1) + [progress(0, 2), progress(1, 2)], 35.0,
+                                        [progress(0, 3), progress(1, 3)], 3.0, [done(0), done(1)]],
+                         stacks={0: IN_ALL_REDUCE, 1: SPINNING}, stack_dir=str(tmp_path), cpu={0: 0.0, 1: 1.0})
+    sup, stream = supervise(transport, stack_dir=str(tmp_path), stall_timeout=stall_timeout, stall_floor=300.0)
+    notes_seen = []
+    stream.subscribe(lambda e: notes_seen.append(stream.state.quiet_note) if e["kind"] == "quiet" else None)
+    outcome = sup.supervise()
+    assert outcome.status == RunStatus.SUCCEEDED and not stream.state.failures  # described, never judged
+    events = quiet_events(stream)
+    expected = {"0": "waits in all_reduce (train.py:9) for rank 1", "1": "runs at train.py:12, 100 % CPU"}
+    first_at, first = events[0]
+    assert first == expected
+    # Not before NOTE_AFTER of quiet; the CPU use measured over NOTE_CPU_WINDOW, then the stacks read.
+    assert first_at - 1000.0 == pytest.approx(watchdog.NOTE_AFTER + watchdog.NOTE_CPU_WINDOW, abs=0.5)
+    assert notes_seen[0] == ("rank 0 waits in all_reduce (train.py:9) for rank 1; "
+                             "rank 1 runs at train.py:12, 100 % CPU")
+    # Refreshed while the quiet lasts (an unchanged note is not emitted again), then cleared by the
+    # progress at 35 s, at once.
+    looks = [c[-1] - 1000.0 for c in transport.calls if c[0] == "stacks"]
+    assert len(looks) >= 3 and all(b - a == pytest.approx(watchdog.NOTE_REFRESH, abs=0.5)
+                                   for a, b in zip(looks, looks[1:]))
+    assert events[-1] == (pytest.approx(1035.0, abs=0.1), {})
+    assert stream.state.quiet_note is None and all(w.note is None for w in stream.state.workers.values())
+    assert [c for c in transport.calls if c[0] == "stacks" and c[-1] > 1035.0] == []  # progress again: no look
+
+
+def test_a_quiet_note_changes_with_the_ranks_and_names_an_idle_rank_and_one_that_returned(tmp_path):
+    clock = FakeClock()
+    # rank 1 sleeps (no CPU) at train.py:20 until t=15, then at train.py:12. Rank 2 returned from the
+    # function at once: rank 0 waits for it too.
+    transport = Scripted(clock, script=[started(0) + started(1) + started(2)
+                                        + [WorkerEvent(2, {"kind": "returned", "time": 0.0})], 30.0,
+                                        [done(2), done(0), done(1)]],
+                         stacks={0: IN_ALL_REDUCE, 1: lambda t: SPINNING if t >= 1015.0 else stack(
+                             ("/work/train.py", 20, "train"))},
+                         stack_dir=str(tmp_path), cpu={0: 0.0, 1: 0.0, 2: 0.0})
+    sup, stream = supervise(transport, n=3, stack_dir=str(tmp_path))
+    sup.supervise()
+    notes = [n for _, n in quiet_events(stream)]
+    assert notes[0] == {"0": "waits in all_reduce (train.py:9) for ranks 1, 2",
+                        "1": "is idle at train.py:20, 0 % CPU"}
+    assert notes[1]["1"] == "is idle at train.py:12, 0 % CPU"  # the next look: where it is now
+
+
+def test_a_description_that_fails_is_logged_and_the_run_goes_on(tmp_path, caplog):
+    clock = FakeClock()
+    transport = Scripted(clock, script=[started(0) + started(1), 25.0, [done(0), done(1)]],
+                         stacks={0: IN_ALL_REDUCE, 1: SPINNING}, stack_dir=str(tmp_path))
+
+    def broken(ranks):
+        transport._call("cpu", tuple(ranks))
+        raise RuntimeError("psutil broke")
+
+    transport.cpu_seconds = broken
+    sup, stream = supervise(transport, stack_dir=str(tmp_path))
+    outcome = sup.supervise()
+    assert outcome.status == RunStatus.SUCCEEDED and outcome.error is None
+    assert "the quiet ranks of a run could not be described" in caplog.text
+    tries = [c[-1] - 1000.0 for c in transport.calls if c[0] == "cpu"]
+    assert len(tries) == 2 and tries[1] - tries[0] >= 10.0  # not retried in a busy loop
+
+
+def test_engines_without_cpu_times_get_notes_without_cpu_and_a_stop_clears_them(tmp_path):
+    clock = FakeClock()
+    transport = Scripted(clock, script=[started(0) + started(1), 12.0], stacks={0: IN_ALL_REDUCE, 1: SPINNING},
+                         stack_dir=str(tmp_path), returns_on_stop={0, 1})
+    sup, stream = supervise(transport, stack_dir=str(tmp_path))
+    original = transport.poll
+
+    def poll(timeout):  # once the note is out, the user stops the run
+        if stream.state.quiet_note and not sup.stop_reason:
+            sup.request_stop(5.0, "stopped by the user")
+        return original(timeout)
+
+    transport.poll = poll
+    sup.supervise()
+    notes = [n for _, n in quiet_events(stream)]
+    assert notes == [{"0": "waits in all_reduce (train.py:9) for rank 1", "1": "runs at train.py:12"}, {}]

@@ -171,10 +171,10 @@ class Watchdog:
         if not alive:
             self.notes, self._note_cpu, self._note_at = {}, None, now + NOTE_REFRESH
             return self.notes
+        self._note_at = now + NOTE_REFRESH  # (set first: a look that fails is not retried at once)
         if self._note_cpu is None:  # the CPU use is a difference: read it once, look a moment later
             self._note_cpu, self._note_at = (now, self.transport.cpu_seconds(alive)), now + NOTE_CPU_WINDOW
             return self.notes
-        self._note_at = now + NOTE_REFRESH  # (set first: a look that fails is not retried at once)
         sample = self._sample(alive, main_ident)
         then, before = self._note_cpu
         elapsed = max(now - then, 1e-3)  # (the sample reads the CPU time first, then the stacks)

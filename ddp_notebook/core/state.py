@@ -282,7 +282,8 @@ class RunState:
         elif kind == EventKind.SUPERVISOR_ERROR:
             self.supervisor_error = event.get("message")
         elif kind == EventKind.QUIET:
-            notes = event.get("notes") or {}
+            notes = event.get("notes")
+            notes = notes if isinstance(notes, dict) else {}
             for r, worker in self.workers.items():
                 note = notes.get(str(r))
                 worker.note = cut(str(note), LINE_CHARS) if note and not worker.finished else None

@@ -173,29 +173,111 @@ def fit(
 ) -> Union[FitResult, Run]:
     """Train ``model`` with DistributedDataParallel on ``devices``; return the trained model.
 
-    ``model`` is a ``torch.nn.Module`` (trained in place: the main worker's weights are loaded
-    back into it) or a function returning one. ``train_data``/``valid_data`` are Datasets or
-    ``(inputs, targets)`` tensors; each sample is ``(inputs..., target)``. ``optimizer`` is an
-    optimizer class or ``lambda params: torch.optim.SGD(params, lr=0.1)`` (default Adam, lr 1e-3).
-    ``batch_size`` is per worker (the global batch is ``batch_size * len(devices)``).
+    Per epoch every rank trains on its shard of ``train_data``; the main worker validates on the
+    whole of ``valid_data`` and saves a checkpoint; all ranks stop together on early stopping.
+    Before anything starts, the device list and every rank's shard are validated, and (with
+    ``preflight``) one forward/backward step runs on the main device, so plain bugs surface at
+    once with a normal traceback.
 
-    Per epoch every rank trains on its shard (shuffled anew each epoch with ``shuffle``, the same
-    order on every rank for a given ``seed``); the main worker validates on the whole of
-    ``valid_data`` (``valid_loss`` and each of ``metrics``: ``metrics={"acc": fn}`` with
-    ``fn(outputs, targets)`` returning a number per batch, averaged over the validation samples,
-    each batch weighted by its size), checkpoints, and all ranks stop together on ``early_stopping``
-    (patience in epochs, watching ``monitor`` — default ``valid_loss``, else ``train_loss``).
-    Of the checkpoints (one per epoch, unless ``checkpoint=False``) the run keeps the last
-    ``keep_checkpoints`` (None: every one) and, with ``valid_data``, the best by ``monitor``.
-    Before anything starts: the device list and every rank's shard are validated, and (with
-    ``preflight``) one forward/backward step runs on the main device so plain bugs surface at
-    once with a normal traceback. ``wait=False`` returns the ``Run``; its ``wait()`` then
-    returns the ``FitResult``. Other keyword arguments are ``launch`` options.
+    Parameters
+    ----------
+    model : torch.nn.Module or callable
+        The model, trained in place (the main worker's weights are loaded back into it), or a
+        function without arguments that builds one.
+    train_data : Dataset or tuple of tensors
+        A ``Dataset`` whose samples are ``(inputs..., target)``, or ``(inputs, targets)`` tensors
+        with one row per sample.
+    loss : callable
+        ``loss(outputs, targets)`` returning a scalar tensor, such as ``torch.nn.MSELoss()``.
+    optimizer : type or callable, optional
+        An optimizer class (``torch.optim.SGD``) or a function of the parameters
+        (``lambda params: torch.optim.SGD(params, lr=0.1)``). Default: Adam with lr 1e-3.
+    epochs : int, default 1
+        Epochs in all (a resumed fit goes on up to this number).
+    batch_size : int, default 32
+        Samples per batch **per worker**: the global batch is ``batch_size * len(devices)``.
+    devices : str or list, optional
+        The device list (see :func:`ddp_notebook.parse_devices`); default
+        :func:`ddp_notebook.default_devices`.
+    valid_data : Dataset or tuple of tensors, optional
+        Validation data, evaluated whole on the main worker after each epoch (``valid_loss``).
+    metrics : dict of str to callable, optional
+        ``{"mae": fn}`` with ``fn(outputs, targets)`` returning a number per batch; each is
+        averaged over the validation samples, every batch weighted by its size (needs
+        ``valid_data``).
+    valid_batch_size : int, optional
+        Batch size of validation (default ``batch_size``).
+    shuffle : bool, default True
+        Shuffle each rank's shard anew every epoch (``DistributedSampler``: the same order on
+        every rank for a given ``seed``, each rank taking its positions of it).
+    drop_last : bool, default False
+        Drop each rank's last incomplete batch.
+    grad_accum : int, default 1
+        Accumulate gradients over this many batches per optimizer step (DDP's all-reduce is
+        skipped in between).
+    early_stopping : int, optional
+        Patience in epochs: stop (every rank together) after this many epochs without an
+        improvement of ``monitor`` by more than ``min_delta``. None: never.
+    monitor : str, optional
+        The recorded value early stopping and the best checkpoint watch: ``"valid_loss"`` (the
+        default with ``valid_data``), ``"train_loss"`` (the default without), or a metric's name.
+    mode : {"min", "max"}, default "min"
+        Whether a lower or a higher ``monitor`` is better.
+    min_delta : float, default 0.0
+        The least change of ``monitor`` that counts as an improvement.
+    checkpoint : bool, default True
+        Save a checkpoint every epoch (weights, optimizer, history, early-stopping state and
+        every rank's random state), which ``resume_from`` and ``Run.retry(resume=True)`` go on from.
+    keep_checkpoints : int or None, default 2
+        How many of the latest checkpoints the run keeps (None: every one); with ``valid_data``
+        the best by ``monitor`` is kept too.
+    preflight : bool, default True
+        Run one forward/backward step on the main device before any worker starts (on a GPU in
+        a one-worker run, never in the notebook process).
+    seed : int, default 0
+        Seeds torch's random numbers on every rank (a model a function builds, dropout) and the
+        shuffle.
+    resume_from : Run, FitResult, str or path, optional
+        Go on from a checkpoint: a run or ``FitResult``, a run's id or directory (its latest
+        checkpoint; runs cut off by a kernel restart are found too), or a checkpoint file.
+    wait : bool, default True
+        Block until the fit ends (showing its progress) and return the ``FitResult``; False
+        returns the ``Run`` at once, whose ``wait()`` then returns the ``FitResult``.
+    **launch_options
+        The launch options below, as for :func:`ddp_notebook.launch`.
 
-    ``resume_from`` goes on from a checkpoint: a run or ``FitResult``, a run's id or directory
-    (its latest checkpoint; ``Run.load`` finds runs cut off by a kernel restart), or a checkpoint
-    file. Weights, optimizer, history and early-stopping state are restored and training goes
-    on from the next epoch up to ``epochs`` in all.
+    Returns
+    -------
+    FitResult or Run
+        The :class:`~ddp_notebook.FitResult` (``model``, per-epoch ``history``,
+        ``ranks_in_sync``, ``run``), or with ``wait=False`` the :class:`~ddp_notebook.Run`.
+
+    Raises
+    ------
+    FitConfigError
+        An argument cannot work (``epochs=True``, a shard without a single batch, an unknown
+        ``monitor``...); nothing was started.
+    InvalidDevicesError
+        The device list failed validation; nothing was started.
+    NotPicklableError
+        The model, data, loss, optimizer or a metric cannot be sent to the workers.
+    PreflightError
+        The preflight step raised (the original exception is its cause); nothing was launched.
+    WorkerFailedError
+        A worker failed (``wait=True``); a loss that became nan or inf fails its rank with
+        ``NonFiniteLossError``.
+    LaunchOptionError
+        A launch option cannot work.
+
+    Examples
+    --------
+    >>> import torch, ddp_notebook
+    >>> x = torch.randn(256, 4); y = x.sum(dim=1, keepdim=True)
+    >>> result = ddp_notebook.fit(torch.nn.Linear(4, 1), (x, y), loss=torch.nn.MSELoss(),
+    ...                           optimizer=lambda p: torch.optim.SGD(p, lr=0.1), epochs=3,
+    ...                           batch_size=32, devices="cpu*2")
+    >>> len(result.history), result.ranks_in_sync
+    (3, True)
     """
     import torch
 

@@ -199,9 +199,14 @@ def _attribute_docs(cls: type) -> dict[str, str]:
 
 
 def _options_doc() -> str:
+    """The launch options as a numpydoc ``Other Parameters`` section (indented for a docstring)."""
     docs = _attribute_docs(LaunchOptions)
-    lines = ["", "    Launch options (keyword arguments, the same for ``launch``, ``fit`` and ``spawn``)::", ""]
-    lines += [f"        {f.name:<20}{docs[f.name]}" for f in fields(LaunchOptions)]
+    lines = ["", "    Other Parameters", "    ----------------"]
+    for f in fields(LaunchOptions):
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        lines.append(f"    {f.name} : {f.type}, default {default!r}")
+        text = " ".join(line.strip() for line in docs[f.name].splitlines())
+        lines += ["        " + line for line in textwrap.wrap(text, 92)]
     return "\n".join(lines) + "\n"
 
 

@@ -56,18 +56,66 @@ STARTED_WITHIN = 300.0  # seconds spawn(join=False) waits for the workers' proce
 def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[int] = None, join: bool = True,
           daemon: bool = False, start_method: str = "spawn", devices: Optional[DeviceSpec] = None,
           **launch_options: Unpack[LaunchKwargs]) -> Union[Any, Run]:
-    """Run ``fn(rank, *args)`` on ``nprocs`` CPU workers (default 1, as torch's) or on
-    ``devices``, like ``torch.multiprocessing.spawn``; with ``join`` wait and return rank 0's
-    return value (raising ``WorkerFailedError`` on failure), else return the ``Run`` once its
-    workers' processes exist (it has the ``join()``, ``processes`` and ``pids()`` of torch's
-    ``ProcessContext``). What the workers
-    print is printed here as it comes (``[rank1]:...``), and a ``multiprocessing`` queue among
-    ``args`` gets what they ``put`` in it.
+    """Run ``fn(rank, *args)`` on ``nprocs`` workers, like ``torch.multiprocessing.spawn``.
 
-    ``daemon`` and ``start_method`` are taken with the values torch takes and change nothing:
-    the workers never outlive the notebook, daemon or not, and every worker starts the same way
-    (forked from ddp_notebook's fork server, which never initialized CUDA: as safe as
-    ``"spawn"``, as quick as ``"fork"``)."""
+    For existing DDP code (a function that calls ``init_process_group`` itself): it gets
+    ddp_notebook's supervision, per-rank failure reports and retry. What the workers print is
+    printed here as it comes, each line marked ``[rank1]:``, and a ``multiprocessing`` queue
+    among ``args`` gets what they ``put`` in it.
+
+    Parameters
+    ----------
+    fn : callable
+        Called as ``fn(rank, *args)`` in every worker.
+    args : tuple, default ()
+        The arguments after ``rank``.
+    nprocs : int, optional
+        How many workers, on CPU (default 1, as torch's); or give ``devices``.
+    join : bool, default True
+        Wait for the run and return rank 0's return value; False returns the ``Run`` once its
+        workers' processes exist (with the ``join()``, ``processes`` and ``pids()`` of torch's
+        ``ProcessContext``).
+    daemon : bool, default False
+        Taken as torch takes it; changes nothing (workers never outlive the notebook).
+    start_method : str, default "spawn"
+        ``"spawn"``, ``"fork"`` or ``"forkserver"``, taken as torch takes it; changes nothing:
+        every worker is forked from ddp_notebook's fork server, which never initialised CUDA (as
+        safe as ``"spawn"``, as quick as ``"fork"``).
+    devices : str or list, optional
+        The device list instead of ``nprocs`` CPU workers (``nprocs``, if given too, must match).
+    **launch_options
+        The launch options below, as for :func:`ddp_notebook.launch`.
+
+    Returns
+    -------
+    object or Run
+        Rank 0's return value with ``join=True``, else the :class:`~ddp_notebook.Run`.
+
+    Raises
+    ------
+    WorkerFailedError
+        A worker failed (``join=True``); it is also torch's ``ProcessRaisedException`` or
+        ``ProcessExitedException``, so ``except`` clauses written for torch keep working.
+    LaunchOptionError
+        ``nprocs``, ``start_method``, ``join``, ``daemon`` or a launch option cannot work, or
+        ``nprocs`` does not match ``devices``.
+    InvalidDevicesError
+        The device list failed validation; nothing was started.
+    ArgumentsError
+        ``fn`` cannot be called as ``fn(rank, *args)``.
+    NotPicklableError
+        ``fn`` or an argument cannot be sent to the workers.
+
+    Examples
+    --------
+    >>> import ddp_notebook, torch.distributed as dist
+    >>> def demo(rank, world_size):
+    ...     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    ...     dist.destroy_process_group()
+    ...     return f"rank {rank} done"
+    >>> ddp_notebook.spawn(demo, args=(2,), nprocs=2)
+    'rank 0 done'
+    """
     args, _ = call_parts("spawn", fn, args, None)
     check_flag("join", join)
     check_flag("daemon", daemon)

@@ -209,16 +209,35 @@ def load(data: bytes, table: Optional[DataTable]) -> Any:
 
 
 def share(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors and numpy arrays of 64 kB or more live in shared memory,
-    copied there once: a run given it (or anything made from it without a write, such as a
-    ``TensorDataset``) sends its data with no copy at all, then and at every later launch. Writes
-    in the notebook stay the notebook's (copy-on-write), and what was written is copied again by
-    the next launch. Drop the original to free its memory::
+    """A copy of ``obj`` whose tensors and numpy arrays of 64 kB or more live in shared memory.
+
+    They are copied there once: a run given the copy (or anything made from it without a write,
+    such as a ``TensorDataset``) sends its data with no copy at all, then and at every later
+    launch, and the data is held once while runs live. Writes in the notebook stay the
+    notebook's (copy-on-write), and what was written is copied again by the next launch. Drop
+    the original to free its memory.
+
+    Parameters
+    ----------
+    obj : object
+        Tensors, arrays, or any picklable structure holding them (a tuple, a dict, a dataset).
+
+    Returns
+    -------
+    object
+        The copy; outside Linux, and for an object with nothing to share, ``obj`` itself.
+
+    Raises
+    ------
+    NotPicklableError
+        ``obj`` cannot be pickled, so it could not be sent to a run either.
+
+    Examples
+    --------
+    ::
 
         x, y = ddp_notebook.share((x, y))
         ddp_notebook.launch(train, devices="cpu*4", args=(x, y))   # "data: ... already in shared memory"
-
-    Outside Linux, and for an object with nothing to share, ``obj`` itself is returned.
     """
     if not supported():
         return obj

@@ -187,19 +187,52 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
 
     Each worker is a fresh process with a torch.distributed process group already set up
     (gloo for CPU, nccl for an all-CUDA list). ``fn`` may be defined in a notebook cell, be a
-    closure or a lambda. ``ctx`` is a :class:`~ddp_notebook.worker.context.WorkerContext`.
-    Tensors and numpy arrays of 64 kB or more in ``args``/``kwargs`` are copied once into shared
-    memory that every rank maps copy-on-write (no copy for data from ``ddp_notebook.share``, a
-    run's result, or a memory-mapped file); the rest travels with cloudpickle.
+    closure or a lambda. Tensors and numpy arrays of 64 kB or more in ``args``/``kwargs`` are
+    copied once into shared memory that every rank maps copy-on-write (no copy for data from
+    :func:`ddp_notebook.share`, a run's result, or a memory-mapped file); the rest travels with
+    cloudpickle. The hang watchdog is on (``stall_timeout="auto"``): a rank frozen while its
+    peers wait for it in a collective fails the run, named.
 
-    The device list is validated first; an invalid one raises ``InvalidDevicesError`` (with
-    the report) before any process starts. The hang watchdog is on (``stall_timeout="auto"``):
-    a rank frozen while its peers wait for it in a collective fails the run, named.
+    Parameters
+    ----------
+    fn : callable
+        Called as ``fn(ctx, *args, **kwargs)`` on every rank, ``ctx`` a
+        :class:`~ddp_notebook.WorkerContext`. The main worker's (rank 0's) return value is the
+        run's result.
+    devices : str or list, optional
+        The device list, one rank per device (``"cpu*2"``, ``"cuda:0-3"``, a list of strings,
+        ``torch.device`` or :class:`~ddp_notebook.Device`); default
+        :func:`ddp_notebook.default_devices`. With ``engines``, rank *r* runs on the *r*-th
+        engine with the *r*-th device (default ``cpu`` on each).
+    args : tuple, default ()
+        Positional arguments after ``ctx``.
+    kwargs : dict, optional
+        Keyword arguments of ``fn``.
+    probe : Probe, optional
+        Answers validation's questions about this machine (tests pass a ``StaticProbe``).
+    **options
+        The launch options below.
 
-    ``engines`` (an ipyparallel Client or DirectView) runs one rank per engine instead of
-    local processes; ``devices`` then pairs with the engines (default ``cpu`` on each).
-    ``probe`` answers validation's questions about this machine (tests pass a ``StaticProbe``).
+    Returns
+    -------
+    Run
+        The run, already started; ``run.wait()`` blocks for the main worker's return value.
 
+    Raises
+    ------
+    InvalidDevicesError
+        The device list failed validation (``.report`` says why); no process was started.
+    LaunchOptionError
+        A launch option cannot work (``timeout=0``, ``env={"X": 1}``...).
+    ArgumentsError
+        ``fn`` cannot be called with ``ctx`` and the arguments given.
+    NotPicklableError
+        ``fn`` or an argument cannot be sent to the workers (the message names which).
+    SharedDataError
+        Data mapped from a file that was cut short since it was mapped.
+
+    Examples
+    --------
     >>> import ddp_notebook
     >>> def train(ctx, steps):
     ...     for step in range(1, steps + 1):

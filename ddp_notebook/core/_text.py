@@ -13,7 +13,11 @@ class TextEnum(str, Enum):
     (Python 3.10 has no ``StrEnum``; ``Enum`` would hash members by name, so a dict keyed by the
     value would miss them.)"""
 
-    __repr__ = str.__repr__
+    def __repr__(self) -> str:
+        # A method of its own rather than ``str.__repr__`` itself: Sphinx (9.0) cannot render a
+        # default value whose ``__repr__`` is a C slot.
+        return str.__repr__(self)
+
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
     __hash__ = str.__hash__

@@ -523,3 +523,16 @@ def test_a_rank_killed_by_sigbus_reading_a_file_of_the_call_names_the_file(tmp_p
         run.wait(timeout=120)
     message = str(raised.value)
     assert "SIGBUS" in message and str(path) in message and "cut short" in message, message
+
+
+@pytest.mark.processes  # a fresh interpreter: torch warns of TypedStorage once per process
+def test_packing_a_call_lets_no_torch_deprecation_warning_reach_the_notebook():
+    code = textwrap.dedent("""
+        import torch, ddp_notebook
+        run = ddp_notebook.launch(lambda ctx, x: float(x[0]), devices="cpu*2", args=(torch.ones(100000),))
+        print(run.wait(120))
+    """)
+    done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "DDP_NOTEBOOK_PROGRESS": "0"})
+    assert done.returncode == 0 and done.stdout == "1.0\n", done.stderr
+    assert "Warning" not in done.stderr, done.stderr

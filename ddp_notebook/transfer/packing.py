@@ -74,6 +74,15 @@ def supported() -> bool:
         return False
 
 
+def _untyped(storage: Any) -> Any:
+    """The bytes of a ``TypedStorage``. torch pickles every tensor through a TypedStorage, whose
+    public methods warn once that TypedStorage is deprecated: a warning about torch's own use of
+    it, not the user's, so it is not let through."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return storage.untyped()
+
+
 @dataclass(eq=False)
 class Piece:
     """One tensor storage or array left out of a pickle: the object (kept alive, so its memory is),
@@ -181,11 +190,7 @@ class _SharingPickler(pickling.Pickler):
             index = self._piece(obj, obj.data_ptr(), obj.nbytes(), True, ("storage",))
             return (TAG, index, "untyped", None)
         if torch is not None and isinstance(obj, torch.storage.TypedStorage):
-            # torch pickles every tensor through a TypedStorage, whose public methods warn once
-            # that TypedStorage is deprecated: that warning is about torch's own use, not the user's.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                storage = obj.untyped()
+            storage = _untyped(obj)
             if storage.device.type != "cpu" or storage.nbytes() < MIN_SHARED:
                 return None
             # One piece per storage, whatever dtype each reference views it as (a dtype view of
@@ -414,7 +419,7 @@ class _LiveUnpickler(pickle.Unpickler):
         obj = self.packed.pieces[pid[1]].obj
         torch = _torch()
         if torch is not None and isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
-            raw = obj if isinstance(obj, torch.UntypedStorage) else obj.untyped()
+            raw = obj if isinstance(obj, torch.UntypedStorage) else _untyped(obj)
             dtype = torch.uint8 if pid[2] == "untyped" else pid[3]  # (bytes: as torch pickles uint16, float8...)
             if not isinstance(obj, torch.storage.TypedStorage) or obj.dtype != dtype:  # another view of the bytes
                 return torch.storage.TypedStorage(wrap_storage=raw, dtype=dtype, _internal=True)

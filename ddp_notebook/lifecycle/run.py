@@ -99,24 +99,42 @@ def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: O
 class Run:
     """A DDP run in background workers (one per device; rank 0 is the main worker).
 
-    Created by :func:`ddp_notebook.launch` (or read back with :meth:`Run.load`); everything here
-    is safe to call from any thread.
+    Created by :func:`ddp_notebook.launch`, :func:`ddp_notebook.fit` (``wait=False``) and
+    :func:`ddp_notebook.spawn` (``join=False``), or read back with :meth:`Run.load`; never made
+    directly. Everything here is safe to call from any thread. The value of a notebook cell, a
+    run shows its live panel.
+
+    Examples
+    --------
+    >>> import ddp_notebook
+    >>> run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2")
+    >>> run.wait(), run.status, [w.device for w in run.workers]
+    (0, 'succeeded', ['cpu:0', 'cpu:1'])
     """
 
     def __init__(self, directory: RunDir, stream: EventStream, devices: Sequence[Device], *,
                  executor: Optional[Executor] = None, options: Optional[LaunchOptions] = None,
                  settings: Optional[RunSettings] = None, report: Optional[ValidationReport] = None,
                  parent: Optional[Run] = None, restart: Optional[Restart] = None) -> None:
+        #: The run's directory (its paths: ``events_path``, ``checkpoint_dir``...).
         self.dir = directory
+        #: The run's id, such as ``"20261129-174217-5266c4"`` (what the magics and ``Run.load`` take).
         self.id = directory.id
+        #: The path of the run's directory (its event log, call, result and checkpoints).
         self.run_dir = directory.path
+        #: The run's event stream: its state, and the events for ``subscribe``.
         self.stream = stream
+        #: The devices, one per rank, in rank order.
         self.devices: list[Device] = list(devices)
+        #: The validation report of the device list (None for a run read back from disk).
         self.report = report
+        #: The torch.distributed backend, ``"gloo"`` or ``"nccl"``.
         self.backend: str = (report.backend if report else stream.state.backend) or "gloo"
         self._executor = executor
+        #: The launch options the run was started with (a retry starts with them too).
         self.options = options or LaunchOptions()
         self._settings = settings or RunSettings()
+        #: The run this one retries (None for a first launch).
         self.parent = parent
         self._restart = restart
         self._finished = threading.Event()
@@ -131,12 +149,38 @@ class Run:
     def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
         """A run read back from its directory, or its id under the default runs folder (for
         instance after a kernel restart): its state, events, failures and (when it succeeded) its
-        result. It can be retried like the run it was (``retry(resume=True)`` goes on from its
-        last checkpoint), from the call kept in its directory: runs started on engines need
-        ``engines=`` again, and a call over 64 MB is not kept. ``RunLoadError`` says when there is
-        no run it can read there.
+        result.
 
-        Example: ``ddp_notebook.Run.load("20261129-174217-5266c4").retry(resume=True)``
+        It can be retried like the run it was (``retry(resume=True)`` goes on from its last
+        checkpoint), from the call kept in its directory: runs started on engines need
+        ``engines=`` again, and a call over 64 MB is not kept. A run whose notebook process died
+        reads back as stopped, with the reason.
+
+        Parameters
+        ----------
+        run_dir : str or os.PathLike
+            A run's directory, or its id (under ``$DDP_NOTEBOOK_RUNS``, else
+            ``~/.cache/ddp_notebook/runs``).
+
+        Returns
+        -------
+        Run
+            The run as its directory records it.
+
+        Raises
+        ------
+        RunLoadError
+            No run it can read there.
+        UnsafeRunDirError
+            The run directory is one that other users can write to.
+
+        Examples
+        --------
+        ::
+
+            run = ddp_notebook.Run.load("20261129-174217-5266c4")
+            run.status, run.failures
+            run.retry(resume=True, devices=run.devices)
         """
         stored = read_run(run_dir)
         kept = stored.call
@@ -233,6 +277,8 @@ class Run:
     # ---- what users read ------------------------------------------------------------------------
     @property
     def state(self) -> RunState:
+        """The run's state as it is now: status, every rank's :class:`~ddp_notebook.core.state.WorkerState`,
+        failures, progress (what the panel and the text view render)."""
         return self.stream.state
 
     @property
@@ -242,18 +288,30 @@ class Run:
         return self.stream.events
 
     def subscribe(self, callback: Subscriber) -> None:
-        """Call ``callback(event)`` for each future event (from the supervisor thread)."""
+        """Call ``callback(event)`` for each future event (from the supervisor thread).
+
+        Parameters
+        ----------
+        callback : callable
+            Called with each event (a dict with its ``"type"``); it must return quickly.
+
+        Raises
+        ------
+        ArgumentsError
+            ``callback`` is not callable.
+        """
         if not callable(callback):
             raise ArgumentsError(f"subscribe() takes a function callback(event), not {callback!r}")
         self.stream.subscribe(callback)
 
     @property
     def status(self) -> RunStatus:
-        """starting, running, succeeded, failed or stopped."""
+        """The run's :class:`~ddp_notebook.RunStatus`: starting, running, succeeded, failed or stopped."""
         return self.state.status
 
     @property
     def done(self) -> bool:
+        """True once the run has ended (succeeded, failed or stopped) and its outcome is settled."""
         return self._finished.is_set()
 
     @property
@@ -268,17 +326,37 @@ class Run:
 
     @property
     def failures(self) -> list[WorkerFailure]:
+        """Every worker's failure, the root cause first, then the rest by time (consequences marked)."""
         return list(self.state.failures)
 
     @property
     def root_failure(self) -> Optional[WorkerFailure]:
+        """The failure that caused the run to fail (None unless it failed)."""
         return self.state.root_failure
 
     def output(self, rank: int, stream: Optional[str] = None) -> str:
-        """Everything rank ``rank`` printed (``stream`` = "stdout" or "stderr" to choose one).
+        """Everything rank ``rank`` printed.
 
         Memory keeps the most recent output only; the rest is read from the run's log. Past the
-        log's limit (``core.bounds.LOG_BYTES``) the text says what was not kept."""
+        log's limit (``core.bounds.LOG_BYTES``) the text says what was not kept.
+
+        Parameters
+        ----------
+        rank : int
+            The worker's rank.
+        stream : {"stdout", "stderr"}, optional
+            One of the two streams (default: both, in the order printed).
+
+        Returns
+        -------
+        str
+            The text printed.
+
+        Raises
+        ------
+        ArgumentsError
+            ``rank`` is not a rank of this run, or ``stream`` is not one of the two.
+        """
         if isinstance(rank, bool) or not isinstance(rank, int) or rank not in self.state.workers:
             raise ArgumentsError(f"output() takes the rank of a worker of run {self.id} "
                                  f"({', '.join(map(str, sorted(self.state.workers)))}), not {rank!r}")
@@ -290,11 +368,41 @@ class Run:
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the run ends; return the main worker's return value.
 
-        Raises WorkerFailedError when a worker failed, RunStoppedError when the run was stopped
-        before the main worker returned, WaitTimeoutError when ``timeout`` passes first
-        (the run goes on). An interrupt (Kernel → Interrupt, Ctrl-C) stops the run: what the wait
-        was for is called off, so the workers are not left training unseen; once it has stopped,
-        ``RunInterrupted`` (a ``KeyboardInterrupt``) says so in one line."""
+        An interrupt (Kernel → Interrupt, Ctrl-C) stops the run: what the wait was for is called
+        off, so the workers are not left training unseen.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait at most (None: until the run ends).
+
+        Returns
+        -------
+        object
+            The main worker's return value (for ``fit``, the ``FitResult``).
+
+        Raises
+        ------
+        WorkerFailedError
+            A worker failed; the message names the root cause.
+        RunStoppedError
+            The run was stopped before the main worker returned.
+        WaitTimeoutError
+            ``timeout`` passed first (the run goes on).
+        RunInterrupted
+            An interrupt stopped the run (a ``KeyboardInterrupt``, said in one line).
+        NoResultError
+            A run read back from disk whose result was not kept.
+        SupervisionError
+            ddp_notebook's own supervision failed (a bug of the package).
+
+        Examples
+        --------
+        ::
+
+            run = ddp_notebook.launch(train, devices="cpu*2")
+            weights = run.wait()
+        """
         check_seconds("timeout", timeout, positive=False, optional=True)
         try:
             ended = self._finished.wait(timeout)
@@ -307,7 +415,20 @@ class Run:
         return self._value()
 
     def result(self) -> Any:
-        """The main worker's return value of a finished run (raises like ``wait``)."""
+        """The main worker's return value of a finished run, without waiting.
+
+        Returns
+        -------
+        object
+            As :meth:`wait` returns it.
+
+        Raises
+        ------
+        NoResultError
+            The run has not ended yet, or its result was not kept on disk.
+        WorkerFailedError
+            As :meth:`wait` raises it (and the other exceptions of :meth:`wait`).
+        """
         if not self._finished.is_set():
             raise NoResultError(f"run {self.id} is still {self.status}; use run.wait() to block until it ends")
         return self._value()
@@ -338,8 +459,24 @@ class Run:
 
     # ---- control --------------------------------------------------------------------------------
     def stop(self, grace: Optional[float] = None, wait: bool = False) -> None:
-        """Ask every worker to stop (``ctx.should_stop`` becomes True); workers still running
-        after ``grace`` seconds (default ``stop_grace``) are terminated."""
+        """Ask every worker to stop; workers still running after ``grace`` seconds are ended.
+
+        ``ctx.should_stop`` becomes True in every worker (loops over ``ctx.epochs`` and
+        ``ctx.batches`` leave together); the run ends "stopped". A Lightning or Hugging Face
+        ``Trainer`` stops at the same step on every rank.
+
+        Parameters
+        ----------
+        grace : float, optional
+            Seconds the workers get to finish (default the run's ``stop_grace``, 10 s).
+        wait : bool, default False
+            Block until the run has ended.
+
+        Raises
+        ------
+        LaunchOptionError
+            ``grace`` is not a number of seconds >= 0, or ``wait`` is not True or False.
+        """
         if grace is not None:
             check_seconds("grace", grace)  # a nan or negative grace would never end the stop
         check_flag("wait", wait)
@@ -372,17 +509,50 @@ class Run:
 
     def retry(self, device: Any = None, resume: bool = False, devices: Any = None,
               **changes: Unpack[LaunchKwargs]) -> Run:
-        """Run the same function with the same arguments and options again, on one device:
-        by default the main device, or the first device that did not fail when it did
-        (``devices=[...]`` for a list: a retry is a new start with a smaller device list).
-        ``changes`` are launch options that differ from this run's.
+        """Run the same function with the same arguments and options again, by default on one device.
 
         The function and its arguments are sent as they are now, as running the cell again would
         send them: a model or tensor changed in the notebook since the launch is sent changed. A
         run read back with ``Run.load`` sends them as they were saved at its launch (and says so).
 
-        With ``resume=True`` the new run's ``ctx.load_checkpoint()`` returns this run's last
-        checkpoint (the built-in ``fit`` then continues from the epoch after it)."""
+        Parameters
+        ----------
+        device : str or Device, optional
+            The one device to run on; default the main device, or the first device that did not
+            fail when the main one did.
+        resume : bool, default False
+            The new run's ``ctx.load_checkpoint()`` returns this run's last checkpoint (the
+            built-in ``fit`` then goes on from the epoch after it).
+        devices : str or list, optional
+            A device list instead of one device (not with ``device``).
+        **changes
+            Launch options that differ from this run's (``stall_timeout=600``...).
+
+        Returns
+        -------
+        Run
+            The new run, started (its ``parent`` is this run).
+
+        Raises
+        ------
+        ArgumentsError
+            Both ``device`` and ``devices``, or an option that is not a launch option.
+        NoCheckpointError
+            ``resume=True`` but this run saved no checkpoint.
+        DDPNotebookError
+            A run read back from disk whose call was not kept (over 64 MB), or one that ran on
+            engines, retried without ``engines=``.
+        InvalidDevicesError
+            The device list of the retry failed validation.
+
+        Examples
+        --------
+        ::
+
+            run.retry()                          # on the main device, or the first healthy one
+            run.retry(device="cpu:1")
+            run.retry(resume=True)               # from the last checkpoint
+        """
         check_option_names("retry", dict(changes))
         check_flag("resume", resume)
         if device is not None and devices is not None:
@@ -412,7 +582,25 @@ class Run:
         return retry
 
     def retry_without_failed(self, resume: bool = False) -> Run:
-        """Run again on the device list without the devices whose workers caused the failure."""
+        """Run again on the device list without the devices whose workers caused the failure.
+
+        Parameters
+        ----------
+        resume : bool, default False
+            Go on from this run's last checkpoint, as in :meth:`retry`.
+
+        Returns
+        -------
+        Run
+            The new run, started.
+
+        Raises
+        ------
+        DDPNotebookError
+            Every device of the run failed (choose one with ``retry(device=...)``).
+        NoCheckpointError
+            ``resume=True`` but this run saved no checkpoint.
+        """
         check_flag("resume", resume)
         causing = self.state.causing_ranks
         keep = [d for rank, d in enumerate(self.devices) if rank not in causing]
@@ -458,7 +646,8 @@ class Run:
 
     @property
     def processes(self) -> list[WorkerProcess]:
-        """The ranks as ``torch.multiprocessing`` shows its children (``pid``, ``is_alive()``,
+        """The ranks as ``torch.multiprocessing`` shows its children, in rank order: each a
+        :class:`~ddp_notebook.lifecycle.torch_compat.WorkerProcess` (``pid``, ``is_alive()``,
         ``exitcode``, ``join()``), read from the run's state as it is now."""
         return [WorkerProcess(rank, functools.partial(lambda r: self.state.workers[r], rank), self._finished,
                               self.stop)

@@ -20,6 +20,7 @@ The package is layered; imports point one way, from the top of this list down:
 This module is the public API (``__all__``) and the IPython extension (``%load_ext
 ddp_notebook``); every exception is in ``ddp_notebook.errors``.
 """
+import sys
 import warnings
 from typing import Any
 
@@ -81,8 +82,10 @@ def __getattr__(name: str) -> Any:
 
     module, attribute, why = _MOVED[name]
     where = f"{module}.{attribute}" if attribute else module
-    warnings.warn(f"ddp_notebook.{name} is no longer part of the package's API: "
-                  + (why if why else f"import it from {where}"), DeprecationWarning, stacklevel=2)
+    # ``from ddp_notebook import X`` asks twice, the import system first: the user's line warns once.
+    if "importlib" not in sys._getframe(1).f_code.co_filename:
+        warnings.warn(f"ddp_notebook.{name} is no longer part of the package's API: "
+                      + (f"{why} ({where})" if why else f"import it from {module}"), DeprecationWarning, stacklevel=2)
     found = importlib.import_module(module)
     return getattr(found, attribute) if attribute else found
 

@@ -34,14 +34,23 @@ class FitResult:
     history, whether every rank ended with identical weights, and the run itself."""
 
     model: Any
+    """The model given to ``fit``, now holding the main worker's trained weights (or the one a
+    model function built)."""
     history: list[dict[str, Any]]
+    """One dict per epoch: ``epoch``, ``train_loss`` (the mean over every rank's samples),
+    ``seconds``, ``samples_per_s``, and with ``valid_data`` ``valid_loss`` and each metric."""
     run: Run
+    """The run that trained it (its id, events, output, checkpoints; ``retry`` goes on from it)."""
     ranks_in_sync: bool
+    """Whether every rank ended with bit-identical weights (as DDP keeps them)."""
     stopped_early: bool = False
+    """Whether early stopping ended the fit before ``epochs``."""
     resumed_from_epoch: Optional[int] = None
+    """The epoch of the checkpoint a resumed fit went on from (None: it started afresh)."""
 
     @property
     def checkpoint_dir(self) -> str:
+        """The folder of the fit's checkpoints (in its run's directory)."""
         return self.run.checkpoint_dir
 
     def __repr__(self) -> str:

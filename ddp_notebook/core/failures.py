@@ -70,28 +70,47 @@ class WorkerFailure:
     """
 
     rank: int
+    """The worker's rank."""
     device: str
+    """Its device, such as ``"cpu:1"`` (with ``" on engine N"`` for a rank on an ipyparallel engine)."""
     kind: FailureKind
+    """How it failed: an exception, a signal, an exit, a stall... (:class:`~ddp_notebook.core.failures.FailureKind`)."""
     time: float
+    """When the failure was seen (seconds since the epoch)."""
     pid: Optional[int] = None
+    """The worker's process id (None when it never started)."""
     phase: Phase = Phase.RUN
+    """Where the worker was: start-up, loading the call, setting up, in the function, sending the result."""
     exc_type: Optional[str] = None
+    """The exception's type name, such as ``"ValueError"`` (None for a death without one)."""
     message: str = ""
+    """The exception's message, or what is known of a death or a stall."""
     traceback: str = ""
+    """The worker's traceback (for a stall: its Python stack, or every rank's)."""
     exit_code: Optional[int] = None
+    """The process's exit code, for a worker that exited without reporting."""
     signal: Optional[str] = None
+    """The signal's name (``"SIGKILL"``, ``"SIGSEGV"``...) for a worker killed by one."""
     consequence: bool = False
-    knock_on: bool = False  # the worker said it failed because the run had ended: never the cause
+    """True for a failure that only followed the root cause (shown as "knock-on")."""
+    knock_on: bool = False
+    """The worker said it failed because the run had already ended: never the root cause."""
     stalled_for: Optional[float] = None
-    peers_waited: Optional[bool] = None  # for a stall: whether another worker waited in a collective
+    """For a stall: seconds without progress when the watchdog decided."""
+    peers_waited: Optional[bool] = None
+    """For a stall: whether another worker waited for it in a collective."""
     last_step: Optional[int] = None
+    """The last step the worker reported (None if it reported none)."""
     stderr_tail: list[str] = field(default_factory=list)
+    """The last lines the worker wrote to stderr."""
     # On the root cause when every worker raised this same error: their devices, in rank order.
     # Such an error is the run's, not one worker's: it comes from the code or the data.
     same_on: list[str] = field(default_factory=list)
+    """On the root cause when every worker failed the same way: their devices, in rank order."""
     # The run's number for this failure (1, 2, ...): a failure judged again (a cause found to be a
     # consequence) is recorded again under the same id. 0: not numbered (written by hand).
     id: int = 0
+    """The run's number for this failure (1, 2, ...; 0 when not numbered)."""
 
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # from JSON, or written by hand as a string
@@ -99,10 +118,17 @@ class WorkerFailure:
 
     @property
     def is_main(self) -> bool:
+        """True for the main worker (rank 0)."""
         return self.rank == 0
 
     def summary(self) -> str:
-        """What went wrong, in one line (the part after "failed: ")."""
+        """What went wrong, in one line (the part after "failed: ").
+
+        Returns
+        -------
+        str
+            Such as ``ValueError: boom`` or ``killed by signal SIGKILL (often the out-of-memory killer: ...)``.
+        """
         exc = f"{self.exc_type}: {self.message}" if self.message else (self.exc_type or "")
         kind = self.kind
         if kind == FailureKind.EXCEPTION:
@@ -175,10 +201,29 @@ class WorkerFailure:
                 == (other.kind, other.phase, other.exc_type, other.message, other.traceback))
 
     def to_dict(self) -> dict[str, Any]:
+        """The failure as plain data (what the run's event log holds).
+
+        Returns
+        -------
+        dict
+            One key per field.
+        """
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerFailure:
+        """The failure ``to_dict`` gave (read back from a run's event log).
+
+        Parameters
+        ----------
+        data : dict
+            One key per field, as ``to_dict`` returns it.
+
+        Returns
+        -------
+        WorkerFailure
+            The failure.
+        """
         return cls(**data)
 
 

@@ -190,6 +190,8 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
     >>> s = RunState(status=RunStatus.RUNNING, workers={0: WorkerState(0, "cpu:0", step=31, total=400)})
     >>> notebook_ended_reason(s, exited=False)
     'the notebook process ended (kernel restart or crash) at step 31 of 400'
+    >>> notebook_ended_reason(RunState(workers={0: WorkerState(0, "cpu:0", epoch=4, epochs=40)}), exited=True)
+    'the notebook process exited (kernel restart or shutdown) at epoch 5/40'
     """
     what = "exited (kernel restart or shutdown)" if exited else "ended (kernel restart or crash)"
     stepped = [w for _, w in sorted(state.workers.items()) if w.step is not None]
@@ -197,6 +199,9 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
         w = stepped[0]  # the main worker's, when it said
         where = f"at step {w.step} of {w.total}" if w.total else f"at step {w.step}"
         where += f" ({w.epoch_text})" if w.epoch is not None else ""
+    elif any(w.epoch is not None for w in state.workers.values()):  # epochs, without steps
+        w = next(w for _, w in sorted(state.workers.items()) if w.epoch is not None)
+        where = f"at {w.epoch_text}"
     elif state.status == RunStatus.STARTING:
         where = "while the workers were starting"
     else:

@@ -114,29 +114,24 @@ class ShardedLoader:
 class WorkerContext:
     """A worker's view of the run: who it is, where it computes, how it reports, and the helpers
     of a DDP training loop. The training function gets it as its first argument
-    (``def train(ctx, ...)``); ``current_context()`` returns it anywhere in the worker.
+    (``def train(ctx, ...)``); ``current_context()`` returns it anywhere in the worker. The
+    worker makes it; user code never does.
 
-    Attributes
-    ----------
-    rank : int
-        The position of the worker's device in the device list; rank 0 is the main worker, whose
-        return value ``Run.wait()`` gives back.
-    world_size : int
-        How many ranks the run has.
-    local_rank, local_world_size : int
-        The rank's index among the ranks on its host, and their number (on one machine:
-        ``rank`` and ``world_size``; on engines spread over hosts, counted per host).
-    device : torch.device
-        Where this rank computes: ``cuda:N`` for a GPU rank, else ``cpu``.
-    device_name : str
-        The device as the device list names it (``"cpu:1"``, ``"cuda:0"``).
-    backend : str
-        The process group's backend, ``"gloo"`` or ``"nccl"`` (the group is set up before the
-        function is called).
-    run_id : str
-        The run's id (``20261129-174217-5266c4``).
-    step, total, epoch : int or None
-        What ``batches`` and ``epochs`` count, and what ``log`` fills in when not given.
+    Examples
+    --------
+    ::
+
+        def train(ctx, dataset, epochs):
+            model = ctx.prepare(MyNet())                  # on ctx.device, wrapped in DDP
+            opt = torch.optim.Adam(model.parameters())
+            loader = ctx.loader(dataset, batch_size=64)   # this rank's shard, 64 a batch on each rank
+            for epoch in ctx.epochs(epochs):              # leaves on every rank together after Stop
+                for x, y in ctx.batches(loader):          # on ctx.device; step, total, samples/s reported
+                    loss = F.cross_entropy(model(x), y)
+                    opt.zero_grad(); loss.backward(); opt.step()
+                    ctx.log(loss=loss.item())
+                ctx.save_checkpoint({"model": ctx.unwrap(model).state_dict()}, epoch)
+            return ctx.unwrap(model).state_dict() if ctx.is_main else None
     """
 
     def __init__(
@@ -156,14 +151,24 @@ class WorkerContext:
         local_rank: Optional[int] = None,
         local_world_size: Optional[int] = None,
     ) -> None:
+        #: The position of the worker's device in the device list; rank 0 is the main worker,
+        #: whose return value ``Run.wait()`` gives back.
         self.rank = rank
+        #: How many ranks the run has.
         self.world_size = world_size
+        #: The rank's index among the ranks on its host (on one machine: ``rank``).
         self.local_rank = rank if local_rank is None else local_rank
+        #: How many ranks run on this rank's host (on one machine: ``world_size``).
         self.local_world_size = world_size if local_world_size is None else local_world_size
+        #: Where this rank computes, a ``torch.device``: ``cuda:N`` for a GPU rank, else ``cpu``.
         self.device = device
+        #: The device as the device list names it (``"cpu:1"``, ``"cuda:0"``).
         self.device_name = device_name
+        #: The process group's backend, ``"gloo"`` or ``"nccl"`` (set up before the function is called).
         self.backend = backend
+        #: The run's id (``20261129-174217-5266c4``).
         self.run_id = run_id
+        #: The run's directory (in the notebook's runs folder).
         self.run_dir = run_dir
         # Every step's loss and each epoch's numbers, carried by the reports that are sent.
         self._loss_history = LossHistory()
@@ -176,13 +181,19 @@ class WorkerContext:
         self._lock = threading.Lock()
         self._flusher: Optional[threading.Thread] = None
         _contexts.add(self)
+        #: The checkpoint file this run resumes from (None: it starts afresh); ``load_checkpoint`` reads it.
         self.resume_from = resume_from
         # Ranks on engines (maybe on other hosts, with no shared file system): the checkpoint to
         # resume from arrives as bytes, and a saved one travels to the notebook as an event.
+        #: On an engine: the checkpoint to resume from, as bytes (set by the engine's runner).
         self.resume_data: Optional[bytes] = None
+        #: On an engine: checkpoints are sent to the notebook, which writes them (set by the engine's runner).
         self.checkpoints_to_notebook = False
+        #: The steps ``batches`` has counted (what ``log`` reports when not given a step).
         self.step = 0
+        #: The current epoch of ``epochs`` (None outside it).
         self.epoch: Optional[int] = None
+        #: The steps of the run in all, as ``batches`` counts them (None before the first ``batches``).
         self.total: Optional[int] = None
         self._epochs: Optional[int] = None
         self._first_epoch = 0
@@ -197,8 +208,14 @@ class WorkerContext:
         return self._stop_event.is_set()
 
     def due(self) -> bool:
-        """Whether a report now would be sent at once (not held back by ``progress_interval``):
-        a loop can skip reading its metrics (a GPU sync) when it would not."""
+        """Whether a report now would be sent at once (not held back by ``progress_interval``).
+
+        Returns
+        -------
+        bool
+            True when ``log`` would send now: a loop can skip reading its metrics (a GPU sync)
+            when it would not.
+        """
         return time.monotonic() - self._last_sent >= self._interval
 
     def log(self, /, step: Optional[int] = None, total: Optional[int] = None, epoch: Optional[int] = None,
@@ -290,9 +307,14 @@ class WorkerContext:
             time.sleep(min(wait, FLUSHER_IDLE))
 
     def flush(self, held: bool = False) -> None:
-        """Send a report held back by throttling (when the function returns or fails). ``held``:
-        sent on the supervisor's request, stamped with when it was logged and marked so, which
-        is no sign of progress now."""
+        """Send a report held back by throttling (done when the function returns or fails).
+
+        Parameters
+        ----------
+        held : bool, default False
+            Sent on the supervisor's request: stamped with when it was logged and marked so,
+            which is no sign of progress now.
+        """
         with self._lock:
             event, self._pending = self._pending, None
             if not held:  # the function ended: its last loss bin and epoch go now, in a report of their own if need be

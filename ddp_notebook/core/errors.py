@@ -1,7 +1,7 @@
 """The package's exception classes: every error a user can see derives from ``DDPNotebookError``.
 
 Their public home is ``ddp_notebook.errors``, which draws the tree and names each class there
-(tracebacks and pickles say ``ddp_notebook.errors.X``); the ones users catch most are importable
+(tracebacks and pickles say ``ddp_notebook.errors.<Name>``); the ones users catch most are importable
 from ``ddp_notebook`` too. Nothing here imports torch or IPython, so the errors can be raised
 from the plain core.
 """

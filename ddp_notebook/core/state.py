@@ -35,23 +35,42 @@ SILENCE_FACTOR = 10.0
 
 
 class RunStatus(TextEnum):
+    """Where a run is: ``Run.status``. Each member equals its text (``run.status == "failed"``).
+
+    >>> RunStatus.FAILED == "failed", RunStatus.FAILED.finished
+    (True, True)
+    """
+
+    #: Validating, sending the call, starting the workers.
     STARTING = "starting"
+    #: Every worker started; the function runs.
     RUNNING = "running"
+    #: Every worker returned; ``Run.wait()`` gives the main worker's value.
     SUCCEEDED = "succeeded"
+    #: A worker failed (``Run.root_failure`` says which and why); the others were ended.
     FAILED = "failed"
+    #: Stopped by ``Run.stop()``, the panel's Stop, an interrupt, or the notebook's end.
     STOPPED = "stopped"
 
     @property
     def finished(self) -> bool:
+        """True for the three endings: succeeded, failed, stopped."""
         return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED)
 
 
 class WorkerStatus(TextEnum):
-    STARTING = "starting"  # process started, function not yet called
+    """Where one rank is: ``WorkerState.status``. Each member equals its text."""
+
+    #: The process started; the function is not called yet.
+    STARTING = "starting"
+    #: In the function.
     RUNNING = "running"
-    SUCCEEDED = "succeeded"  # returned from the function
+    #: Returned from the function.
+    SUCCEEDED = "succeeded"
+    #: Failed (its ``WorkerFailure`` is among the run's failures).
     FAILED = "failed"
-    STOPPED = "stopped"  # ended by the supervisor (a peer failed, a stop), or returned once a stop was asked
+    #: Ended by the supervisor (a peer failed, a stop), or returned once a stop was asked.
+    STOPPED = "stopped"
 
 
 @dataclass

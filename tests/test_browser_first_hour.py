@@ -83,8 +83,10 @@ def test_no_ctx_a_spinning_rank_and_a_restart_mid_run_in_jupyterlab(lab, tmp_pat
             expect(output(1)).not_to_contain_text("Traceback")
             # 2. A spinning rank: the panel says who holds the other up, with the true last step.
             spin = output(2)
-            expect(spin).to_contain_text(re.compile(r"rank 0 waits in all_reduce \(.*\) for rank 1"), timeout=120_000)
-            expect(spin).to_contain_text(re.compile(r"rank 1 runs at .*:\d+, \d+ % CPU"))
+            # (the cell's lines, named as IPython names the cell)
+            expect(spin).to_contain_text(re.compile(r"rank 0 waits in all_reduce \(cell In\[\d+\]:13\) for rank 1"),
+                                         timeout=120_000)
+            expect(spin).to_contain_text(re.compile(r"rank 1 runs at cell In\[\d+\]:1[12], \d+ % CPU"))  # (while True: pass)
             expect(spin.locator(".ddp-progress").nth(0)).to_contain_text("step 2/1000")
             expect(spin.locator(".ddp-progress").nth(1)).to_contain_text("step 2/1000")
             spin.scroll_into_view_if_needed()

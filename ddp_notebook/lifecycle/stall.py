@@ -20,8 +20,8 @@ from typing import Optional
 from ..core.failures import FailureKind, WorkerFailure, is_runner_file
 from .clock import REAL_CLOCK, Clock
 
-__all__ = ["torch_dir", "dump_stacks", "stall_failures", "main_thread_stack", "is_waiting_in_collective",
-           "pick_stalled", "format_stack", "quiet_notes", "user_site", "collective_name"]
+__all__ = ["name_cells_with", "file_name", "torch_dir", "dump_stacks", "stall_failures", "main_thread_stack",
+           "is_waiting_in_collective", "pick_stalled", "format_stack", "quiet_notes", "user_site", "collective_name"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
@@ -164,12 +164,34 @@ def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: di
     return found
 
 
+# How the shell that runs the notebook names the file of a cell ("In[3]" for the temporary file
+# IPython compiled it from): set by the front end (``ui.tracebacks``); None for other files.
+_cell_name: Optional[Callable[[str], Optional[str]]] = None
+
+
+def name_cells_with(name: Optional[Callable[[str], Optional[str]]]) -> None:
+    """Set how a stack names the files of notebook cells (the front end calls this once)."""
+    global _cell_name
+    _cell_name = name
+
+
+def file_name(path: str) -> str:
+    """``train.py`` for a file, ``cell In[3]`` for a notebook cell's."""
+    cell = None
+    if _cell_name is not None:
+        try:
+            cell = _cell_name(path)
+        except Exception:  # noqa: BLE001 - a name is a nicety: never fail a report for it
+            cell = None
+    return f"cell {cell}" if cell else os.path.basename(path)
+
+
 def call_site(frames: Sequence[tuple[str, int, str]], torch_home: Optional[str]) -> str:
     """Where the user's code called into torch: ``train.py:12 dist.all_reduce(t)``."""
     for file, line, _name in frames:  # innermost first: the first frame outside torch
         if torch_home is None or not os.path.realpath(file).startswith(torch_home + os.sep):
             source = linecache.getline(file, line).strip()
-            return f"{os.path.basename(file)}:{line}" + (f" `{source}`" if source else "")
+            return f"{file_name(file)}:{line}" + (f" `{source}`" if source else "")
     return "torch"
 
 
@@ -225,9 +247,9 @@ def user_site(frames: Sequence[tuple[str, int, str]]) -> Optional[str]:
         return None
     for file, line, _name in frames:
         if not _is_library(file):
-            return f"{os.path.basename(file)}:{line}"
+            return f"{file_name(file)}:{line}"
     file, line, _name = frames[0]
-    return f"{os.path.basename(file)}:{line}"
+    return f"{file_name(file)}:{line}"
 
 
 def collective_name(frames: Sequence[tuple[str, int, str]], torch_home: Optional[str] = None) -> str:

@@ -7,6 +7,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 from ..core.errors import draw_tracebacks_with
+from ..lifecycle.stall import name_cells_with
 
 __all__ = ["register"]
 
@@ -30,6 +31,15 @@ def _draw(error: BaseException, frames: Optional[TracebackType]) -> list[str]:
     return lines
 
 
+def _cell_name(path: str) -> Optional[str]:
+    """``In[3]`` for the file IPython compiled cell 3 from; None for any other file."""
+    compiler = getattr(_shell(), "compile", None)
+    named = compiler.format_code_name(path) if compiler is not None else None
+    return str(named[1]) if named else None
+
+
 def register() -> None:
-    """Draw this package's errors with IPython's formatter wherever one runs."""
+    """Draw this package's errors with IPython's formatter wherever one runs, and name notebook
+    cells in stacks as IPython does (``In[3]``)."""
     draw_tracebacks_with(_draw)
+    name_cells_with(_cell_name)

@@ -24,16 +24,26 @@ __all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name
 class FailureKind(TextEnum):
     """How a worker failed (the values of ``WorkerFailure.kind``)."""
 
-    EXCEPTION = "exception"  # the function raised
-    UNPICKLE = "unpickle"  # the function or its arguments could not be loaded in the worker
-    INIT = "init"  # device or process-group set-up raised
-    RESULT = "result"  # the return value could not be sent back
-    SIGNAL = "signal"  # killed by a signal without reporting (SIGKILL, SIGSEGV, ...)
-    EXIT = "exit"  # exited with a code without reporting (os._exit, sys.exit in C code, ...)
-    STALL = "stall"  # made no progress while its peers waited for it
-    ENGINE = "engine"  # the ipyparallel engine running the rank died
-    SERVER = "server"  # the fork server that forked the worker died, and Linux ended the worker with it
-    NETWORK = "network"  # the rank's host dropped off the network (its engine unreachable, its link gone)
+    #: The function raised.
+    EXCEPTION = "exception"
+    #: The function or its arguments could not be loaded in the worker.
+    UNPICKLE = "unpickle"
+    #: Device or process-group set-up raised.
+    INIT = "init"
+    #: The return value could not be sent back.
+    RESULT = "result"
+    #: Killed by a signal without reporting (SIGKILL, SIGSEGV, ...).
+    SIGNAL = "signal"
+    #: Exited with a code without reporting (os._exit, sys.exit in C code, ...).
+    EXIT = "exit"
+    #: Made no progress while its peers waited for it.
+    STALL = "stall"
+    #: The ipyparallel engine running the rank died.
+    ENGINE = "engine"
+    #: The fork server that forked the worker died, and Linux ended the worker with it.
+    SERVER = "server"
+    #: The rank's host dropped off the network (its engine unreachable, its link gone).
+    NETWORK = "network"
 
 
 # Deaths without a report: the dead worker closed its sockets before any peer could notice, so
@@ -45,11 +55,16 @@ SILENT_KINDS = frozenset({FailureKind.SIGNAL, FailureKind.EXIT, FailureKind.ENGI
 class Phase(TextEnum):
     """Where a worker was when it failed."""
 
-    STARTUP = "startup"  # before the function and its arguments were loaded
-    UNPICKLE = "unpickle"  # loading the function and its arguments
-    INIT = "init"  # setting up the device and the process group
-    RUN = "run"  # in the function
-    RESULT = "result"  # sending the return value back
+    #: Before the function and its arguments were loaded.
+    STARTUP = "startup"
+    #: Loading the function and its arguments.
+    UNPICKLE = "unpickle"
+    #: Setting up the device and the process group.
+    INIT = "init"
+    #: In the function.
+    RUN = "run"
+    #: Sending the return value back.
+    RESULT = "result"
 
 
 _PHASE_KIND = {Phase.RUN: FailureKind.EXCEPTION, Phase.UNPICKLE: FailureKind.UNPICKLE, Phase.INIT: FailureKind.INIT,

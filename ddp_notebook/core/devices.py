@@ -52,7 +52,9 @@ class Device:
     """
 
     kind: str
+    """``"cpu"`` or ``"cuda"``."""
     index: int
+    """The device's number: a GPU's index, or a CPU worker's slot (a label, not a core)."""
 
     def __post_init__(self) -> None:
         # "CUDA" and "gpu" mean cuda, as in a device string; anything else is refused here, so a

@@ -34,10 +34,14 @@ class Finding:
     """One problem found: ``level`` is ``"error"`` or ``"warning"``; ``code`` a stable name."""
 
     level: str
-    code: str  # argument, syntax, empty, duplicate, missing, memory, mixed, backend, oversubscribed, too_many,
-    # empty_shard
+    """``"error"`` (the list cannot run) or ``"warning"`` (it can, but should not)."""
+    code: str
+    """A stable name of the problem: argument, syntax, empty, duplicate, missing, memory, mixed,
+    backend, oversubscribed, too_many, empty_shard (and, on engines, what the engines' checks find)."""
     message: str
+    """What is wrong, in a sentence that names the bad value and what is valid."""
     device: Optional[str] = None
+    """The device it is about, if one."""
 
 
 @dataclass(frozen=True)
@@ -45,20 +49,27 @@ class ValidationReport:
     """The result of validating a device list: the devices, the backend and the findings."""
 
     spec: str
+    """The device list as given (as text)."""
     devices: tuple[Device, ...]
+    """The devices read from it, in rank order (empty when it could not be read)."""
     backend: Optional[str]
+    """The backend the run would use, ``"gloo"`` or ``"nccl"``."""
     findings: tuple[Finding, ...] = field(default=())
+    """Every problem found, errors and warnings."""
 
     @property
     def errors(self) -> list[Finding]:
+        """The findings that stop a launch."""
         return [f for f in self.findings if f.level == "error"]
 
     @property
     def warnings(self) -> list[Finding]:
+        """The findings a launch goes on with (the run starts all the same)."""
         return [f for f in self.findings if f.level == "warning"]
 
     @property
     def ok(self) -> bool:
+        """True when there is no error: ``launch`` would start."""
         return not self.errors
 
     def summary(self) -> str:

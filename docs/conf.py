@@ -47,7 +47,7 @@ myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_inherit_docstrings = False  # a framework base class's docstring is not ours to render
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
+autodoc_default_options = {"members": True, "show-inheritance": True}
 autoclass_content = "class"
 
 # numpydoc renders Parameters / Returns / Raises; members are listed by autodoc itself.

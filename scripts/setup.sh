@@ -12,7 +12,7 @@ say() { echo "setup: $*" >&2; }
 stamp_now=$( (cat pyproject.toml; echo "$TORCH"; "$PYTHON" --version) | sha256sum | cut -c1-16)
 stamp_file=.venv/.ddp_notebook-setup
 if [ -x .venv/bin/python ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp_now" ] \
-   && .venv/bin/python -c "import ddp_notebook, torch" 2>/dev/null; then
+   && .venv/bin/python -c "import ddp_notebook, torch, sphinx" 2>/dev/null; then
     say ".venv is up to date (delete .venv/.ddp_notebook-setup to reinstall)"
     exit 0
 fi
@@ -23,7 +23,7 @@ fi
 quiet() { "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 say "installing $TORCH (CPU build; about 200 MB the first time)"
 quiet .venv/bin/pip install -q --disable-pip-version-check "$TORCH"
-say "installing ddp_notebook and its notebook and test tools (JupyterLab, ipywidgets, ipyparallel, pytest)"
-quiet .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+say "installing ddp_notebook and its notebook, test and docs tools (JupyterLab, ipywidgets, ipyparallel, pytest, Sphinx)"
+quiet .venv/bin/pip install -q --disable-pip-version-check -e ".[test,docs]"
 echo "$stamp_now" > "$stamp_file"
 say "done: .venv/bin/python has ddp_notebook"

@@ -360,7 +360,8 @@ cluster.stop_cluster_sync()
 
 # Run last, then removed: every run ended and every widget's final state sent from this cell.
 # A panel redraws from its own thread, and nbclient records only the widget updates of the cell
-# it is executing, so without this the stored panels would show the first moments of each run.
+# it is executing, so without this the stored panels would show the first moments of each run;
+# likewise a display's fallback, updated by display id from this cell.
 FINAL_STATE = """
 import time as _time, ipywidgets as _widgets, ddp_notebook as _ddp
 for _run in _ddp.runs():
@@ -371,6 +372,8 @@ for _run in _ddp.runs():
 _time.sleep(2.5)  # the panels' last redraw (they tick every second)
 for _widget in list(_widgets.widgets.widget._instances.values()):
     _widget.send_state()
+    if getattr(_widget, "display_handle", None) is not None:  # its fallback, from this cell too
+        _widget.display_handle.update(_widget)
 """
 
 

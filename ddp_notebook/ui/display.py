@@ -78,6 +78,7 @@ def display_kept_current(panel: Any) -> None:
     handle = display(panel, display_id=True)
     if handle is None:  # no display id where nothing displays (a shell without a front end)
         return
+    panel.display_handle = handle  # (what a notebook's build updates once more at its end)
     cell = contextvars.copy_context()
     panel.keep_current(lambda shown: cell.copy().run(handle.update, shown))
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ._text import TextEnum
 
 __all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "order_failures",
-           "render_failure_report", "failure_from_error", "is_runner_file"]
+           "render_failure_report", "failure_from_error", "is_runner_file", "format_locals"]
 
 
 class FailureKind(TextEnum):
@@ -126,6 +126,12 @@ class WorkerFailure:
     # consequence) is recorded again under the same id. 0: not numbered (written by hand).
     id: int = 0
     """The run's number for this failure (1, 2, ...; 0 when not numbered)."""
+    locals: dict[str, str] = field(default_factory=dict)
+    """For an exception: the local variables of the innermost frame of user code when it was
+    raised, name → one-line summary (``Tensor[64, 3, 28, 28] float32 cpu``, ``list of 3``)."""
+    locals_frames: list[dict[str, Any]] = field(default_factory=list)
+    """Where ``locals`` were, and the frames above it toward the function: ``{"function", "file",
+    "line", "locals"}`` each, innermost first."""
 
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # from JSON, or written by hand as a string
@@ -135,6 +141,25 @@ class WorkerFailure:
     def is_main(self) -> bool:
         """True for the main worker (rank 0)."""
         return self.rank == 0
+
+    def locals_title(self, name_file: Any = os.path.basename) -> str:
+        """``Locals in train (train.py:12) on rank 1``: where ``locals`` were ("" when there are none).
+
+        Parameters
+        ----------
+        name_file : callable, optional
+            How a file is named (the notebook names a cell's file as IPython does).
+
+        Returns
+        -------
+        str
+            The title of the locals' table.
+        """
+        if not self.locals_frames:
+            return ""
+        top = self.locals_frames[0]
+        where = f"{name_file(str(top.get('file')))}:{top.get('line')}"
+        return f"Locals in {top.get('function')} ({where}) on rank {self.rank}"
 
     def summary(self) -> str:
         """What went wrong, in one line (the part after "failed: ").
@@ -246,11 +271,13 @@ def failure_from_error(event: dict[str, Any], device: str, pid: Optional[int],
                        last_step: Optional[int]) -> WorkerFailure:
     """The failure a worker's ``error`` event reports (its phase says which kind)."""
     phase = Phase(event.get("phase", Phase.RUN))
+    frames = [f for f in event.get("locals") or [] if isinstance(f, dict) and isinstance(f.get("locals"), dict)]
     return WorkerFailure(rank=event["rank"], device=device, kind=_PHASE_KIND[phase],
                          time=event.get("time") or _time.time(), pid=pid, phase=phase,
                          exc_type=event.get("exc_type"), message=event.get("message", ""),
                          traceback=event.get("traceback", ""), last_step=last_step,
-                         knock_on=bool(event.get("knock_on")))
+                         knock_on=bool(event.get("knock_on")), locals=dict(frames[0]["locals"]) if frames else {},
+                         locals_frames=frames)
 
 
 def order_failures(found: Sequence[WorkerFailure], world_size: int = 0) -> list[WorkerFailure]:
@@ -281,6 +308,23 @@ def order_failures(found: Sequence[WorkerFailure], world_size: int = 0) -> list[
     return [root, *rest]
 
 
+def format_locals(failure: WorkerFailure, name_file: Any = os.path.basename) -> list[str]:
+    """The lines that show a failure's locals: a title, then ``name: summary`` per variable
+    (the innermost frame of user code; none when the worker recorded none).
+
+    >>> f = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, locals={"x": "Tensor[3] float32 cpu"},
+    ...                   locals_frames=[{"function": "train", "file": "/w/train.py", "line": 12,
+    ...                                   "locals": {"x": "Tensor[3] float32 cpu"}}])
+    >>> for line in format_locals(f): print(line)
+    Locals in train (train.py:12) on rank 1:
+      x = Tensor[3] float32 cpu
+    """
+    if not failure.locals_frames:
+        return []
+    width = max((len(n) for n in failure.locals), default=0)
+    return [failure.locals_title(name_file) + ":"] + [f"  {n.ljust(width)} = {v}" for n, v in failure.locals.items()]
+
+
 def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure], stderr_lines: int = 15) -> str:
     """The full text shown for a failed run: the root cause's traceback, its stderr tail,
     the knock-on failures, and the one-line headline last (where eyes land)."""
@@ -289,6 +333,7 @@ def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure]
     if root.traceback:
         parts.append(root.traceback_title())
         parts.append(root.traceback.rstrip("\n"))
+    parts.extend(format_locals(root))
     tail = [line for line in root.stderr_tail if line.strip()][-stderr_lines:]
     if tail and root.kind != FailureKind.EXCEPTION:
         parts.append(f"Last lines of the stderr of {name}:")

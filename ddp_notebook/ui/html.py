@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..core.failures import FailureKind, Phase, WorkerFailure, worker_name
 from ..core.validation import ValidationReport
+from ..lifecycle.stall import file_name
 from .text import format_duration, format_metric
 
 __all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS", "CODE_ERRORS"]
@@ -108,6 +109,26 @@ def hint_for(failure: WorkerFailure, healthy: Sequence[str] = ()) -> str:
             f"process{elsewhere}.")
 
 
+def locals_html(failure: WorkerFailure) -> str:
+    """What the failed rank's variables held: a table for the innermost frame of user code, and
+    the frames above it toward the function folded ("" when none was recorded)."""
+    if not failure.locals_frames:
+        return ""
+
+    def table(names: dict[str, str]) -> str:
+        rows = "".join(f"<tr><td><code>{escape(n)}</code></td><td><code>{escape(v)}</code></td></tr>"
+                       for n, v in names.items())
+        return f'<table class="ddp-locals">{rows}</table>' if rows else "<i>no local variables</i>"
+
+    html = [f"<details open><summary>{escape(failure.locals_title(file_name))}</summary>"
+            f"{table(failure.locals)}</details>"]
+    for frame in failure.locals_frames[1:]:
+        where = f"{frame.get('function')} ({file_name(str(frame.get('file')))}:{frame.get('line')})"
+        html.append(f"<details><summary>Locals in {escape(where)}</summary>"
+                    f"{table(frame.get('locals') or {})}</details>")
+    return "".join(html)
+
+
 def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], healthy: Sequence[str] = ()) -> str:
     """The red card: headline, hint, traceback and stderr tail (collapsible), knock-on failures."""
     parts = [f'<div class="ddp-failure" style="border-left:4px solid {RED};padding:4px 10px;background:#fff5f5">',
@@ -116,6 +137,7 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
     if root.traceback:
         parts.append(f"<details open><summary>{escape(root.traceback_title().rstrip(':'))}</summary>"
                      f"<pre>{escape(root.traceback)}</pre></details>")
+    parts.append(locals_html(root))
     tail = [line for line in root.stderr_tail if line.strip()][-20:]
     if tail:
         parts.append(f"<details><summary>Last lines of its stderr</summary><pre>{escape(chr(10).join(tail))}"

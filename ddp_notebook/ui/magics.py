@@ -30,6 +30,7 @@ from ..core.errors import (
     RunLoadError,
     UnsafeRunDirError,
 )
+from ..core.failures import format_locals
 from ..core.rundir import KEEP_RUNS_ENV, RUNS_MAX_BYTES_ENV, default_run_root, folder_bytes, runs_limits
 from ..core.validation import InvalidDevicesError, validate_devices
 from ..lifecycle.launch import (
@@ -44,6 +45,7 @@ from ..lifecycle.launch import (
 )
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
+from ..lifecycle.stall import file_name
 from ..lifecycle.stored import find_stored_run, prune_runs, read_summary, stored_runs
 from ..recipes.fit import fit
 from . import display
@@ -375,6 +377,31 @@ class DDPMagics(Magics):
 
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
+    @line_magic
+    def ddp_debug(self, line: str) -> None:
+        """Print what the failed ranks' variables held when they raised (the last run, or RUN): per
+        failed rank, the locals of the innermost frame of user code, then the frames above it."""
+        run = _run("ddp_debug", _parse(self.ddp_debug, line).run)
+        failures = [f for f in run.failures if f.locals_frames]
+        if not failures:
+            why = ("it has not failed" if not run.failures else
+                   "no failed rank recorded its variables (they are recorded for an exception in user code)")
+            print(f"Run {run.id} ({run.status}): nothing to show: {why}.")
+            return
+        for failure in failures:
+            how = " (knock-on)" if failure.consequence else ""
+            print(f"{failure.headline()}{how}")
+            print("\n".join(format_locals(failure, file_name)))
+            for frame in failure.locals_frames[1:]:
+                where = f"{frame.get('function')} ({file_name(str(frame.get('file')))}:{frame.get('line')})"
+                names = frame.get("locals") or {}
+                width = max((len(n) for n in names), default=0)
+                print(f"Locals in {where}:")
+                print("\n".join(f"  {n.ljust(width)} = {v}" for n, v in names.items()) or "  (none)")
+            print()
+
+    @magic_arguments()
+    @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
     @argument("--grace", type=_grace, metavar="SECONDS",
               help="seconds before workers that ignore the request are terminated")
     @line_magic
@@ -435,7 +462,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext ddp_notebook``: the magics and the panel display removed, and the fork server
     ended once no run uses it. Runs in progress go on."""
     magics = ipython.magics_manager.magics["line"]
-    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry"):
+    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry", "ddp_debug"):
         magics.pop(name, None)
     display.unregister(ipython)
     stop_fork_server()

@@ -29,6 +29,7 @@ from ..transfer.packing import Packed
 from . import context, own_init, teardown
 from .boot import STACK_SIGNAL
 from .context import WorkerContext
+from .failed_locals import failed_locals
 from .frameworks.hooks import watch_imports
 from .meeting import Meeting, RunEndedError
 from .spawn_store import join_notebook_store
@@ -193,6 +194,8 @@ def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
         "exc_type": type(exc).__qualname__,
         "message": _text_of(exc),
         "traceback": format_user_traceback(exc),
+        # What the user's variables held (a knock-on's are of no interest: its peer failed first).
+        "locals": [] if isinstance(exc, RunEndedError) else failed_locals(exc.__traceback__),
         "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
     })
 

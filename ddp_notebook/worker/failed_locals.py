@@ -1,0 +1,97 @@
+"""What the user's variables held when a rank raised: a one-line summary per local variable of the
+innermost frames of user code, for the failure report. Most DDP errors are a shape, dtype or
+device that differs on one rank: the summaries show it without a rerun.
+
+Bounded in number and size, and never failing the report: a summary that raises says so.
+
+>>> import numpy as np
+>>> summarize(np.zeros((128, 3), dtype=np.int64))
+'ndarray[128, 3] int64'
+>>> summarize([1, 2, 3]), summarize("x" * 200)[:12], summarize(None)
+('list of 3', "'xxxxxxxxxxx", 'None')
+"""
+from __future__ import annotations
+
+import reprlib
+from types import FrameType, TracebackType
+from typing import Any, Optional
+
+from ..core.tracebacks import is_library_file
+
+__all__ = ["summarize", "failed_locals", "FRAMES_KEPT", "NAMES_KEPT", "SUMMARY_CHARS"]
+
+FRAMES_KEPT = 3  # the innermost user frame, and the frames above it toward the function
+NAMES_KEPT = 30  # per frame
+SUMMARY_CHARS = 100
+REPR_CHARS = 80
+
+_repr = reprlib.Repr()
+_repr.maxstring = REPR_CHARS
+_repr.maxother = REPR_CHARS
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
+
+
+def _shape(value: Any) -> Optional[str]:
+    shape = getattr(value, "shape", None)
+    try:
+        return ", ".join(str(int(n)) for n in shape) if shape is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def summarize(value: Any) -> str:
+    """One line for ``value``: ``Tensor[64, 3, 28, 28] float32 cpu``, ``ndarray[128] int64``,
+    ``list of 3``, else its repr cut at 80 characters."""
+    try:
+        kind = type(value)
+        name = kind.__name__
+        shape = _shape(value)
+        if shape is not None and hasattr(value, "dtype"):
+            dtype = str(value.dtype).replace("torch.", "")
+            device = getattr(value, "device", None)
+            where = f" {device}" if device is not None and not isinstance(device, str) else ""
+            grad = " requires_grad" if getattr(value, "requires_grad", False) else ""
+            text = f"{name}[{shape}] {dtype}{where}{grad}"
+        elif isinstance(value, (list, tuple, set, frozenset, dict)):
+            text = f"{name} of {len(value)}"
+        else:
+            text = _repr.repr(value)
+    except Exception as e:  # noqa: BLE001 - a broken __repr__ or property must not fail the report
+        text = f"<{type(value).__name__}: its summary raised {type(e).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def _frame_locals(frame: FrameType) -> dict[str, str]:
+    names = [n for n in frame.f_locals if not n.startswith("__")]
+    out: dict[str, str] = {}
+    for name in names[:NAMES_KEPT]:
+        value = frame.f_locals[name]
+        if callable(value) and not hasattr(value, "shape") and type(value).__name__ in (
+                "function", "builtin_function_or_method", "type", "method"):
+            continue  # functions and classes: the code, not the data
+        if type(value).__name__ == "module":
+            continue
+        out[name] = summarize(value)
+    if len(names) > NAMES_KEPT:
+        out["…"] = f"{len(names) - NAMES_KEPT} more"
+    return out
+
+
+def failed_locals(tb: Optional[TracebackType]) -> list[dict[str, Any]]:
+    """The innermost frames of user code in ``tb`` (at most ``FRAMES_KEPT``, innermost first),
+    each ``{"function", "file", "line", "locals": {name: summary}}``; [] when none (or on any error)."""
+    try:
+        user = []
+        while tb is not None:
+            if not is_library_file(tb.tb_frame.f_code.co_filename):
+                user.append(tb)
+            tb = tb.tb_next
+        frames = []
+        for t in reversed(user[-FRAMES_KEPT:]):
+            code = t.tb_frame.f_code
+            frames.append({"function": code.co_name, "file": code.co_filename, "line": t.tb_lineno,
+                           "locals": _frame_locals(t.tb_frame)})
+        return frames
+    except Exception:  # noqa: BLE001 - the locals are a help: never fail the report for them
+        return []

@@ -1,0 +1,73 @@
+"""The failed rank's locals: what the user's variables held when a rank raised, one line each, kept
+with the failure (in the run's directory), shown on the card and by %ddp_debug."""
+import pytest
+import torch
+from IPython.utils.capture import capture_output
+
+import ddp_notebook
+from ddp_notebook.ui.html import failure_card_html
+from ddp_notebook.worker.failed_locals import NAMES_KEPT, SUMMARY_CHARS, summarize
+
+
+def mismatched(ctx):
+    images = torch.zeros(64, 3, 28, 28) if ctx.rank == 0 else torch.zeros(64, 3, 28, 27, dtype=torch.float64)
+    labels = list(range(3))
+    note = "x" * 500
+    def nested(batch):
+        size = batch.shape[-1]
+        raise ValueError(f"bad width {size} on rank {ctx.rank}")
+    if ctx.rank == 1:
+        nested(images)
+    return labels, note
+
+
+@pytest.mark.unit
+def test_a_summary_is_one_bounded_line_and_never_raises():
+    class Broken:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    assert summarize(torch.zeros(64, 3, 28, 28)) == "Tensor[64, 3, 28, 28] float32 cpu"
+    assert summarize(torch.zeros(2, requires_grad=True)) == "Tensor[2] float32 cpu requires_grad"
+    assert summarize(list(range(3))) == "list of 3" and summarize({"a": 1}) == "dict of 1"
+    assert summarize(Broken()).startswith("<Broken ")  # (reprlib says what it is instead)
+    assert len(summarize("y" * 10_000)) <= SUMMARY_CHARS and "\n" not in summarize("a\nb" * 30)
+
+
+@pytest.mark.processes
+def test_a_failed_ranks_locals_are_kept_shown_on_the_card_and_by_ddp_debug(ipython_shell, tmp_path):
+    run = ddp_notebook.launch(mismatched, devices="cpu*2", run_root=str(tmp_path))
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="bad width 27 on rank 1"):
+        run.wait(timeout=120)
+    root = run.root_failure
+    assert root.rank == 1 and root.locals == {"batch": "Tensor[64, 3, 28, 27] float64 cpu", "size": "27",
+                                              "ctx": "WorkerContext(rank=1, world_size=2, device='cpu:1', backend='gloo')"}
+    assert [f["function"] for f in root.locals_frames] == ["nested", "mismatched"]  # innermost first
+    outer = root.locals_frames[1]["locals"]
+    assert outer["images"] == "Tensor[64, 3, 28, 27] float64 cpu" and outer["labels"] == "list of 3"
+    assert len(outer["note"]) <= SUMMARY_CHARS and "ctx" in outer and "nested" not in outer  # (code is left out)
+    card = failure_card_html(root, run.failures)
+    assert "Locals in nested (test_failed_locals.py:" in card and "Tensor[64, 3, 28, 27] float64 cpu" in card
+    # Kept with the failure in the run's directory: read back after a restart.
+    assert ddp_notebook.Run.load(run.run_dir).root_failure.locals == root.locals
+    ip = ipython_shell
+    ip.run_line_magic("load_ext", "ddp_notebook")
+    ip.user_ns["_ddp_run"] = run
+    with capture_output() as out:
+        ip.run_line_magic("ddp_debug", run.id)
+    assert "Locals in nested (test_failed_locals.py:" in out.stdout and "batch = Tensor[64, 3, 28, 27]" in out.stdout
+    assert "Locals in mismatched (test_failed_locals.py:" in out.stdout and "labels = list of 3" in out.stdout
+
+
+@pytest.mark.processes
+def test_locals_are_bounded_in_number(tmp_path):
+    def many(ctx):
+        scope = {f"v{i}": i for i in range(NAMES_KEPT + 20)}
+        exec("def f():\n" + "".join(f"    v{i} = {i}\n" for i in scope) + "    raise KeyError('k')\n", scope)
+        scope["f"]()
+
+    run = ddp_notebook.launch(many, devices="cpu:0", run_root=str(tmp_path))
+    with pytest.raises(ddp_notebook.WorkerFailedError):
+        run.wait(timeout=120)
+    names = run.root_failure.locals
+    assert len(names) == NAMES_KEPT + 1 and names["…"] == "20 more"

@@ -129,7 +129,9 @@ def test_checkpoints_reach_the_notebook_and_a_retry_on_host_1_resumes_from_them(
     run = ddp_notebook.fit(model=models.FailsOnRank1(fail_after=14), engines=hosts.view([0, 1]), wait=False, **kw)
     with pytest.raises(WorkerFailedError, match="bad batch 15 on rank 1"):
         run.wait(timeout=120)
-    assert sorted(os.listdir(run.checkpoint_dir)) == ["epoch-0000.pt", "epoch-0001.pt", "latest"]
+    # ("best" names epoch 0: the metric watched never improves after it)
+    assert sorted(os.listdir(run.checkpoint_dir)) == ["best", "epoch-0000.pt", "epoch-0001.pt", "latest"]
+    assert open(os.path.join(run.checkpoint_dir, "best")).read() == "epoch-0000.pt"
     assert hosts.client[hosts.on_host[0][0]].apply_sync(os.path.exists, run.checkpoint_dir) is False
     resumed = run.retry(resume=True, devices="cpu:0").wait(timeout=120)
     assert resumed.resumed_from_epoch == 1 and [h["epoch"] for h in resumed.history] == [0, 1, 2]

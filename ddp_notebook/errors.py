@@ -27,15 +27,19 @@ True
     ├── NoCheckpointError                     retry(resume=True) without a checkpoint
     ├── UnsafeRunDirError (PermissionError)   a runs folder another user could write to
     ├── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
+    ├── CellError (RuntimeError)              a session's cell raised on some ranks; the session goes on
+    ├── SessionEndedError (RuntimeError)      a session's run ended: restart() forms a new one
     └── ProcessGroupMismatchError (ValueError) a function's own init_process_group cannot meet
 
     KeyboardInterrupt
-    └── RunInterrupted                        an interrupt while waiting for a run stopped it
+    ├── RunInterrupted                        an interrupt while waiting for a run stopped it
+    └── SessionInterrupted                    an interrupt stopped a session's cell on every rank
 """
 from __future__ import annotations
 
 from .core.errors import (
     ArgumentsError,
+    CellError,
     DDPNotebookError,
     DeviceSpecError,
     EngineSelectionError,
@@ -53,6 +57,8 @@ from .core.errors import (
     RunInterrupted,
     RunLoadError,
     RunStoppedError,
+    SessionEndedError,
+    SessionInterrupted,
     SharedDataError,
     SupervisionError,
     UnsafeRunDirError,
@@ -65,7 +71,8 @@ __all__ = [
     "RunLoadError", "NotPicklableError", "SharedDataError", "ArgumentsError", "EngineSelectionError",
     "EngineUnavailableError", "PreflightError", "NonFiniteLossError", "WorkerFailedError", "SupervisionError",
     "RunStoppedError", "WaitTimeoutError", "NoResultError", "NoCheckpointError", "UnsafeRunDirError",
-    "QueueUseError", "ProcessGroupMismatchError", "RunInterrupted",
+    "QueueUseError", "ProcessGroupMismatchError", "RunInterrupted", "CellError", "SessionEndedError",
+    "SessionInterrupted",
 ]
 
 # Tracebacks, reprs and the documentation name each class by its public home. (Pickles name it

@@ -43,6 +43,9 @@ __all__ = [
     "EngineSelectionError",
     "EngineUnavailableError",
     "UnsafeRunDirError",
+    "CellError",
+    "SessionEndedError",
+    "SessionInterrupted",
 ]
 
 
@@ -164,6 +167,50 @@ class RunInterrupted(KeyboardInterrupt):
     """An interrupt (Kernel → Interrupt, Ctrl-C) while the notebook waited for a run: the run
     was stopped. Still a ``KeyboardInterrupt``, so a script ends as Ctrl-C ends it; a notebook
     shows its one line, "Run … stopped: interrupted in the notebook", and no traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+class CellError(DDPNotebookError, RuntimeError):
+    """A session's cell raised on some of its ranks; the session goes on, its namespaces kept.
+
+    ``failures`` holds one ``WorkerFailure`` per rank that raised (traceback with the cell's
+    lines, the failed frame's ``locals``), the first the cause; ``values`` the values of the ranks
+    that did not raise (rank → value)."""
+
+    def __init__(self, message: str, failures: Sequence[WorkerFailure], values: Optional[dict] = None) -> None:
+        self.failures = tuple(failures)
+        self.failure = self.failures[0]
+        self.values = dict(values or {})
+        super().__init__(message)
+
+    def _render_traceback_(self) -> list[str]:
+        lines = render_failure_report(self.failure, self.failures).rstrip("\n").split("\n")
+        return lines[:-1] + [f"CellError: {self}"]
+
+
+class SessionEndedError(DDPNotebookError, RuntimeError):
+    """A session's run ended (a rank died, the watchdog named a stall, it was stopped): its ranks
+    and their namespaces are gone; ``session.restart()`` forms a new one. ``failure`` and
+    ``failures`` are the run's (None and empty when no rank failed)."""
+
+    def __init__(self, message: str, failure: Optional[WorkerFailure] = None,
+                 failures: Sequence[WorkerFailure] = ()) -> None:
+        self.failure = failure
+        self.failures = tuple(failures)
+        super().__init__(message)
+
+    def _render_traceback_(self) -> list[str]:
+        if self.failure is None:
+            return [f"SessionEndedError: {self}"]
+        lines = render_failure_report(self.failure, self.failures).rstrip("\n").split("\n")
+        return lines[:-1] + [f"SessionEndedError: {self}"]
+
+
+class SessionInterrupted(KeyboardInterrupt):
+    """An interrupt (Kernel → Interrupt, Ctrl-C) while the notebook waited for a session's cell:
+    the cell was interrupted on every rank and the session goes on. One line, no traceback."""
 
     def _render_traceback_(self) -> list[str]:
         return [str(self)]

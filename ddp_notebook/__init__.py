@@ -35,6 +35,7 @@ from .errors import DDPNotebookError, InvalidDevicesError, NonFiniteLossError, W
 from .lifecycle.launch import default_devices, last_run, launch, runs, set_default_devices
 from .lifecycle.options import LaunchOptions
 from .lifecycle.run import Run
+from .lifecycle.session import Session, session
 from .lifecycle.stored import prune_runs
 from .recipes.fit import FitResult, fit
 from .recipes.spawn import spawn
@@ -43,11 +44,15 @@ from .ui import display as _display
 from .ui import tracebacks as _tracebacks
 from .ui.magics import load_ipython_extension as _load
 from .ui.magics import unload_ipython_extension as _unload
+from .ui.session_magics import SESSION_MAGICS as _SESSION_MAGICS
+from .ui.session_magics import SessionMagics as _SessionMagics
 from .worker.context import WorkerContext, current_context
 
 __all__ = [
     # running
     "launch", "fit", "spawn", "share", "Run", "RunStatus", "FitResult", "LaunchOptions",
+    # ranks that stay, running cells
+    "session", "Session",
     # inside a worker
     "WorkerContext", "current_context",
     # devices
@@ -100,6 +105,7 @@ def load_ipython_extension(ipython: Any) -> None:
         The shell to extend (IPython passes it).
     """
     _load(ipython)
+    ipython.register_magics(_SessionMagics)  # %ddp_session and %%ddp
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -111,6 +117,8 @@ def unload_ipython_extension(ipython: Any) -> None:
         The shell the extension was loaded into.
     """
     _unload(ipython)
+    for kind, name in _SESSION_MAGICS:
+        ipython.magics_manager.magics[kind].pop(name, None)
 
 
 # Inside IPython, a Run that is the value of a cell shows its live panel, with or without %load_ext.

@@ -204,7 +204,7 @@ class SessionEndedError(DDPNotebookError, RuntimeError):
     def _render_traceback_(self) -> list[str]:
         if self.failure is None:
             return [f"SessionEndedError: {self}"]
-        lines = render_failure_report(self.failure, self.failures).rstrip("\n").split("\n")
+        lines = render_failure_report(self.failure, self.failures).strip("\n").split("\n")
         return lines[:-1] + [f"SessionEndedError: {self}"]
 
 

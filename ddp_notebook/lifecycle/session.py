@@ -1,0 +1,649 @@
+"""Sessions: ranks that stay, and run the cells the notebook sends them.
+
+A session is one launched run (``launch_with``), whose function (``worker.session_loop``) keeps
+its rank and the process group alive and serves the notebook's requests over a Unix socket (in
+an owner-only folder; each rank's first frame carries the session's secret token). So everything
+a launch has, a session has: the fork server, the process group, the event log, the supervisor
+that names a rank that died (and ends the others), the stall watchdog, the lifeline that ends
+every rank when the kernel dies, ``last_run()`` and the magics.
+
+What the session adds, on the notebook's side: one request at a time to some or all ranks (a
+cell, values to push, a name to pull); their output shown live, line by line, each line named by
+its rank; the replies gathered by rank. A cell that raised on some ranks raises ``CellError``
+(traceback with the cell's lines, the failed frame's locals) and the session goes on; a run that
+ended raises ``SessionEndedError`` with its failure, and ``restart()`` forms a new one on the same
+devices; an interrupt while a cell runs interrupts it on every rank (``SessionInterrupted``).
+
+Example::
+
+    s = ddp_notebook.session("cpu*2")
+    s.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()")   # [3.0, 3.0]
+    s.push(lr=0.1); s.pull("lr")                                             # [0.1, 0.1]
+    s.close()
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import linecache
+import os
+import secrets
+import select
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import types
+import weakref
+from collections.abc import Iterable
+from typing import Any, Optional, Union
+
+from ..core.devices import DeviceSpec
+from ..core.errors import (
+    ArgumentsError,
+    CellError,
+    DDPNotebookError,
+    LaunchOptionError,
+    NotPicklableError,
+    SessionEndedError,
+    SessionInterrupted,
+)
+from ..core.failures import WorkerFailure, failure_from_error, order_failures
+from ..core.probes import Probe
+from ..core.state import RunStatus
+from ..transfer import pickling
+from ..worker.session_loop import FrameReader, send_frame, serve_session
+from .call import first_unpicklable
+from .launch import launch_with
+from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
+from .run import Run
+
+__all__ = ["Session", "session", "current_session", "set_current_session", "RANK_NAMES", "INTERRUPT_GRACE"]
+
+#: The names every rank's namespace starts with (never sent from the notebook).
+RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
+#: Seconds the ranks get to leave an interrupted cell before the session is ended.
+INTERRUPT_GRACE = 10.0
+# Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
+# and ends the others within kill_grace).
+END_WAIT = 30.0
+_POLL = 0.1
+
+_current: Optional[Session] = None
+
+
+def current_session() -> Optional[Session]:
+    """The kernel's current session (``%ddp_session`` sets it), or None."""
+    return _current
+
+
+def set_current_session(value: Optional[Session]) -> None:
+    """Make ``value`` the kernel's current session (what ``%%ddp`` runs cells on)."""
+    global _current
+    _current = value
+
+
+def _close_all(connections: dict[int, socket.socket]) -> None:
+    # A session no longer held: its ranks read the end of their socket and return, and the run
+    # ends (succeeded).
+    for conn in connections.values():
+        try:
+            conn.close()
+        except OSError:
+            pass
+    connections.clear()
+
+
+class Session:
+    """Ranks that stay: each with a namespace of its own, kept across cells, holding ``rank``,
+    ``world_size``, ``ctx`` (its ``WorkerContext``), ``torch`` and ``dist`` (the process group is
+    set up), and whatever cells define there. Made by :func:`ddp_notebook.session`.
+
+    Examples
+    --------
+    ::
+
+        s = ddp_notebook.session("cpu*2")
+        s.run("x = rank * 10")
+        s.run("x + 1")          # [1, 11]
+        s.close()
+    """
+
+    def __init__(self, devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe] = None) -> None:
+        if options.engines is not None:
+            raise LaunchOptionError("a session runs its ranks in local worker processes: engines= is not supported "
+                                    "for sessions yet (use launch(..., engines=...))")
+        self._spec = devices
+        self.options = options
+        self._probe = probe
+        self._run: Optional[Run] = None
+        self._connections: dict[int, socket.socket] = {}
+        self._readers: dict[int, FrameReader] = {}
+        self._pids: dict[int, int] = {}
+        self._ids = itertools.count(1)
+        self._cells = itertools.count(1)
+        self._sources_sent: set[str] = set()
+        self._closed = False
+        self._ended: Optional[SessionEndedError] = None
+        self._pending_lines: dict[tuple[int, str], str] = {}
+        weakref.finalize(self, _close_all, self._connections)
+        self._start()
+
+    # ---- forming -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        folder = tempfile.mkdtemp(prefix="ddp-session-")  # owner-only: only this user's processes connect
+        address = os.path.join(folder, "s")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(address)
+            listener.listen(64)
+            token = secrets.token_hex(16)
+            strict = self.options.stall_timeout
+            is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
+            heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
+            self._run = launch_with(serve_session, self._spec, (address, token, heartbeat), {}, self.options,
+                                   probe=self._probe)
+            self._ended, self._closed = None, False
+            self._accept(listener, token)
+        except BaseException:
+            if self._run is not None and not self._run.done:
+                self._run.stop(grace=0.0)
+            _close_all(self._connections)
+            raise
+        finally:
+            listener.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _accept(self, listener: socket.socket, token: str) -> None:
+        """Wait for every rank to connect (the run's start: the fork server, the process group),
+        or for the run to end first."""
+        assert self._run is not None
+        world = len(self._run.devices)
+        self._readers = {}
+        while len(self._connections) < world:
+            if self._run.done:
+                raise self._end_error("the session could not start")
+            ready, _, _ = select.select([listener], [], [], _POLL)
+            if not ready:
+                continue
+            conn, _ = listener.accept()
+            reader = FrameReader()
+            conn.settimeout(30.0)
+            hello: dict[str, Any] = {}
+            try:
+                while not hello:
+                    data = conn.recv(1 << 16)
+                    if not data:
+                        break
+                    reader.feed(data)
+                    frames = reader.frames()
+                    if frames:
+                        hello = pickling.loads(frames[0]) if len(frames[0]) < 4096 else {}
+            except OSError:
+                hello = {}
+            if hello.get("op") != "hello" or hello.get("token") != token or not isinstance(hello.get("rank"), int):
+                conn.close()  # not one of this session's ranks
+                continue
+            conn.settimeout(None)
+            rank = hello["rank"]
+            self._connections[rank] = conn
+            self._readers[rank] = reader
+            self._pids[rank] = hello.get("pid", 0)
+
+    # ---- what it is ------------------------------------------------------------------------------
+    @property
+    def current_run(self) -> Optional[Run]:
+        """The run that holds the ranks (a new one after ``restart()``): its panel, events and
+        failures are the session's."""
+        return self._run
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks the session has."""
+        return len(self._run.devices) if self._run is not None else 0
+
+    @property
+    def devices(self) -> list[str]:
+        """The ranks' devices, in rank order (``["cpu:0", "cpu:1"]``)."""
+        return [str(d) for d in self._run.devices] if self._run is not None else []
+
+    @property
+    def alive(self) -> bool:
+        """True while the ranks are there to run cells (not closed, its run not ended)."""
+        return not self._closed and self._run is not None and not self._run.done and self._ended is None
+
+    def __repr__(self) -> str:
+        state = "ready" if self.alive else "closed" if self._closed else "ended"
+        run = f", run {self._run.id}" if self._run is not None else ""
+        return f"<Session of {self.world_size} ranks ({', '.join(self.devices)}){run}: {state}>"
+
+    # ---- requests --------------------------------------------------------------------------------
+    def _ranks(self, ranks: Union[None, int, Iterable[int]]) -> list[int]:
+        world = self.world_size
+        valid = f"0 to {world - 1}" if world > 1 else "0"
+        if ranks is None:
+            return list(range(world))
+        chosen = [ranks] if isinstance(ranks, int) and not isinstance(ranks, bool) else ranks
+        try:
+            out = list(chosen)  # type: ignore[arg-type]
+        except TypeError:
+            raise ArgumentsError(f"ranks is a rank or a list of ranks ({valid}), or None for every rank, "
+                                 f"not {ranks!r}") from None
+        bad = [r for r in out if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world]
+        if bad or not out or len(set(out)) != len(out):
+            what = f"{bad[0]!r} is not a rank of this session" if bad else \
+                "no rank was chosen" if not out else "a rank is chosen twice"
+            raise ArgumentsError(f"ranks {ranks!r}: {what} (its ranks are {valid})")
+        return sorted(out)
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise SessionEndedError("the session is closed; ddp_notebook.session(...) forms a new one "
+                                    "(or session.restart())")
+        if self._ended is not None:
+            raise self._ended
+        if self._run is None or self._run.done:
+            raise self._end_error("the session ended")
+
+    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None) -> dict[int, dict]:
+        """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes."""
+        self._check_alive()
+        request = next(self._ids)
+        message = dict(message, id=request)
+        try:
+            for rank in ranks:
+                send_frame(self._connections[rank], message)
+        except OSError:
+            self._gone(cell, {})
+        replies: dict[int, dict] = {}
+        interrupted_at: Optional[float] = None
+        try:
+            while len(replies) < len(ranks):
+                try:
+                    self._pump(ranks, replies, request, cell)
+                    if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
+                        self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
+                except KeyboardInterrupt:
+                    if interrupted_at is not None:  # a second interrupt: end the session now
+                        self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
+                    interrupted_at = time.monotonic()
+                    for rank in ranks:
+                        if rank not in replies:
+                            try:
+                                send_frame(self._connections[rank], {"op": "interrupt", "cell": cell})
+                            except OSError:
+                                pass
+        finally:
+            self._flush_lines()
+        if interrupted_at is not None:
+            stopped = [r for r, m in replies.items() if m.get("interrupted")]
+            raise SessionInterrupted(f"Cell {cell} interrupted on {_ranks_text(stopped)}; the session goes on (its "
+                                     "namespaces are kept)")
+        if len(ranks) == self.world_size and all(m["op"] == "done" for m in replies.values()):
+            self._tell_idle()
+        return replies
+
+    def _tell_idle(self) -> None:
+        """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
+        for conn in self._connections.values():
+            try:
+                send_frame(conn, {"op": "idle"})
+            except OSError:
+                pass
+
+    def _pump(self, ranks: list[int], replies: dict[int, dict], request: int, cell: Optional[int]) -> None:
+        assert self._run is not None
+        conns = {self._connections[r]: r for r in ranks if r not in replies}
+        ready, _, _ = select.select(list(conns), [], [], _POLL)
+        for conn in ready:
+            rank = conns[conn]
+            try:
+                data = conn.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                self._gone(cell, replies)
+            self._readers[rank].feed(data)
+            for frame in self._readers[rank].frames():
+                reply = pickling.loads(frame)
+                op = reply.get("op")
+                if op == "out":
+                    self._show(rank, str(reply.get("stream")), str(reply.get("text")))
+                elif op in ("done", "error") and reply.get("id") == request:
+                    replies[rank] = reply
+        if self._run.done:
+            self._gone(cell, replies)
+
+    def _gone(self, cell: Optional[int], replies: dict[int, dict]) -> None:
+        """A rank's socket closed, or the run ended: wait for the run's verdict and raise it."""
+        assert self._run is not None
+        self._wait_end(END_WAIT)
+        finished = sorted(r for r, m in replies.items() if m["op"] == "done")
+        extra = ""
+        if cell is not None and finished:
+            extra = (f" ({_ranks_text(finished)} had finished cell {cell}: a collective that some ranks skip or "
+                     "reach in another order leaves the others waiting)")
+        raise self._end_error("the session ended", extra)
+
+    def _wait_end(self, seconds: float) -> bool:
+        assert self._run is not None
+        try:
+            self._run.wait(seconds)
+        except DDPNotebookError:
+            pass
+        return self._run.done
+
+    def _end_error(self, what: str, extra: str = "") -> SessionEndedError:
+        assert self._run is not None
+        run = self._run
+        root = run.root_failure
+        if root is not None:
+            cause = root.headline()
+        elif run.status == RunStatus.STOPPED:
+            cause = f"its run {run.id} was stopped ({run.state.stop_reason})"
+        elif run.done:
+            cause = f"its run {run.id} ended ({run.status})"
+        else:
+            cause = f"its run {run.id} is ending"
+        error = SessionEndedError(f"{what}: {cause}{extra}. session.restart() forms it again on "
+                                  f"{', '.join(self.devices)} (the ranks' namespaces are lost)",
+                                  root, run.failures)
+        self._ended = error
+        _close_all(self._connections)
+        return error
+
+    def _end_after_interrupt(self, cell: Optional[int], stuck: list[int]) -> None:
+        assert self._run is not None
+        if not self._run.done:
+            self._run.stop(grace=0.0)
+        self._wait_end(END_WAIT)
+        raise self._end_error(
+            f"{_ranks_text(stuck).capitalize()} did not leave cell {cell} when interrupted (native code such as a "
+            "collective cannot be interrupted), so the session was ended") from None
+
+    # ---- output ----------------------------------------------------------------------------------
+    def _show(self, rank: int, stream: str, text: str) -> None:
+        key = (rank, stream)
+        lines = (self._pending_lines.pop(key, "") + text).split("\n")
+        if lines[-1]:
+            self._pending_lines[key] = lines[-1]
+        for line in lines[:-1]:
+            self._write(rank, stream, line)
+
+    def _flush_lines(self) -> None:
+        for (rank, stream), line in sorted(self._pending_lines.items()):
+            self._write(rank, stream, line)
+        self._pending_lines.clear()
+
+    @staticmethod
+    def _write(rank: int, stream: str, line: str) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.write(f"[rank {rank}] {line}\n")
+        out.flush()
+
+    # ---- the API ---------------------------------------------------------------------------------
+    def run_cell(self, code: str, ranks: Union[None, int, Iterable[int]] = None,
+                 namespace: Optional[dict[str, Any]] = None) -> list[Any]:
+        """:meth:`run`, with the notebook's namespace given (the magics pass the shell's)."""
+        if not isinstance(code, str):
+            raise ArgumentsError(f"run() takes the cell's code as a string, not {type(code).__name__}")
+        chosen = self._ranks(ranks)
+        self._check_alive()
+        cell = next(self._cells)
+        compile(code, f"<ddp cell {cell}>", "exec")  # a syntax error is the same on every rank: said here
+        if namespace is None:
+            main = sys.modules.get("__main__")
+            namespace = vars(main) if main is not None else {}
+        message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
+                   "sources": self._new_sources()}
+        replies = self._request(chosen, message, cell)
+        failed = {r: m for r, m in replies.items() if m["op"] == "error"}
+        if failed:
+            raise self._cell_error(cell, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
+        return [replies[r].get("value") for r in chosen]
+
+    def run(self, code: str, ranks: Union[None, int, Iterable[int]] = None) -> list[Any]:
+        """Run ``code`` on the chosen ranks, each in its own namespace (kept across cells).
+
+        The functions, classes and modules of the notebook (``__main__``) that the code names are
+        put in the ranks' namespaces first (functions and classes defined in the notebook travel
+        by value, as a launch sends its function; modules by name). What the ranks print shows
+        live, each line starting with ``[rank N]``.
+
+        Parameters
+        ----------
+        code : str
+            The cell: statements, ending with an expression whose value is returned (or not).
+        ranks : int or list of int, optional
+            The ranks to run it on (default: every rank).
+
+        Returns
+        -------
+        list
+            The value of the cell's last expression on each chosen rank, in rank order (None
+            where the cell ends with a statement).
+
+        Raises
+        ------
+        CellError
+            The cell raised on some ranks: the first is named, with its traceback and locals;
+            the session goes on.
+        SessionEndedError
+            The session's run ended (a rank died, the watchdog named a stall): ``restart()``.
+        SessionInterrupted
+            Kernel → Interrupt interrupted the cell on every rank; the session goes on.
+        NotPicklableError
+            A function or class of the notebook that the cell uses cannot be sent.
+        SyntaxError
+            The code is not Python (nothing was sent).
+        """
+        return self.run_cell(code, ranks)
+
+    def push(self, **values: Any) -> None:
+        """Put values into every rank's namespace: ``session.push(lr=0.1, data=tensor)``.
+
+        Parameters
+        ----------
+        **values
+            Names and the values they take on every rank (pickled once, sent to each).
+
+        Raises
+        ------
+        NotPicklableError
+            A value cannot be sent (named).
+        SessionEndedError
+            The session's run ended.
+        """
+        if not values:
+            raise ArgumentsError("push() takes the values to send as keywords: session.push(lr=0.1)")
+        bad = sorted(set(values) & {"rank", "world_size", "ctx"})
+        if bad:
+            raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank's own ({', '.join(sorted(RANK_NAMES))})")
+        message = {"op": "push", "values": self._dumps(values, "the value of {!r}")}
+        replies = self._request(list(range(self.world_size)), message)
+        failed = {r: m for r, m in replies.items() if m["op"] == "error"}
+        if failed:
+            raise self._cell_error(None, failed, {})
+
+    def pull(self, name: str) -> list[Any]:
+        """The value ``name`` holds on every rank, as a list by rank.
+
+        Parameters
+        ----------
+        name : str
+            A name of the ranks' namespaces.
+
+        Returns
+        -------
+        list
+            Its value on each rank, in rank order.
+
+        Raises
+        ------
+        CellError
+            ``name`` is not defined on some rank, or its value cannot be sent back.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
+        replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name})
+        failed = {r: m for r, m in replies.items() if m["op"] == "error"}
+        if failed:
+            raise self._cell_error(None, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
+        return [replies[r].get("value") for r in range(self.world_size)]
+
+    def close(self) -> None:
+        """End the session: every rank leaves its loop and the run ends (succeeded).
+
+        Safe to call twice, and on a session whose run has already ended.
+        """
+        run = self._run
+        if self._closed or run is None:
+            return
+        self._closed = True
+        for conn in self._connections.values():
+            try:
+                send_frame(conn, {"op": "close"})
+            except OSError:
+                pass
+        if not run.done:
+            self._wait_end(run.options.stop_grace + run.options.kill_grace + 10.0)
+            if not run.done:
+                run.stop(grace=0.0)
+                self._wait_end(END_WAIT)
+        _close_all(self._connections)
+
+    def restart(self) -> Session:
+        """Form the session again on the same devices (a new run; the ranks' namespaces are lost).
+
+        Returns
+        -------
+        Session
+            This session, with new ranks.
+        """
+        lost = self._run is not None and not self._closed and self._ended is None and not self._run.done
+        self.close()
+        old = self._run.id if self._run is not None else None
+        self._run = None
+        self._connections.clear()
+        self._start()
+        self._closed = False
+        print(f"Session formed again on {', '.join(self.devices)}"
+              + (f" (run {self._run.id}, after {old})" if old and self._run is not None else "")
+              + ": the ranks' namespaces were lost" + ("" if not lost else " (the old ranks were ended)"),
+              file=sys.stderr)
+        return self
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _dumps(self, values: dict[str, Any], what: str) -> bytes:
+        try:
+            return pickling.dumps(values)
+        except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
+            found = first_unpicklable([(what.format(k), v) for k, v in values.items()])
+            raise (found or NotPicklableError("the values", "dict", str(whole))) from None
+
+    def _pack_names(self, code: str, namespace: dict[str, Any]) -> bytes:
+        return self._dumps(notebook_names(code, namespace), "the notebook's {!r}, which the cell uses,")
+
+    def _new_sources(self) -> dict[str, Any]:
+        """The notebook cells' sources not yet sent (tracebacks in the ranks show their lines)."""
+        new = {name: entry for name, entry in list(linecache.cache.items())
+               if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
+        self._sources_sent.update(new)
+        return new
+
+    def _cell_error(self, cell: Optional[int], failed: dict[int, dict], values: dict[int, Any]) -> CellError:
+        failures = [self._failure(rank, reply) for rank, reply in sorted(failed.items())]
+        ordered = order_failures(failures, world_size=len(failures) if len(failures) == self.world_size else 0)
+        root = ordered[0]
+        where = f"cell {cell}" if cell is not None else "the request"
+        if root.same_on:
+            who = f"every rank ({', '.join(root.same_on)}) the same way"
+        else:
+            who = f"rank {root.rank} ({root.device})"
+            if len(ordered) > 1:
+                who += f" and {_ranks_text([f.rank for f in ordered[1:]])}"
+        return CellError(f"{where} failed on {who}: {root.summary()} (the session goes on: its namespaces are kept)",
+                         ordered, values)
+
+    def _failure(self, rank: int, reply: dict[str, Any]) -> WorkerFailure:
+        event = dict(reply.get("error") or {}, rank=rank)
+        device = self.devices[rank] if rank < len(self.devices) else f"rank {rank}"
+        return failure_from_error(event, device, self._pids.get(rank), None)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if not ranks:
+        return "no rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, sorted(ranks)))
+
+
+def notebook_names(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """The functions, classes and modules of ``namespace`` that ``code`` names: what a cell takes
+    from the notebook (data is sent with ``push``).
+
+    >>> import math
+    >>> def f(): pass
+    >>> sorted(notebook_names("f(math.pi) + x", {"f": f, "math": math, "x": 1}))
+    ['f', 'math']
+    """
+    used = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+    out = {}
+    for name in sorted(used - RANK_NAMES):
+        if name in namespace:
+            value = namespace[name]
+            if isinstance(value, types.ModuleType) or inspect.isfunction(value) or inspect.isclass(value) \
+                    or inspect.isbuiltin(value):
+                out[name] = value
+    return out
+
+
+@takes_launch_options
+def session(devices: Optional[DeviceSpec] = None, *, probe: Optional[Probe] = None,
+            **options: Unpack[LaunchKwargs]) -> Session:
+    """Start ranks that stay, one per device, with their process group set up, and return once
+    every rank is ready to run cells.
+
+    A session is a launched run whose function keeps the ranks alive and runs the cells sent to
+    it: a rank that dies ends it, named; the watchdog watches its cells (``stall_timeout``); a
+    killed kernel leaves no rank behind.
+
+    Parameters
+    ----------
+    devices : str or list, optional
+        The device list, one rank per device (``"cpu*2"``, ``"cuda:0-3"``); default
+        :func:`ddp_notebook.default_devices`.
+    probe : Probe, optional
+        Answers validation's questions about this machine (tests pass a ``StaticProbe``).
+    **options
+        The launch options below (``engines`` is not supported for sessions yet).
+
+    Returns
+    -------
+    Session
+        Ready: ``session.run(code)``, ``push``, ``pull``, ``close``, ``restart``.
+
+    Raises
+    ------
+    InvalidDevicesError
+        The device list failed validation; no process was started.
+    LaunchOptionError
+        A launch option cannot work (or ``engines`` was given).
+    SessionEndedError
+        The ranks' run ended before every rank was ready (its failure is named).
+
+    Examples
+    --------
+    ::
+
+        s = ddp_notebook.session("cpu*2")
+        s.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()")   # [3.0, 3.0]
+    """
+    return Session(devices, options_from("session", dict(options)), probe=probe)

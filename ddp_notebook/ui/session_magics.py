@@ -1,0 +1,111 @@
+"""The session magics: ``%ddp_session cpu*2`` forms the kernel's current session (``_ddp_session``),
+``%%ddp`` runs a cell on its ranks (``%%ddp --ranks 0,2`` on some), ``%ddp_session --stop`` ends it.
+Each parses its arguments and calls ``lifecycle.session``."""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ..core.errors import ArgumentsError, DeviceSpecError, LaunchOptionError, SessionEndedError
+from ..core.validation import InvalidDevicesError
+from ..lifecycle.session import Session, current_session, session, set_current_session
+from .magics import _device_list, _parse, _stall_setting
+
+__all__ = ["SessionMagics", "SESSION_MAGICS"]
+
+#: The magics this module registers (``unload_ipython_extension`` removes them).
+SESSION_MAGICS = (("line", "ddp_session"), ("cell", "ddp"))
+
+
+def _rank_list(text: str) -> list[int]:
+    """``--ranks``: ``0`` or ``0,2``."""
+    if not re.fullmatch(r"\s*[0-9]{1,6}(\s*,\s*[0-9]{1,6})*\s*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or a list of ranks such as 0 or 0,2")
+    return [int(word) for word in text.split(",")]
+
+
+@magics_class
+class SessionMagics(Magics):
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        return self.shell.user_ns
+
+    def _set_current(self, value: Optional[Session]) -> None:
+        set_current_session(value)
+        if value is None:
+            self.user_ns.pop("_ddp_session", None)
+        else:
+            self.user_ns["_ddp_session"] = value
+            self.user_ns["_ddp_run"] = value.current_run  # the run that holds the ranks: %ddp_status shows it
+
+    @magic_arguments()
+    @argument("devices", nargs="*", help="device list, one rank per device, e.g. cpu*2 (default: the kernel's)")
+    @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
+              help="the hang watchdog for cells: SECONDS without progress in a cell ends the session; auto (the "
+                   "default) names a rank frozen while its peers wait for it; off")
+    @argument("--stop", action="store_true", help="close the current session")
+    @argument("--restart", action="store_true", help="form the current session again (its namespaces are lost)")
+    @line_magic
+    def ddp_session(self, line: str) -> None:
+        """Form a session of ranks that stay (the kernel's current one, also ``_ddp_session``);
+        ``%%ddp`` then runs cells on them."""
+        args = _parse(self.ddp_session, line)
+        current = current_session()
+        if args.stop or args.restart:
+            if args.devices:
+                raise UsageError("%ddp_session: --stop and --restart take no device list")
+            if current is None:
+                raise UsageError("%ddp_session: there is no session; %ddp_session cpu*2 forms one")
+            if args.stop:
+                current.close()
+                self._set_current(None)
+                print(f"Session closed (run {current.current_run.id if current.current_run else '-'}).")
+                return
+            current.restart()
+            self._set_current(current)
+            print(f"Session ready: {len(current.devices)} ranks on {', '.join(current.devices)}.")
+            return
+        options: dict[str, Any] = {}
+        if args.stall_timeout is not None:
+            options["stall_timeout"] = None if args.stall_timeout == "off" else args.stall_timeout
+        if current is not None and current.alive:
+            current.close()
+            print("The previous session was closed.")
+        try:
+            formed = session(_device_list(args.devices), **options)
+        except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
+            raise UsageError(f"%ddp_session: {e}") from None
+        self._set_current(formed)
+        run = formed.current_run
+        print(f"Session ready: {formed.world_size} ranks on {', '.join(formed.devices)} (run {run.id if run else '-'})."
+              " %%ddp runs a cell on every rank.")
+
+    @magic_arguments()
+    @argument("--ranks", type=_rank_list, metavar="R[,R...]", help="run on these ranks only (default: every rank)")
+    @cell_magic
+    def ddp(self, line: str, cell: str) -> None:
+        """Run the cell on every rank of the current session (each in its own namespace, kept across
+        cells); prints each rank's output live and the value of the cell's last expression per rank."""
+        args = _parse(self.ddp, line)
+        current = current_session()
+        if current is None:
+            raise UsageError("%%ddp: there is no session; %ddp_session cpu*2 forms one")
+        if not current.alive:
+            try:
+                current.run_cell("", namespace=self.user_ns)  # raises what ended it
+            except SessionEndedError as e:
+                raise UsageError(f"%%ddp: {e} (or %ddp_session --restart)") from None
+        ranks = args.ranks if args.ranks is not None else list(range(current.world_size))
+        try:
+            values = current.run_cell(cell, ranks=ranks, namespace=self.user_ns)
+        except ArgumentsError as e:
+            raise UsageError(f"%%ddp: {e}") from None
+        for rank, value in zip(ranks, values):
+            if value is not None:
+                print(f"[rank {rank}] Out: {value!r}")

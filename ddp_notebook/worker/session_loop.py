@@ -1,0 +1,292 @@
+"""A rank of a session: the function a session launches, which keeps the rank and its process
+group alive and runs the cells the notebook sends (``lifecycle.session`` is the notebook's side).
+
+The rank connects to the notebook's Unix socket (in an owner-only folder, and the first frame
+carries the session's token), then serves requests until the notebook says ``close`` or goes:
+
+- ``run``: the cell's code, compiled under a file name of its own (its source goes into
+  ``linecache``, so a traceback shows the cell's lines), executed in the rank's namespace (kept
+  across cells: ``rank``, ``world_size``, ``ctx``, ``torch``, ``dist`` and whatever cells define),
+  with the notebook's functions and imports the cell uses put there first; what the cell prints
+  goes to the notebook live (and to the rank's own output, which the run records); the reply is
+  the value of the cell's last expression, or the error event a launch would send (traceback with
+  the cell's lines, the failed frame's locals);
+- ``push`` / ``pull``: values into, and out of, the namespace;
+- ``interrupt``: a SIGINT to this rank's main thread while that cell runs (a cell sleeping or
+  in a Python loop gets a ``KeyboardInterrupt``; one blocked in native code, a collective, is not
+  interrupted, and the notebook ends the session);
+- ``idle``: every rank has finished the last cell: with a strict ``stall_timeout`` the rank
+  reports progress while idle, so that the watchdog judges cells, not the time between them.
+
+Everything the rank sends on the socket is one stream, in order: a cell's output always
+arrives before its reply.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import linecache
+import os
+import queue
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import IO, Any, Optional
+
+from ..core.failures import Phase
+from ..transfer import pickling
+from .context import WorkerContext
+from .execute import error_event
+
+__all__ = ["serve_session", "send_frame", "FrameReader", "HEADER", "cell_file_name", "compile_cell"]
+
+HEADER = struct.Struct("!Q")  # each frame: its length, then a pickle
+_READ = 1 << 16
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Send ``message`` as one frame (cloudpickle, code objects with their file names)."""
+    data = pickling.dumps(message)
+    sock.sendall(HEADER.pack(len(data)) + data)
+
+
+class FrameReader:
+    """Splits what a socket delivers into frames (``feed`` the bytes read, then ``frames()``)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def frames(self) -> list[bytes]:
+        out = []
+        while len(self._buffer) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buffer)
+            if len(self._buffer) < HEADER.size + size:
+                break
+            out.append(bytes(self._buffer[HEADER.size:HEADER.size + size]))
+            del self._buffer[:HEADER.size + size]
+        return out
+
+
+def cell_file_name(cell: int) -> str:
+    """The file name a session cell's code is compiled under (tracebacks show it)."""
+    return f"<ddp cell {cell}>"
+
+
+def compile_cell(code: str, filename: str) -> tuple[Any, Optional[Any]]:
+    """The cell's statements, and its last expression apart (None when it ends with a statement),
+    compiled as IPython compiles a cell: its value is the cell's result."""
+    tree = ast.parse(code, filename, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body[-1].value)
+        tree.body.pop()
+    body = compile(tree, filename, "exec")
+    return body, (compile(last, filename, "eval") if last is not None else None)
+
+
+class _Tee:
+    """A stream that writes to the rank's own stream (the run records it) and, while a cell runs,
+    sends the text to the notebook."""
+
+    def __init__(self, original: IO[str], name: str, send: Any) -> None:
+        self.original = original
+        self.name = name
+        self.send = send
+
+    def write(self, text: str) -> int:
+        written = self.original.write(text)
+        if text:
+            self.send(self.name, text)
+        return written
+
+    def flush(self) -> None:
+        self.original.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.original, name)
+
+
+class _Rank:
+    def __init__(self, ctx: WorkerContext, sock: socket.socket, heartbeat: Optional[float]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.ctx = ctx
+        self.sock = sock
+        self.heartbeat = heartbeat
+        self.send_lock = threading.Lock()
+        self.inbox: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self.cell: Optional[int] = None  # the cell running now
+        self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt
+        self.cells_run = 0
+        self.replied = False
+        self.namespace: dict[str, Any] = {
+            "__name__": "__ddp_session__", "__builtins__": builtins,
+            "rank": ctx.rank, "world_size": ctx.world_size, "ctx": ctx, "torch": torch, "dist": dist,
+        }
+
+    # ---- talking to the notebook --------------------------------------------------------------
+    def send(self, message: dict[str, Any]) -> None:
+        message["rank"] = self.ctx.rank
+        with self.send_lock:  # a thread the cell started may print while the main thread replies
+            send_frame(self.sock, message)
+        if message.get("op") in ("done", "error"):
+            self.replied = True
+
+    def output(self, cell: int, stream: str, text: str) -> None:
+        try:
+            self.send({"op": "out", "cell": cell, "stream": stream, "text": text})
+        except OSError:  # the notebook is gone: the lifeline ends this process
+            pass
+
+    def read(self) -> None:
+        """The reader thread: frames into the inbox; an interrupt is acted on at once."""
+        reader = FrameReader()
+        while True:
+            try:
+                data = self.sock.recv(_READ)
+            except OSError:
+                data = b""
+            if not data:
+                self.inbox.put(None)
+                return
+            reader.feed(data)
+            for frame in reader.frames():
+                message = pickling.loads(frame)
+                if message.get("op") == "interrupt":
+                    self.interrupt(message.get("cell"))
+                else:
+                    self.inbox.put(message)
+
+    def interrupt(self, cell: Any) -> None:
+        if cell is not None and cell == self.cell:
+            self.interrupted = cell
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        # Only the cell the notebook asked to interrupt is interrupted; a SIGINT at any other
+        # time (between cells, a stray Ctrl-C) is ignored: the rank must keep serving.
+        if self.cell is not None and self.interrupted == self.cell:
+            self.interrupted = None
+            raise KeyboardInterrupt
+
+    # ---- serving ------------------------------------------------------------------------------
+    def serve(self) -> None:
+        idle = False
+        while True:
+            wait = self.heartbeat if idle and self.heartbeat else None
+            try:
+                message = self.inbox.get(timeout=wait)
+            except queue.Empty:  # every rank idle: say so to the watchdog of a strict stall_timeout
+                self.ctx.log(cells=self.cells_run)
+                continue
+            if message is None or message.get("op") == "close":
+                return
+            idle = message.get("op") == "idle"
+            self.replied = False
+            try:
+                self.handle(message)
+            except KeyboardInterrupt:
+                # The interrupt landed just as the cell ended, outside the cell's own handler:
+                # the cell was interrupted all the same.
+                if not self.replied and message.get("op") == "run":
+                    self.send({"op": "error", "id": message["id"], "interrupted": True,
+                               "error": error_event(KeyboardInterrupt(), Phase.RUN)})
+
+    def handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "run":
+            self.run_cell(message)
+        elif op == "push":
+            self.reply(message, lambda: self.namespace.update(pickling.loads(message["values"])))
+        elif op == "pull":
+            self.reply(message, lambda: self.pull(message["name"]))
+
+    def pull(self, name: str) -> Any:
+        if name not in self.namespace:
+            raise NameError(f"name {name!r} is not defined in rank {self.ctx.rank}'s namespace")
+        return self.namespace[name]
+
+    def reply(self, message: dict[str, Any], action: Any) -> None:
+        try:
+            value = action()
+        except BaseException as exc:  # noqa: BLE001 - reported to the notebook; the rank serves on
+            self.send({"op": "error", "id": message["id"], "error": error_event(exc, Phase.RUN)})
+            return
+        self.send_value(message["id"], value)
+
+    def send_value(self, request: int, value: Any) -> None:
+        try:
+            self.send({"op": "done", "id": request, "value": value})
+        except Exception as exc:  # noqa: BLE001 - pickling raises many types: the value stays here
+            error = error_event(exc, Phase.RESULT)
+            error["message"] = (f"the value could not be sent to the notebook ({type(value).__qualname__}): "
+                                f"{error['message']}")
+            self.send({"op": "error", "id": request, "error": error})
+
+    def run_cell(self, message: dict[str, Any]) -> None:
+        cell = int(message["cell"])
+        filename = cell_file_name(cell)
+        code = message["code"]
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        self.cells_run += 1
+        value, failed = None, None
+        out, err = sys.stdout, sys.stderr
+        sys.stdout = _Tee(out, "stdout", lambda stream, text: self.output(cell, stream, text))
+        sys.stderr = _Tee(err, "stderr", lambda stream, text: self.output(cell, stream, text))
+        try:
+            self.cell = cell
+            linecache.cache.update(message.get("sources") or {})  # the notebook's cells, for tracebacks
+            self.namespace.update(pickling.loads(message["names"]))
+            body, last = compile_cell(code, filename)
+            exec(body, self.namespace)
+            if last is not None:
+                value = eval(last, self.namespace)
+        except BaseException as exc:  # noqa: BLE001 - the cell's error, KeyboardInterrupt included, is the reply
+            failed = exc
+        finally:
+            self.cell = None
+            self.interrupted = None
+            sys.stdout, sys.stderr = out, err
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.ctx.log(cells=self.cells_run)
+        if failed is not None:
+            self.send({"op": "error", "id": message["id"], "error": error_event(failed, Phase.RUN),
+                       "interrupted": isinstance(failed, KeyboardInterrupt)})
+        else:
+            self.send_value(message["id"], value)
+
+
+def serve_session(ctx: WorkerContext, address: str, token: str, heartbeat: Optional[float] = None) -> None:
+    """A session's rank: connect to the notebook at ``address`` and run what it sends, until it
+    says ``close`` (the run then ends, succeeded) or goes (the lifeline ends the process).
+
+    Parameters
+    ----------
+    ctx : WorkerContext
+        The rank's context (the launch makes it).
+    address : str
+        The notebook's Unix socket.
+    token : str
+        The session's secret: the first frame says it, so the notebook knows its ranks.
+    heartbeat : float, optional
+        Seconds between progress reports while every rank is idle (with a strict
+        ``stall_timeout``); None: none.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+    rank = _Rank(ctx, sock, heartbeat)
+    rank.send({"op": "hello", "token": token, "pid": os.getpid()})
+    previous = signal.signal(signal.SIGINT, rank.on_sigint)
+    threading.Thread(target=rank.read, name="ddp-session-reader", daemon=True).start()
+    try:
+        rank.serve()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sock.close()

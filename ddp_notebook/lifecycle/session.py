@@ -128,6 +128,7 @@ class Session:
         self._closed = False
         self._ended: Optional[SessionEndedError] = None
         self._pending_lines: dict[tuple[int, str], str] = {}
+        self._asked: list[int] = []  # the ranks of the request in flight
         weakref.finalize(self, _close_all, self._connections)
         self._start()
 
@@ -251,6 +252,7 @@ class Session:
         """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes."""
         self._check_alive()
         request = next(self._ids)
+        self._asked = list(ranks)
         message = dict(message, id=request)
         try:
             for rank in ranks:
@@ -321,10 +323,11 @@ class Session:
         assert self._run is not None
         self._wait_end(END_WAIT)
         finished = sorted(r for r, m in replies.items() if m["op"] == "done")
+        unfinished = [r for r in self._asked if r not in replies]
         extra = ""
-        if cell is not None and finished:
-            extra = (f" ({_ranks_text(finished)} had finished cell {cell}: a collective that some ranks skip or "
-                     "reach in another order leaves the others waiting)")
+        if cell is not None and finished and unfinished:
+            extra = (f" ({_ranks_text(finished)} had finished cell {cell}, {_ranks_text(unfinished)} had not: a "
+                     "collective that some ranks skip or reach in another order leaves the others waiting)")
         raise self._end_error("the session ended", extra)
 
     def _wait_end(self, seconds: float) -> bool:

@@ -1,0 +1,40 @@
+"""A session's cells under the stall watchdog (in this process, real ranks): the time between
+cells never counts, and a collective that one rank skips ends the session with the ranks named,
+within ``stall_timeout``, never after gloo's 30 minutes; one call forms it again."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook.errors import SessionEndedError
+
+from helpers import wait_for
+
+pytestmark = pytest.mark.processes
+
+
+def test_a_skipped_collective_ends_the_session_named_and_idle_time_does_not_count():
+    s = ddp_notebook.session("cpu*2", stall_timeout=2)
+    try:
+        run = s.current_run
+        s.run("x = 1")
+        before = sum(1 for e in run.events if e.get("kind") == "progress" and e.get("rank") == 0)
+        # Idle for longer than stall_timeout: the ranks say so (progress while every rank waits for
+        # a cell), and the session lives on.
+        wait_for(run, lambda state: sum(1 for e in run.events if e.get("kind") == "progress"
+                                        and e.get("rank") == 0) >= before + 4, timeout=60)
+        assert s.run("x + 1") == [2, 2] and s.alive
+        started = time.monotonic()
+        with pytest.raises(SessionEndedError) as caught:
+            s.run("if rank == 0:\n    dist.all_reduce(torch.ones(1))")
+        assert time.monotonic() - started < 60  # the watchdog's seconds, not gloo's 30 minutes
+        message = str(caught.value)
+        assert "stalled" in message and "rank 1 had finished cell 3, rank 0 had not" in message, message
+        assert "session.restart()" in message and not s.alive
+        s.restart()
+        assert s.run("rank") == [0, 1] and s.run("'x' in globals()") == [False, False]
+    finally:
+        s.close()
+    assert s.current_run.status == "succeeded"

@@ -1,0 +1,172 @@
+"""Sessions in a real Jupyter kernel: ranks that stay and run cells (``%ddp_session``, ``%%ddp``,
+``ddp_notebook.session``), with what a launch guarantees: errors named by rank, interrupts, a
+rank's death, the kernel's death. Each test has a kernel of its own, with a session of two ranks
+formed, and checks that no rank outlives it."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+from helpers import wait_until
+
+pytestmark = [pytest.mark.kernel, pytest.mark.processes]
+
+SETUP = '''
+%load_ext ddp_notebook
+import ddp_notebook, torch
+def double(v):                       # a notebook function that cells on the ranks use
+    return 2 * v
+%ddp_session cpu*2
+'''
+
+
+def strip_ansi(text):
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class Kernel:
+    def __init__(self, km, kc):
+        self.km, self.kc = km, kc
+
+    def execute(self, code, timeout=120):
+        """Run a cell; return (reply content, the text it printed, stream by stream)."""
+        printed = []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        return reply["content"], "".join(printed)
+
+    def ok(self, code, timeout=120):
+        content, printed = self.execute(code, timeout)
+        assert content["status"] == "ok", (content, printed)
+        return printed
+
+    def rank_pids(self):
+        printed = self.ok("print('PIDS', *_ddp_session.current_run.pids())")
+        return [int(p) for p in re.search(r"PIDS (.*)", printed).group(1).split()]
+
+
+def _start_kernel():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")  # inherits DDP_NOTEBOOK_RUNS from conftest
+    return Kernel(km, kc)
+
+
+def _all_ended(pids):
+    def ended(pid):
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    return all(ended(p) for p in pids)
+
+
+@pytest.fixture
+def kernel():
+    k = _start_kernel()
+    seen = []
+    try:
+        printed = k.ok(SETUP, timeout=180)
+        assert "Session ready: 2 ranks on cpu:0, cpu:1" in printed, printed
+        yield k, seen
+        seen.extend(k.rank_pids())
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+    wait_until(lambda: _all_ended(seen), timeout=30)  # no rank outlives its kernel
+
+
+def test_state_persists_across_cells_and_output_is_grouped_by_rank(kernel):
+    k, _ = kernel
+    k.ok("%%ddp\nx = rank * 10")
+    printed = k.ok("%%ddp\nprint('x is', x)\ndouble(x) + 1")
+    assert "[rank 0] x is 0\n" in printed and "[rank 1] x is 10\n" in printed, printed
+    assert "[rank 0] Out: 1\n" in printed and "[rank 1] Out: 21\n" in printed, printed
+    printed = k.ok("%%ddp --ranks 1\nx + 5")
+    assert printed == "[rank 1] Out: 15\n", printed
+
+
+def test_an_all_reduce_across_ranks_in_a_cell(kernel):
+    k, _ = kernel
+    printed = k.ok("print(_ddp_session.run('t = torch.ones(2) * (rank + 1); dist.all_reduce(t); t.tolist()'))")
+    assert "[[3.0, 3.0], [3.0, 3.0]]" in printed, printed
+
+
+def test_push_and_pull(kernel):
+    k, _ = kernel
+    printed = k.ok("_ddp_session.push(w=torch.arange(3.0), lr=0.5)\n"
+                   "print(_ddp_session.run('(w * lr + rank).tolist()'), _ddp_session.pull('lr'))")
+    assert "[[0.0, 0.5, 1.0], [1.0, 1.5, 2.0]] [0.5, 0.5]" in printed, printed
+
+
+def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):
+    k, _ = kernel
+    k.ok("%%ddp\nx = rank * 10")
+    content, _ = k.execute("%%ddp\nt = torch.zeros(rank + 2, 3)\nif rank == 1:\n"
+                           "    raise ValueError(f'bad shape {tuple(t.shape)}')\n7")
+    assert content["status"] == "error" and content["ename"] == "CellError", content
+    assert content["evalue"].startswith("cell ") and "failed on rank 1 (cpu:1): ValueError: bad shape (3, 3)" \
+        in content["evalue"], content["evalue"]
+    tb = strip_ansi("\n".join(content["traceback"]))
+    assert "raise ValueError(f'bad shape {tuple(t.shape)}')" in tb, tb  # the cell's own line
+    assert "on rank 1:" in tb and re.search(r"t\s+= Tensor\[3, 3\] float32 cpu", tb), tb  # the failed rank's locals
+    printed = k.ok("%%ddp\nx")  # namespaces kept
+    assert "[rank 0] Out: 0\n" in printed and "[rank 1] Out: 10\n" in printed, printed
+
+
+def test_an_interrupt_mid_cell_reaches_every_rank_and_the_session_goes_on(kernel, tmp_path):
+    k, _ = kernel
+    marker = str(tmp_path / "in-cell")
+    k.ok("%%ddp\nx = rank * 10")
+    msg_id = k.kc.execute(f"%%ddp\nimport time, os\nopen({marker!r} + str(rank), 'w').close()\n"
+                          "for i in range(6000):\n    time.sleep(0.01)\n'not interrupted'")
+    wait_until(lambda: os.path.exists(marker + "0") and os.path.exists(marker + "1"), timeout=60)
+    started = time.monotonic()
+    k.km.interrupt_kernel()
+    reply = k.kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = k.kc.get_shell_msg(timeout=60)
+    content = reply["content"]
+    assert content["status"] == "error" and content["ename"] == "SessionInterrupted", content
+    assert "interrupted on ranks 0, 1; the session goes on" in content["evalue"], content
+    assert time.monotonic() - started < 30  # not the 60 s the cell would have taken
+    printed = k.ok("%%ddp\nx + i")  # usable, namespaces kept (i: where each rank was interrupted)
+    assert "[rank 0] Out: " in printed and "[rank 1] Out: " in printed, printed
+
+
+def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel):
+    k, seen = kernel
+    seen.extend(k.rank_pids())
+    content, _ = k.execute("%%ddp\nimport os, signal, time\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                           "time.sleep(60)")
+    assert content["status"] == "error" and content["ename"] == "SessionEndedError", content
+    assert "worker 1 (cpu:1) failed: killed by signal SIGKILL" in content["evalue"], content["evalue"]
+    assert "session.restart()" in content["evalue"] and "namespaces are lost" in content["evalue"]
+    wait_until(lambda: _all_ended(seen), timeout=30)  # the other rank was ended with it
+    printed = k.ok("%ddp_session --restart")
+    assert "namespaces were lost" in printed and "Session ready: 2 ranks" in printed, printed
+    printed = k.ok("%%ddp\n'x' in globals(), rank")
+    assert "[rank 0] Out: (False, 0)\n" in printed and "[rank 1] Out: (False, 1)\n" in printed, printed
+
+
+def test_a_killed_kernel_leaves_no_rank_behind():
+    k = _start_kernel()
+    try:
+        k.ok(SETUP, timeout=180)
+        pids = k.rank_pids()
+        assert len(pids) == 2 and not _all_ended(pids)
+        kernel_pid = int(re.search(r"KERNEL (\d+)", k.ok("import os; print('KERNEL', os.getpid())")).group(1))
+        os.kill(kernel_pid, signal.SIGKILL)
+        wait_until(lambda: _all_ended(pids), timeout=10)
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)

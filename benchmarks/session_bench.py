@@ -1,0 +1,86 @@
+"""A trivial cell on every rank, from running it to every rank's result: a ddp_notebook session
+beside ipyparallel's ``%px`` and ``DirectView.execute`` on a local cluster of 2 engines.
+
+Each trial runs the cell ``1`` (and ``print(1)``, whose output comes back too) on 2 ranks and
+waits for every rank's result; trials are interleaved; medians and 90th percentiles in
+milliseconds are printed as a markdown table. Not in benchmarks/run.py's suite::
+
+    .venv/bin/python benchmarks/session_bench.py              # 200 trials each
+    .venv/bin/python benchmarks/session_bench.py --trials 20
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+
+def _ms(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"{statistics.median(ordered) * 1000:.2f} | {p90 * 1000:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200)
+    args = parser.parse_args()
+
+    import ipyparallel as ipp
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    import ddp_notebook
+
+    shell = InteractiveShell.instance()
+    cluster = ipp.Cluster(n=2, log_level=40)
+    rc = cluster.start_and_connect_sync(activate=False)
+    session = ddp_notebook.session("cpu*2")
+    try:
+        rc.wait_for_engines(2, timeout=120)
+        view = rc[:]
+        view.activate()  # %px on these engines
+
+        def px(code: str) -> None:
+            with capture_output():
+                shell.run_cell_magic("px", "--block", code)  # as a notebook user sees it: waits for every engine
+
+        def execute(code: str) -> None:
+            result = view.execute(code, silent=False, block=True)
+            result.get()
+
+        def ours(code: str) -> None:
+            with capture_output():
+                values = session.run(code)
+            assert len(values) == 2
+
+        cases = {"ddp_notebook session.run": ours, "ipyparallel DirectView.execute": execute,
+                 "ipyparallel %px --block": px}
+        times: dict[tuple[str, str], list[float]] = {}
+        for fn in cases.values():  # warm up: the first contact imports and connects
+            for code in ("1", "print(1)"):
+                fn(code)
+        for _ in range(args.trials):
+            for code in ("1", "print(1)"):
+                for name, fn in cases.items():
+                    t0 = time.perf_counter()
+                    fn(code)
+                    times.setdefault((name, code), []).append(time.perf_counter() - t0)
+        print(f"{args.trials} trials each, 2 ranks / 2 engines, on {platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} CPUs, Python {platform.python_version()}, ipyparallel {ipp.__version__}")
+        print()
+        print("| cell, from running it to every rank's result | `1`: median ms | p90 ms "
+              "| `print(1)`: median ms | p90 ms |")
+        print("|---|---|---|---|---|")
+        for name in cases:
+            print(f"| {name} | {_ms(times[(name, '1')])} | {_ms(times[(name, 'print(1)')])} |")
+    finally:
+        session.close()
+        rc.close()
+        cluster.stop_cluster_sync()
+
+
+if __name__ == "__main__":
+    main()

@@ -44,7 +44,7 @@ def long_train(ctx):
     return step'''
 FIT = '''result = ddp_notebook.fit(model=model, train_data=(x[:480], y[:480]), valid_data=(x[480:], y[480:]),
                           loss=torch.nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.Adam(p, lr=1e-2),
-                          metrics={"acc": acc}, epochs=6, batch_size=16, devices="cpu*2")
+                          metrics={"acc": acc, "accuracy_of_the_held_out_validation_split_per_epoch": acc}, epochs=6, batch_size=16, devices="cpu*2")
 result'''
 FAIL = '''run = ddp_notebook.launch(train, devices="cpu:0,cpu:1")
 run'''
@@ -56,6 +56,10 @@ NAME = "panel.ipynb"
 CUT = """() => [...document.querySelectorAll(
     '.ddp-run-view .ddp-progress div, .ddp-run-view .ddp-detail div')]
   .filter(d => d.scrollWidth > d.clientWidth + 1).map(d => d.textContent)"""
+# Row text that reaches past the panel's right edge (shown nowhere, cut without an ellipsis).
+PAST_EDGE = """() => [...document.querySelectorAll('.ddp-run-view .ddp-detail, .ddp-run-view .ddp-detail div')]
+  .filter(d => d.getBoundingClientRect().right > d.closest('.ddp-run-view').getBoundingClientRect().right + 1
+               || d.scrollWidth > d.clientWidth + 1).map(d => d.textContent)"""
 # A row's first line taller than one line of text: something wrapped.
 WRAPPED = """() => [...document.querySelectorAll('.ddp-run-view .ddp-progress')]
   .map(e => e.parentElement).filter(line => line.getBoundingClientRect().height > 40).length"""
@@ -112,6 +116,9 @@ def test_panel_fits_at_1400px_shows_epochs_retries_once_and_says_when_it_is_stal
             # Nothing cut or wrapped in the rows at 1400 px.
             assert page.evaluate(CUT) == []
             assert page.evaluate(WRAPPED) == 0
+            assert page.evaluate(PAST_EDGE) == []  # a long metric name wraps onto a line of its own
+            expect(fit_panel.locator(".ddp-detail").first).to_contain_text(
+                "accuracy_of_the_held_out_validation_split_per_epoch")
             fit_panel.scroll_into_view_if_needed()
             shot(fit_panel, "panel-fit-1400.png")
             fail_panel.scroll_into_view_if_needed()

@@ -95,6 +95,19 @@ def test_unpicklable_function_or_argument_is_refused_before_start(tmp_path):
     assert started_processes() == before and list(tmp_path.iterdir()) == []
 
 
+def test_a_return_value_that_cannot_be_sent_back_names_the_function_and_its_type():
+    run = ddp_notebook.launch(faults.returns_the_context, devices="cpu*2")
+    with pytest.raises(WorkerFailedError) as e:
+        run.wait(timeout=60)
+    f = e.value.failure
+    assert f.kind == "result" and f.rank == 0 and f.from_code
+    assert str(e.value).startswith("Distributed data parallel main worker (cpu:0) failed: the return value could not "
+                                   "be sent back to the notebook: TypeError: returns_the_context returned "
+                                   "WorkerContext, which cannot be pickled ("), str(e.value)
+    assert f.traceback == "" and f.locals == {}  # only the pickler's frames: nothing of the user's
+    assert all(w.exit_code is not None and has_ended(w.pid) for w in run.workers)
+
+
 def test_knock_on_failure_of_a_peer_is_marked_as_consequence():
     run = ddp_notebook.launch(faults.ignore_term_then_allreduce, devices="cpu*2", kill_grace=10.0)
     with pytest.raises(WorkerFailedError) as e:

@@ -96,10 +96,23 @@ def test_failed_worker_turns_red_and_the_card_offers_retries():
     assert "main worker (cpu:0) failed as a consequence" in view.card.value
     assert "Traceback from worker 1" in view.card.value
     assert view.retry_device.value == "cpu:0" and not view.retry_single.disabled
+    assert view.retry_box.layout.display == ""  # a ValueError on one rank: a device may be the cause
     view.retry_single.click()
     view.retry_without.click()
     assert retried == [["cpu:0"], ["cpu:0"]]
     assert view.stop_button.layout.display == "none"
+
+
+@pytest.mark.parametrize("kind", [
+    dict(kind="exception", exc_type="TypeError"), dict(kind="result", exc_type="TypeError"),
+    dict(kind="unpickle", exc_type="AttributeError"), dict(kind="exception", exc_type="ValueError", same_on=["cpu:0"]),
+])
+def test_a_failure_of_the_code_offers_no_device_retry(kind):
+    f = WorkerFailure(rank=1, device="cpu:1", time=1.0, **kind)
+    view = RunView(fed({"kind": "failure", "time": 1, "rank": 1, "failure": f.to_dict()},
+                       {"kind": "run_finished", "time": 2.0, "status": "failed"}), on_retry=print, live=False)
+    assert f.from_code and view.card_box.layout.display == "" and view.retry_box.layout.display == "none"
+    assert "not from a device" in view.card.value or "could not load the function" in view.card.value
 
 
 @pytest.mark.parametrize("kind, words", [

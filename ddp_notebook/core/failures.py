@@ -71,6 +71,14 @@ _PHASE_KIND = {Phase.RUN: FailureKind.EXCEPTION, Phase.UNPICKLE: FailureKind.UNP
                Phase.STARTUP: FailureKind.INIT, Phase.RESULT: FailureKind.RESULT}
 
 
+# Exceptions that a mistake in the code or its data raises on any device (a retry elsewhere would
+# raise them again). Read from the type's name, which the worker reports; never from the message.
+CODE_ERRORS = frozenset({"TypeError", "AttributeError", "NameError", "UnboundLocalError", "SyntaxError",
+                         "IndentationError", "ImportError", "ModuleNotFoundError", "KeyError", "IndexError",
+                         "ZeroDivisionError", "AssertionError", "NotImplementedError", "RecursionError",
+                         "PicklingError", "UnpicklingError"})
+
+
 def worker_name(rank: int) -> str:
     """``main worker`` for rank 0, ``worker N`` otherwise (burn's words)."""
     return "main worker" if rank == 0 else f"worker {rank}"
@@ -141,6 +149,24 @@ class WorkerFailure:
     def is_main(self) -> bool:
         """True for the main worker (rank 0)."""
         return self.rank == 0
+
+    @property
+    def from_code(self) -> bool:
+        """True when the code or its data is the cause, not a device: the same error on every
+        worker, a return value that cannot be sent back, a function or argument the workers
+        cannot load, or an exception such as ``TypeError`` that any device would raise. A retry on
+        other devices would fail the same way: the fix is in the code.
+
+        >>> WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="TypeError").from_code
+        True
+        >>> WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="ValueError").from_code
+        False
+        """
+        if self.same_on and self.kind != FailureKind.STALL:
+            return True
+        if self.kind in (FailureKind.RESULT, FailureKind.UNPICKLE):
+            return True
+        return self.kind == FailureKind.EXCEPTION and self.exc_type in CODE_ERRORS
 
     def locals_title(self, name_file: Any = os.path.basename) -> str:
         """``Locals in train (train.py:12) on rank 1``: where ``locals`` were ("" when there are none).

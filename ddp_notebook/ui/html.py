@@ -8,24 +8,17 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Optional
 
-from ..core.failures import FailureKind, Phase, WorkerFailure, worker_name
+from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, worker_name
 from ..core.validation import ValidationReport
 from ..lifecycle.stall import file_name
 from .text import format_duration, format_metric
 
-__all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS", "CODE_ERRORS"]
+__all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS"]
 
 STATUS_COLORS = {
     "starting": "#6c757d", "running": "#0d6efd", "succeeded": "#198754", "failed": "#dc3545",
     "stopped": "#fd7e14",
 }
-# Exceptions that a mistake in the code or its data raises on any device: their hint gives no
-# device advice (a retry elsewhere would raise them again). Read from the type's name, which the
-# worker reports; never from the message.
-CODE_ERRORS = frozenset({"TypeError", "AttributeError", "NameError", "UnboundLocalError", "SyntaxError",
-                         "IndentationError", "ImportError", "ModuleNotFoundError", "KeyError", "IndexError",
-                         "ZeroDivisionError", "AssertionError", "NotImplementedError", "RecursionError",
-                         "PicklingError", "UnpicklingError"})
 RED = "#dc3545"
 ORANGE = "#fd7e14"
 

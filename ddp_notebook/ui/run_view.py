@@ -65,6 +65,7 @@ class FullText:
 # printed) above the rank's metrics. Text past a column's width ends in an ellipsis, with the
 # whole text on hover.
 NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.4;height:auto"
 NAME_WIDTH, BADGE_WIDTH, BAR_WIDTH, TEXT_WIDTH = 150, 80, 140, 380  # px
 # The warnings module's line ("file.py:12: DeprecationWarning: ...") and the source line under it.
 WARNING_LINE = re.compile(r"^\S.*:\d+: ([A-Za-z_][\w.]*)?Warning: ")
@@ -124,7 +125,8 @@ class _Row:
                                          layout=widgets.Layout(width=f"{BAR_WIDTH}px", flex="0 0 auto"))
         self.text = widgets.HTML(layout=widgets.Layout(width=f"{TEXT_WIDTH}px", flex="0 0 auto"))
         self.last = widgets.HTML(layout=widgets.Layout(flex="1 1 0", min_width="0"))
-        self.detail = widgets.HTML(layout=widgets.Layout(margin=f"-4px 0 0 {NAME_WIDTH + 4}px", min_width="0"))
+        self.detail = widgets.HTML(layout=widgets.Layout(margin=f"-4px 0 0 {NAME_WIDTH + 4}px", min_width="0",
+                                                        height="auto"))
         for widget, name in ((self.text, "ddp-progress"), (self.detail, "ddp-detail"), (self.last, "ddp-last")):
             widget.add_class(name)  # stable hooks for browser tests
         line = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
@@ -205,9 +207,8 @@ class RunView(FullText, widgets.VBox):
                                             layout=widgets.Layout(width="250px"))
         self.retry_single.on_click(lambda _: self._retry(lambda: [self.retry_device.value]))
         self.retry_without.on_click(lambda _: self._retry(self._healthy_devices))
-        self.card_box = widgets.VBox([self.card, widgets.HBox([self.retry_device, self.retry_single,
-                                                               self.retry_without])],
-                                     layout=widgets.Layout(display="none"))
+        self.retry_box = widgets.HBox([self.retry_device, self.retry_single, self.retry_without])
+        self.card_box = widgets.VBox([self.card, self.retry_box], layout=widgets.Layout(display="none"))
         self.outputs = widgets.Tab()
         self.output_box = widgets.Accordion(children=[self.outputs], titles=("Output per device",),
                                             selected_index=None)
@@ -222,7 +223,7 @@ class RunView(FullText, widgets.VBox):
                          self.epoch_table, self.card_box, self.message, self.output_box]
         self._dirty = threading.Event()
         self._plotted_at = 0.0
-        self._plotted_points = -1
+        self._plotted_points: Any = None
         self._epochs_drawn: Any = None
         self._epochs_plotted_at = 0.0
         self._tick = 0
@@ -357,7 +358,8 @@ class RunView(FullText, widgets.VBox):
         if warnings:
             detail.append(f'<span style="color:#b8860b">⚠ {warnings} warning{"s" if warnings != 1 else ""} '
                           "(Output per device)</span>")
-        row.detail.value = one_line(" · ".join(detail), metrics) if detail else ""
+        # Wrapped, never cut: every metric shows, however long its name, whatever the panel's width.
+        row.detail.value = f'<div style="{WRAP}">{" · ".join(detail)}</div>' if detail else ""
         color = RED if stream == "stderr" else "#6c757d"
         row.last.value = one_line(f'<code style="color:{color}">{escape(tail_of(line, 160))}</code>', line[-500:])
         row.box.layout.border = f"2px solid {RED}" if caused_failure else "1px solid transparent"
@@ -408,13 +410,17 @@ class RunView(FullText, widgets.VBox):
         has_retry = self.on_retry is not None and state.finished and not self.retries.busy
         self.retry_single.disabled = not has_retry
         self.retry_without.disabled = not has_retry or not self._healthy_devices()
+        # No device advice for a failure that any device would repeat: the hint says to fix the code.
+        self.retry_box.layout.display = "none" if root.from_code else ""
         self.card_box.layout.display = ""
 
     def _render_plot(self, state: RunState, now: float, force: bool) -> None:
-        points = sum(len(w.loss_history) for w in state.workers.values())
-        if points == 0 or points == self._plotted_points or (not force and now - self._plotted_at < PLOT_S):
+        # What is drawn changes with each closed bin and with the open one (the latest steps).
+        points = tuple((len(w.loss_history), w.loss_open) for w in state.workers.values())
+        if not any(n or opened for n, opened in points) or points == self._plotted_points or (
+                not force and now - self._plotted_at < PLOT_S):
             return
-        self.plot.update({f"rank {r} ({w.device})": list(w.loss_history) for r, w in sorted(state.workers.items())})
+        self.plot.update({f"rank {r} ({w.device})": w.loss_points for r, w in sorted(state.workers.items())})
         self._plotted_at, self._plotted_points = now, points
 
     # ---- actions --------------------------------------------------------------------------

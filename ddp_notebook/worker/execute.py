@@ -177,11 +177,24 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         where.phase = Phase.RESULT
         if rank != 0:
             return None
-        return packing.pack(result) if cfg.get("share_result") else Packed(pickling.dumps(result))
+        try:
+            return packing.pack(result) if cfg.get("share_result") else Packed(pickling.dumps(result))
+        except Exception as exc:  # noqa: BLE001 - said in the user's terms: what the function returned
+            raise _named_result_error(exc, fn, result) from None
     except BaseException:
         if ctx is not None:
             ctx.flush()  # the last progress before the failure, for the panel and the report
         raise
+
+
+def _named_result_error(exc: Exception, fn: Any, result: Any) -> Exception:
+    """``exc`` with a message that names the function and the type it returned (its traceback is
+    the pickler's, which means nothing to users)."""
+    name = getattr(fn, "__name__", "the function")
+    try:
+        return type(exc)(f"{name} returned {type(result).__qualname__}, which cannot be pickled ({exc})")
+    except Exception:  # noqa: BLE001 - an exception type whose constructor takes other arguments
+        return exc
 
 
 def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
@@ -193,9 +206,10 @@ def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
         "phase": phase,
         "exc_type": type(exc).__qualname__,
         "message": _text_of(exc),
-        "traceback": format_user_traceback(exc),
+        # Sending the result back runs only the pickler's frames: nothing of the user's to show.
+        "traceback": "" if phase == Phase.RESULT else format_user_traceback(exc),
         # What the user's variables held (a knock-on's are of no interest: its peer failed first).
-        "locals": [] if isinstance(exc, RunEndedError) else failed_locals(exc.__traceback__),
+        "locals": [] if isinstance(exc, RunEndedError) or phase == Phase.RESULT else failed_locals(exc.__traceback__),
         "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
     })
 

@@ -87,3 +87,23 @@ def test_the_state_plots_the_bins_not_the_reports_loss_and_keeps_one_record_per_
     for step in range(1, LOSS_POINTS_KEPT + 2):
         old.apply({"kind": "progress", "time": 1.0, "rank": 0, "step": step, "metrics": {"loss": 1.0}})
     assert 0 < len(old.workers[0].loss_history) <= LOSS_POINTS_KEPT
+
+
+def test_the_bin_still_filling_is_drawn_after_the_closed_ones_until_a_report_closes_it():
+    h = LossHistory(clock=Clock())
+    for step in range(1, 4):
+        h.add(step, None, {"loss": float(step)})
+    first = h.attach({"kind": "progress", "time": 1.0, "rank": 0, "step": 3, "metrics": {}})
+    assert first["loss_bins"] == [[1.0, 1.0], [2.0, 2.0]] and first["loss_open"] == [3.0, 3.0]
+    s = RunState()
+    s.apply(START)
+    s.apply(first)
+    # A rank quiet after step 3: the plot already ends at step 3, not at step 2.
+    assert s.workers[0].loss_points == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
+    h.add(4, None, {"loss": 4.0})
+    s.apply(h.attach({"kind": "progress", "time": 2.0, "rank": 0, "step": 4, "metrics": {}}))
+    assert s.workers[0].loss_points == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 4.0)]  # 3 closed, 4 open
+    h.close()
+    s.apply(h.attach({"kind": "progress", "time": 3.0, "rank": 0, "step": 4, "metrics": {}}))
+    assert s.workers[0].loss_history == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 4.0)]
+    assert s.workers[0].loss_open is None

@@ -107,9 +107,17 @@ class WorkerState:
     # The rank sends its step losses binned (worker/loss_history.py): then a report's own loss is
     # not plotted, it is among the bins.
     loss_binned: bool = False
+    # The bin still filling when the last report was sent (its mean so far): the plot draws it after
+    # the closed ones, so it shows the latest step while a rank is quiet, not the one before.
+    loss_open: Optional[tuple[float, float]] = None
     # One record per epoch, in order: {"epoch", "seconds", "metrics": {name: last value logged in
     # the epoch}, "loss_mean": mean step loss, "losses": how many}; the latest may still be open.
     epoch_history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def loss_points(self) -> list[tuple[float, float]]:
+        """The points of this rank's loss plot: the closed bins, then the one still filling."""
+        return self.loss_history + ([self.loss_open] if self.loss_open is not None else [])
 
     @property
     def is_main(self) -> bool:
@@ -342,6 +350,10 @@ class RunState:
         if isinstance(bins, list):
             w.loss_binned = True
             points = [(float(x), float(y)) for x, y in bins]
+            opened = event.get("loss_open")
+            w.loss_open = None
+            if isinstance(opened, list) and len(opened) == 2:
+                w.loss_open = (float(opened[0]), float(opened[1]))
         else:
             loss = (event.get("metrics") or {}).get("loss")
             points = []

@@ -11,7 +11,8 @@ instead, throttled or not, and keeps
   number logged in it (``train_loss``, ``valid_loss``, ``acc``...), and its length in seconds.
 
 The next report that is sent carries what was closed or changed since the previous one
-(``loss_bins``: ``[step, mean loss]`` pairs; ``epoch_records``), and the state in the notebook
+(``loss_bins``: ``[step, mean loss]`` pairs; ``loss_open``: the bin still filling, so far;
+``epoch_records``), and the state in the notebook
 (``core.state``) adds them to the rank's loss plot and epoch table.
 
 >>> h = LossHistory(clock=iter(range(100)).__next__)
@@ -161,6 +162,9 @@ class LossHistory:
         extra: dict[str, Any] = {}
         if self.seen_loss:  # even empty: the notebook then plots bins only, never a report's loss
             extra["loss_bins"], self._bins = self._bins, []
+            if self._bin is not None:  # the bin still filling, as it is now (the next report replaces it)
+                _index, xs, losses, n = self._bin
+                extra["loss_open"] = [xs / n, losses / n]
         if self._changed:
             extra["epoch_records"] = [self._record(self._records[e]) for e in sorted(self._changed)]
             self._changed = set()

@@ -32,11 +32,10 @@ from .core.validation import ValidationReport, validate_devices
 from .core.version import __version__
 from .errors import *  # noqa: F403 - every exception, importable from here as in the first release
 from .errors import DDPNotebookError, InvalidDevicesError, NonFiniteLossError, WorkerFailedError
-from .lifecycle.launch import default_devices, last_run, launch, runs, set_default_devices
+from .lifecycle.launch import default_devices, last_run, launch, prune_runs, runs, set_default_devices
 from .lifecycle.options import LaunchOptions
 from .lifecycle.run import Run
 from .lifecycle.session import Session, session
-from .lifecycle.stored import prune_runs
 from .recipes.fit import FitResult, fit
 from .recipes.spawn import spawn
 from .transfer.loading import share

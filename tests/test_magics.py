@@ -251,6 +251,24 @@ def test_a_misspelled_option_is_named_with_the_nearest_one(ip):
         ip.run_line_magic("ddp_fit", "train --devcies cpu*2")
     with pytest.raises(UsageError, match=r"^%ddp_stop: argument --grace: "):
         ip.run_line_magic("ddp_stop", "--grace")
+    # An unknown option is named even where it hides the function's name (not "func is required").
+    with pytest.raises(UsageError, match=r"^%ddp_fit: unrecognized arguments: --bogus; %ddp_fit\? lists them$"):
+        ip.run_line_magic("ddp_fit", "--bogus")
+    with pytest.raises(UsageError, match=r"^%ddp_fit: unrecognized arguments: --wiat \(did you mean --wait\?\)"):
+        ip.run_line_magic("ddp_fit", "--wiat")
+
+
+def test_ddp_fit_takes_a_function_by_a_dotted_name(ip):
+    import types
+
+    ip.user_ns["helpers"] = types.SimpleNamespace(train=ip.user_ns["train"], cfg=types.SimpleNamespace(epochs=1))
+    with capture_output():
+        assert ip.run_line_magic("ddp_fit", "helpers.train(helpers.cfg.epochs) --wait") == 2.0
+        assert ip.run_line_magic("ddp_fit", "helpers.train --wait") == 4.0
+    with pytest.raises(UsageError, match=r"^%ddp_fit: there is no 'helpers.trian' in the notebook; define a training"):
+        ip.run_line_magic("ddp_fit", "helpers.trian")
+    with pytest.raises(UsageError, match=r"^%ddp_fit: there is no 'helpers.nope' in the notebook for the call"):
+        ip.run_line_magic("ddp_fit", "helpers.train(helpers.nope)")
 
 
 def test_ddp_runs_all_lists_the_runs_on_disk_and_clean_prunes_them(ip, tmp_path, monkeypatch):

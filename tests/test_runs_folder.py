@@ -17,7 +17,7 @@ from ddp_notebook.lifecycle.stored import (
     Notebook,
     note_start,
     notebook_of,
-    prune_runs,
+    prune_folder,
     read_run,
     read_summary,
     stored_runs,
@@ -80,7 +80,7 @@ def test_a_run_whose_notebook_runs_on_another_host_is_not_taken_as_ended(tmp_pat
     _set_notebook(directory, host="another-host", started=0.0)
     assert notebook_of(directory) == Notebook.UNKNOWN
     assert read_summary(directory).status == "running"
-    assert prune_runs(str(tmp_path), keep=0) == []  # never removed while it may go on
+    assert prune_folder(str(tmp_path), keep=0) == []  # never removed while it may go on
 
 
 def test_a_log_of_an_earlier_version_without_a_record_still_reads_back_as_cut_off(tmp_path):
@@ -136,9 +136,9 @@ def test_the_limits_come_from_the_environment_and_bad_values_are_named(monkeypat
 def test_prune_runs_names_a_bad_argument(tmp_path):
     for keep in (-1, 1.5, True, "3"):
         with pytest.raises(LaunchOptionError, match=rf"keep must be a whole number >= 0 or None .*not {keep!r}"):
-            prune_runs(str(tmp_path), keep=keep)
+            prune_folder(str(tmp_path), keep=keep)
     with pytest.raises(LaunchOptionError, match="max_bytes must be a whole number >= 0"):
-        prune_runs(str(tmp_path), max_bytes=-1)
+        prune_folder(str(tmp_path), max_bytes=-1)
 
 
 def test_two_hundred_runs_leave_the_folder_within_its_bounds(tmp_path, monkeypatch):
@@ -174,7 +174,7 @@ def test_two_hundred_runs_leave_the_folder_within_its_bounds(tmp_path, monkeypat
     removed = [d for d in made if d.id not in kept]
     assert max(d.id[:15] for d in removed) <= min(d.id[:15] for d in left if d.id not in (source.id, live.id))
     # pruned now, to the limits given: still never the live run nor what it reads
-    gone = prune_runs(root, keep=0, max_bytes=0)
+    gone = prune_folder(root, keep=0, max_bytes=0)
     assert {os.path.basename(r.path) for r in gone} == kept - {source.id, live.id}
     assert all(r.size > 20_000 for r in gone)
     assert {d.id for d in stored_runs(root)} == {source.id, live.id}
@@ -206,6 +206,10 @@ def test_real_runs_prune_the_folder_but_keep_the_run_a_fit_resumes_from(tmp_path
     assert {d.id for d in stored_runs()} >= {source, resumed.run.id}
     ddp_notebook.launch(_nothing, devices="cpu:0").wait(timeout=120)
     assert source not in {d.id for d in stored_runs()}  # once nothing reads it, it goes
+    # ddp_notebook.prune_runs, as %ddp_runs --clean: never a run this kernel holds (a retry may read it)
+    held = {r.id for r in ddp_notebook.runs()}
+    removed = {os.path.basename(r.path) for r in ddp_notebook.prune_runs(keep=0, max_bytes=0)}
+    assert len(held) >= 3 and not removed & held and {d.id for d in stored_runs()} == held
 
 
 def _nothing(ctx):

@@ -28,10 +28,10 @@ from .call import Call, call_parts, check_arguments
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .resume import keep_call
 from .run import Run, restart_loaded_runs_with, validate_on
-from .stored import note_start
+from .stored import RemovedRun, note_start, prune_folder
 
 __all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",
-           "start_fork_server", "stop_fork_server",
+           "prune_runs", "start_fork_server", "stop_fork_server",
            "default_devices", "set_default_devices", "wait_showing", "show_while_waiting", "PROGRESS_ENV"]
 
 # How a run the caller blocks on (``fit()``, ``spawn(join=True)``) is shown while it runs: set by
@@ -94,6 +94,45 @@ def runs() -> list[Run]:
     while something else holds them), oldest first."""
     older = [r for r in (ref() for ref in _older) if r is not None]
     return older + list(_runs)
+
+
+def prune_runs(root: Optional[str] = None, keep: Optional[int] = None,
+               max_bytes: Optional[int] = None) -> list[RemovedRun]:
+    """Remove the oldest finished runs of the runs folder until it holds at most ``keep`` runs and
+    ``max_bytes`` bytes (what ``%ddp_runs --clean`` does, and each new run does at its start).
+
+    Never removed: a run still going (its notebook process lives, in this kernel or another), a
+    run this kernel still holds (``runs()``: a retry or resume may read it), a run a live run reads
+    (the checkpoint it resumes from), and anything in the folder not named as a run.
+
+    Parameters
+    ----------
+    root : str, optional
+        The runs folder (default ``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``).
+    keep : int, optional
+        How many runs to leave (>= 0; default ``$DDP_NOTEBOOK_KEEP_RUNS``, else 50).
+    max_bytes : int, optional
+        How many bytes to leave (>= 0; default ``$DDP_NOTEBOOK_RUNS_MAX_BYTES``, else 2 GB).
+
+    Returns
+    -------
+    list of RemovedRun
+        Each run removed, oldest first: its directory (``path``) and the bytes it held (``size``).
+
+    Raises
+    ------
+    LaunchOptionError
+        ``keep`` or ``max_bytes`` (or the environment variable read instead) is not a valid limit.
+    UnsafeRunDirError
+        Another user could write to the runs folder.
+
+    Examples
+    --------
+    >>> import tempfile, ddp_notebook
+    >>> ddp_notebook.prune_runs(tempfile.mkdtemp(), keep=10)
+    []
+    """
+    return prune_folder(root, keep, max_bytes, spare=[r.run_dir for r in runs()])
 
 
 def find_run(run_id: str) -> Optional[Run]:

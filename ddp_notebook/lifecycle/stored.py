@@ -1,6 +1,6 @@
 """A run as its directory keeps it (``Run.load`` reads it back): the event log, replayed and
 checked, the ending of a run whose notebook died, the kept call, the result; and the runs folder
-as a whole: its runs listed (``%ddp_runs --all``) and kept within bounds (``prune_runs``).
+as a whole: its runs listed (``%ddp_runs --all``) and kept within bounds (``prune_folder``).
 
 A run's directory says which notebook process runs it (``notebook.json``: pid, start time, host,
 and what it reads from other runs: ``note_start``). A log without the run's end is a run still
@@ -44,7 +44,7 @@ from .resume import KEEP_LIMIT, KeptCall, read_call
 
 __all__ = ["StoredRun", "read_run", "find_stored_run", "keep_result", "load_result", "output_of",
            "note_start", "notebook_of", "Notebook", "end_with_notebook", "notebook_ended_reason", "stored_runs",
-           "read_summary", "prune_runs", "RemovedRun"]
+           "read_summary", "prune_folder", "RemovedRun"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def note_start(directory: RunDir, settings: RunSettings, spare: Iterable[str] = 
               "reads": [settings.resume_from] if settings.resume_from else []}
     directory.write_private(RunDir.NOTEBOOK, json.dumps(record).encode())
     try:
-        prune_runs(os.path.dirname(directory.path), spare=[directory.path, *spare])
+        prune_folder(os.path.dirname(directory.path), spare=[directory.path, *spare])
     except (DDPNotebookError, OSError) as e:
         warnings.warn(f"ddp_notebook: the runs folder was not pruned: {e}", stacklevel=2)
 
@@ -295,10 +295,11 @@ def _checked_limit(name: str, value: Any) -> int:
     return value
 
 
-def prune_runs(root: Optional[str] = None, keep: Optional[int] = None, max_bytes: Optional[int] = None,
-               spare: Iterable[str] = ()) -> list[RemovedRun]:
+def prune_folder(root: Optional[str] = None, keep: Optional[int] = None, max_bytes: Optional[int] = None,
+                 spare: Iterable[str] = ()) -> list[RemovedRun]:
     """Remove the oldest finished runs of the runs folder until it holds at most ``keep`` runs and
-    ``max_bytes`` bytes (what ``%ddp_runs --clean`` does, and each new run does at its start).
+    ``max_bytes`` bytes (what ``prune_runs`` and ``%ddp_runs --clean`` do, and each new run does at
+    its start, sparing the runs this process holds).
 
     Never removed: a run still going (its notebook process lives, in this kernel or another), a
     run a live run reads (the checkpoint it resumes from), one in ``spare``, and anything in the

@@ -38,6 +38,7 @@ from ..lifecycle.launch import (
     find_run,
     last_run,
     launch,
+    prune_runs,
     runs,
     set_default_devices,
     start_fork_server,
@@ -46,7 +47,7 @@ from ..lifecycle.launch import (
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
 from ..lifecycle.stall import file_name
-from ..lifecycle.stored import find_stored_run, prune_runs, read_summary, stored_runs
+from ..lifecycle.stored import find_stored_run, read_summary, stored_runs
 from ..recipes.fit import fit
 from . import display
 from .display import show_report, show_run
@@ -66,17 +67,55 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
         words = shlex.split(line, comments=True)
     except ValueError as e:  # "No closing quotation"
         raise UsageError(f"%{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
+    options = _option_names(magic.parser)
     try:
         args, extra = magic.parser.parse_known_args(words)
     except UsageError as e:  # argparse's own message, said by the magic like every other
-        raise UsageError(f"%{name}: {e}") from None
+        # An unknown option first: it is the mistake ("--bogus"), not the argument it hid.
+        unknown = [w for w in words if w.startswith("-") and len(w) > 1 and not _number(w)
+                   and w.split("=")[0] not in options]
+        if not unknown:
+            raise UsageError(f"%{name}: {e}") from None
+        extra = unknown
     if extra:
-        options = _option_names(magic.parser)
         close = [match for word in extra if word.startswith("-")
                  for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UsageError(f"%{name}: unrecognized arguments: {' '.join(extra)}{hint}; %{name}? lists them")
     return args
+
+
+def _number(word: str) -> bool:
+    """Whether ``word`` reads as a number (``-1``, ``-0.5``): an argument, not an option."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _lookup(name: str, ns: dict[str, Any]) -> Any:
+    """The object that ``name`` (``train`` or ``helpers.train``) names in the notebook's namespace,
+    attribute by attribute, never evaluated; ``KeyError`` naming the part that is missing."""
+    first, *rest = name.split(".")
+    if first not in ns:
+        raise KeyError(first)
+    value = ns[first]
+    for i, attr in enumerate(rest):
+        if not attr.isidentifier() or not hasattr(value, attr):
+            raise KeyError(".".join([first, *rest[: i + 1]]))
+        value = getattr(value, attr)
+    return value
+
+
+def _dotted(node: ast.expr) -> Optional[str]:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head is not None else None
+    return None
 
 
 def _option_names(parser: argparse.ArgumentParser) -> list[str]:
@@ -124,7 +163,7 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-_CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*\(")
+_CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*(\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*\s*\(")
 
 
 def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], dict[str, Any], str]:
@@ -139,19 +178,22 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
             tree = ast.parse(line[: end + 1].strip(), mode="eval")
         except (SyntaxError, ValueError):  # ValueError: a NUL character (Python < 3.12)
             continue
-        if isinstance(tree.body, ast.Call) and isinstance(tree.body.func, ast.Name):
+        if isinstance(tree.body, ast.Call) and _dotted(tree.body.func) is not None:
             call, rest = tree.body, line[end + 1:]
             break
     if call is None:
         raise UsageError(f"%ddp_fit: cannot read the call in {line.strip()!r}: write it as Python, "
                          "e.g. train(100, lr=0.1)")
-    assert isinstance(call.func, ast.Name)
+    func = _dotted(call.func)
+    assert func is not None
 
     def value(node: ast.expr) -> Any:
-        if isinstance(node, ast.Name):
-            if node.id not in ns:
-                raise UsageError(f"%ddp_fit: there is no {node.id!r} in the notebook for the call")
-            return ns[node.id]
+        name = _dotted(node)
+        if name is not None:
+            try:
+                return _lookup(name, ns)
+            except KeyError as e:
+                raise UsageError(f"%ddp_fit: there is no {e.args[0]!r} in the notebook for the call") from None
         try:
             return ast.literal_eval(node)
         except (ValueError, TypeError, RecursionError):  # TypeError: {[1]: 2}, a key that cannot be one
@@ -161,7 +203,7 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         raise UsageError("%ddp_fit: *args and **kwargs are not read in the call; name each argument")
     kwargs = {k.arg: value(k.value) for k in call.keywords if k.arg is not None}
-    return call.func.id, tuple(value(a) for a in call.args), kwargs, rest
+    return func, tuple(value(a) for a in call.args), kwargs, rest
 
 
 def _device_list(words: Optional[list[str]]) -> Optional[str]:
@@ -270,7 +312,7 @@ def _clean_runs() -> None:
     root = default_run_root()
     try:
         keep, max_bytes = runs_limits()
-        removed = prune_runs(root, spare=[r.run_dir for r in runs()])
+        removed = prune_runs(root)
     except (LaunchOptionError, UnsafeRunDirError, OSError) as e:
         raise UsageError(f"%ddp_runs: {e}") from None
     left = stored_runs(root)
@@ -319,14 +361,19 @@ class DDPMagics(Magics):
         """Launch a DDP run in background workers and show its live panel; returns at once."""
         func, call_args, call_kwargs, rest = _split_call(line, self.user_ns)
         args = _parse(self.ddp_fit, f"{func} {rest}" if func else rest)
+        found = {}
         for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
                            (args.engines, "an ipyparallel Client or DirectView")):
-            if name is not None and name not in self.user_ns:
-                raise UsageError(f"%ddp_fit: there is no {name!r} in the notebook; define {what} with that name first")
+            if name is not None:
+                try:
+                    found[name] = _lookup(name, self.user_ns)
+                except KeyError as e:
+                    raise UsageError(f"%ddp_fit: there is no {e.args[0]!r} in the notebook; define {what} with "
+                                     "that name first") from None
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
-                   "engines": self.user_ns[args.engines] if args.engines else None}
+                   "engines": found[args.engines] if args.engines else None}
         try:
-            run, relaunch = start_target(self.user_ns[args.func], args.func, _device_list(args.devices), options,
+            run, relaunch = start_target(found[args.func], args.func, _device_list(args.devices), options,
                                          call_args, call_kwargs)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_fit: {e}") from None

@@ -109,7 +109,7 @@ def test_a_nan_loss_fails_the_fit_at_its_step_naming_the_rank():
         ddp_notebook.fit(model=models.linear, train_data=(x, y), loss=torch.nn.MSELoss(), epochs=2, batch_size=32,
                          shuffle=False, devices="cpu*2")
     assert str(e.value).startswith("Distributed data parallel worker 1 (cpu:1) failed: NonFiniteLossError: the loss "
-                                   "is nan or inf at step 4 (epoch 0, batch 4 of 8)"), str(e.value)
+                                   "is nan or inf at step 4 (epoch 1, batch 4 of 8)"), str(e.value)
     assert _checkpoints(e.value.run_dir) == []  # it failed in epoch 0: nothing of the nan was saved
 
 
@@ -121,7 +121,7 @@ def test_a_nan_every_rank_computes_is_one_error_of_the_run_and_caught_by_the_pre
     with pytest.raises(WorkerFailedError) as e:
         ddp_notebook.fit(preflight=False, **kw)
     assert str(e.value).startswith("Every distributed data parallel worker (cpu:0, cpu:1) failed the same way: "
-                                   "NonFiniteLossError: the loss is nan or inf at step 1 (epoch 0, batch 1 of 8)"), str(e.value)
+                                   "NonFiniteLossError: the loss is nan or inf at step 1 (epoch 1, batch 1 of 8)"), str(e.value)
     with pytest.raises(PreflightError, match="NonFiniteLossError: the loss of the first batch is nan, before any step"):
         ddp_notebook.fit(**kw)
 
@@ -132,11 +132,11 @@ def test_weights_that_overflow_on_a_finite_loss_and_a_nan_validation_loss_are_ca
     # one step an epoch: lr 3e38 turns the weights to inf while the first loss is finite
     with pytest.raises(WorkerFailedError) as e:
         ddp_notebook.fit(optimizer=models.sgd(3e38), epochs=2, **kw)
-    assert "failed the same way: NonFiniteLossError: the weights hold nan or inf after epoch 0 (step 1)" in str(e.value)
+    assert "failed the same way: NonFiniteLossError: the weights hold nan or inf after epoch 1 (step 1)" in str(e.value)
     assert _checkpoints(e.value.run_dir) == []
     vx, vy = models.regression_data(n=32, seed=1)
     vy[5] = float("nan")
-    with pytest.raises(WorkerFailedError, match="the validation loss is nan or inf after epoch 0"):
+    with pytest.raises(WorkerFailedError, match="the validation loss is nan or inf after epoch 1"):
         ddp_notebook.fit(valid_data=(vx, vy), preflight=False, **kw)
     with pytest.raises(PreflightError, match="the validation loss of the first batch is nan"):
         ddp_notebook.fit(valid_data=(vx, vy), **kw)

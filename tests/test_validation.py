@@ -57,6 +57,7 @@ def test_missing_device_says_how_many_exist():
     # What would run here instead: as many CPU workers as asked for, within the cores.
     r = validate_devices("cuda:0,cuda:1", probe=StaticProbe(cpus=8))
     assert r.errors[0].message.endswith("cpu*2 runs on this machine's CPU.")
+    assert len(r.errors) == 1 and r.errors[0].message.startswith("cuda:0, cuda:1 do not exist: no CUDA device")
     r = validate_devices("cuda*8", probe=StaticProbe(cpus=2))
     assert r.errors[0].message.endswith("cpu*2 runs on this machine's CPU.")
 

@@ -201,13 +201,14 @@ def validate_devices(
         # What would run here instead: as many CPU workers as the list asked for (two at least, for
         # DDP), within the cores.
         instead = f"cpu*{max(1, min(max(2, len(devices)), probe.cpu_count()))}"
+        if count == 0:  # one finding for the list, not the same sentence per device
+            names = ", ".join(map(str, cuda))
+            err("missing", f"{names} {'does' if len(cuda) == 1 else 'do'} not exist: no CUDA device is visible "
+                f"here (no GPU, a CPU-only torch, or CUDA_VISIBLE_DEVICES is empty); {instead} runs on this "
+                "machine's CPU.", cuda[0] if len(cuda) == 1 else None)
         for d in cuda:
             if d.index >= count:
-                if count == 0:
-                    err("missing", f"{d} does not exist: no CUDA device is visible here (no GPU, a "
-                        f"CPU-only torch, or CUDA_VISIBLE_DEVICES is empty); {instead} runs on this "
-                        "machine's CPU.", d)
-                else:
+                if count:
                     err("missing", f"{d} does not exist: {count} CUDA device{'s are' if count > 1 else ' is'} "
                         f"visible ({visible}).", d)
             elif min_free_memory is not None:

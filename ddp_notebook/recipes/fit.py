@@ -38,7 +38,9 @@ class FitResult:
     model function built)."""
     history: list[dict[str, Any]]
     """One dict per epoch: ``epoch``, ``train_loss`` (the mean over every rank's samples),
-    ``seconds``, ``samples_per_s``, and with ``valid_data`` ``valid_loss`` and each metric."""
+    ``seconds``, ``samples_per_s``, and with ``valid_data`` ``valid_loss`` and each metric.
+    ``epoch`` counts from 0, as ``range(epochs)``, ``ctx.epoch`` and the checkpoint files
+    (``epoch-0000.pt``) do; the panel, its table and messages say "epoch 1 of N", as Keras does."""
     run: Run
     """The run that trained it (its id, events, output, checkpoints; ``retry`` goes on from it)."""
     ranks_in_sync: bool

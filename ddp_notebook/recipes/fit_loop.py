@@ -139,8 +139,9 @@ def _check_finite(loss: float, ctx: Any, epoch: int, batch: int, n_batches: int)
     to every rank's weights (one all-reduce later) and end in a "successful" fit of nans."""
     if not math.isfinite(loss):
         # Neither rank nor value in the text: the report names the worker, and ranks that diverge
-        # at the same step (one to inf, one to nan) then read as one error of the run.
-        raise NonFiniteLossError(f"the loss is nan or inf at step {ctx.step} (epoch {epoch}, batch {batch} of "
+        # at the same step (one to inf, one to nan) then read as one error of the run. Epochs are
+        # said from 1, as the panel shows them (the history's numbers count from 0, as range does).
+        raise NonFiniteLossError(f"the loss is nan or inf at step {ctx.step} (epoch {epoch + 1}, batch {batch} of "
                                  f"{n_batches})")
 
 
@@ -186,11 +187,11 @@ def _check_epoch(module: Any, record: dict[str, Any], epoch: int, step: int) -> 
     import torch
 
     if not all(bool(torch.isfinite(p).all()) for p in module.parameters()):
-        raise NonFiniteLossError(f"the weights hold nan or inf after epoch {epoch} (step {step}), though the loss "
+        raise NonFiniteLossError(f"the weights hold nan or inf after epoch {epoch + 1} (step {step}), though the loss "
                                  "was finite: the epoch's checkpoint is not saved")
     valid = record.get("valid_loss")
     if valid is not None and not math.isfinite(valid):
-        raise NonFiniteLossError(f"the validation loss is nan or inf after epoch {epoch}: look for nan or inf in "
+        raise NonFiniteLossError(f"the validation loss is nan or inf after epoch {epoch + 1}: look for nan or inf in "
                                  "valid_data")
 
 

@@ -78,7 +78,10 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }
-html_sidebars = {"**": ["sidebar-nav-bs"], "index": []}
+# Pages without sub-pages would show an empty navigation column: none on them.
+html_sidebars = {"**": ["sidebar-nav-bs"],
+                 **{page: [] for page in ("index", "getting-started", "benchmarks", "architecture", "reliability",
+                                          "changelog")}}
 html_copy_source = False
 
 

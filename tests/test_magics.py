@@ -99,8 +99,14 @@ def test_ddp_retry_after_a_failure(ip):
     with capture_output():
         ip.run_line_magic("ddp_fit", "fails")
     failed = ip.user_ns["_ddp_run"]
-    with pytest.raises(ddp_notebook.WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: ValueError: boom on rank 1"):
+    with pytest.raises(ddp_notebook.WorkerFailedError, match=r"worker 1 \(cpu:1\) failed: ValueError: boom on rank 1") as e:
         failed.wait(timeout=60)
+    # The traceback names the cell as IPython does, in the card and in the text, not its temporary file.
+    from ddp_notebook.ui.html import failure_card_html
+
+    assert re.search(r'File "[^"]+", line \d+, in fails', failed.failures[0].traceback)
+    assert re.search(r"Cell In\[\d+\], line \d+, in fails", failure_card_html(e.value.failure, e.value.failures))
+    assert re.search(r"Cell In\[\d+\], line \d+, in fails", "\n".join(e.value._render_traceback_()))
     with capture_output():
         ip.run_line_magic("ddp_retry", "")
     retry = ip.user_ns["_ddp_run"]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ._text import TextEnum
+from .tracebacks import file_name, name_cells_in
 
 __all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "order_failures",
            "render_failure_report", "failure_from_error", "is_runner_file", "format_locals"]
@@ -358,8 +359,8 @@ def render_failure_report(root: WorkerFailure, failures: Sequence[WorkerFailure]
     parts: list[str] = []
     if root.traceback:
         parts.append(root.traceback_title())
-        parts.append(root.traceback.rstrip("\n"))
-    parts.extend(format_locals(root))
+        parts.append(name_cells_in(root.traceback.rstrip("\n")))
+    parts.extend(format_locals(root, file_name))
     tail = [line for line in root.stderr_tail if line.strip()][-stderr_lines:]
     if tail and root.kind != FailureKind.EXCEPTION:
         parts.append(f"Last lines of the stderr of {name}:")

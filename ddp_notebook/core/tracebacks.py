@@ -13,11 +13,14 @@ ValueError: bad value
 from __future__ import annotations
 
 import os
+import re
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 from typing import Optional
 
-__all__ = ["FULL_ENV", "is_library_file", "user_frames", "format_user_traceback", "show_full"]
+__all__ = ["FULL_ENV", "is_library_file", "user_frames", "format_user_traceback", "show_full", "name_cells_with",
+           "file_name", "name_cells_in"]
 
 FULL_ENV = "DDP_NOTEBOOK_TRACEBACKS"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -66,3 +69,47 @@ def format_user_traceback(exc: BaseException) -> str:
             t.stack = traceback.StackSummary.from_list([f for f in t.stack if not is_library_file(f.filename)])
             todo += [c for c in (t.__cause__, t.__context__) if c is not None]
     return "".join(te.format())
+
+
+# How the shell that runs the notebook names the file of a cell ("In[3]" for the temporary file
+# IPython compiled it from): set by the front end (``ui.tracebacks``); None for other files.
+_cell_name: Optional[Callable[[str], Optional[str]]] = None
+_FILE_LINE = re.compile(r'File "([^"\n]+)", line (\d+)')
+
+
+def name_cells_with(name: Optional[Callable[[str], Optional[str]]]) -> None:
+    """Set how stacks and tracebacks name the files of notebook cells (the front end calls this once)."""
+    global _cell_name
+    _cell_name = name
+
+
+def _cell_of(path: str) -> Optional[str]:
+    if _cell_name is None:
+        return None
+    try:
+        return _cell_name(path)
+    except Exception:  # noqa: BLE001 - a name is a nicety: never fail a report for it
+        return None
+
+
+def file_name(path: str) -> str:
+    """``train.py`` for a file, ``cell In[3]`` for a notebook cell's."""
+    cell = _cell_of(path)
+    return f"cell {cell}" if cell else os.path.basename(path)
+
+
+def name_cells_in(text: str) -> str:
+    """A traceback's text with each notebook cell's file named as IPython names it
+    (``Cell In[3], line 7`` for ``File "/tmp/ipykernel_81/2841.py", line 7``); other files as
+    they were.
+
+    >>> name_cells_in('  File "/w/train.py", line 3, in train')
+    '  File "/w/train.py", line 3, in train'
+    """
+    if _cell_name is None:
+        return text
+
+    def named(match: re.Match[str]) -> str:
+        cell = _cell_of(match.group(1))
+        return f"Cell {cell}, line {match.group(2)}" if cell else match.group(0)
+    return _FILE_LINE.sub(named, text)

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Optional
 
 from ..core.failures import FailureKind, WorkerFailure, is_runner_file
+from ..core.tracebacks import file_name
 from .clock import REAL_CLOCK, Clock
 
-__all__ = ["name_cells_with", "file_name", "torch_dir", "dump_stacks", "stall_failures", "main_thread_stack",
+__all__ = ["torch_dir", "dump_stacks", "stall_failures", "main_thread_stack",
            "is_waiting_in_collective", "pick_stalled", "format_stack", "quiet_notes", "user_site", "collective_name"]
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
@@ -162,28 +163,6 @@ def stall_failures(stacks: dict[int, str], main_ident: dict[int, int], steps: di
         root.message = ", ".join(f"rank {r} at {call_site(frames[r], torch_home)}" for r in blamed)
         root.traceback = "".join(f"rank {r} ({devices[r]}): {format_stack(frames[r])}" for r in blamed)
     return found
-
-
-# How the shell that runs the notebook names the file of a cell ("In[3]" for the temporary file
-# IPython compiled it from): set by the front end (``ui.tracebacks``); None for other files.
-_cell_name: Optional[Callable[[str], Optional[str]]] = None
-
-
-def name_cells_with(name: Optional[Callable[[str], Optional[str]]]) -> None:
-    """Set how a stack names the files of notebook cells (the front end calls this once)."""
-    global _cell_name
-    _cell_name = name
-
-
-def file_name(path: str) -> str:
-    """``train.py`` for a file, ``cell In[3]`` for a notebook cell's."""
-    cell = None
-    if _cell_name is not None:
-        try:
-            cell = _cell_name(path)
-        except Exception:  # noqa: BLE001 - a name is a nicety: never fail a report for it
-            cell = None
-    return f"cell {cell}" if cell else os.path.basename(path)
 
 
 def call_site(frames: Sequence[tuple[str, int, str]], torch_home: Optional[str]) -> str:

@@ -9,8 +9,8 @@ from html import escape
 from typing import Any, Optional
 
 from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, worker_name
+from ..core.tracebacks import file_name, name_cells_in
 from ..core.validation import ValidationReport
-from ..lifecycle.stall import file_name
 from .text import format_duration, format_metric
 
 __all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS"]
@@ -129,7 +129,7 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
              f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root, healthy))}</div>']
     if root.traceback:
         parts.append(f"<details open><summary>{escape(root.traceback_title().rstrip(':'))}</summary>"
-                     f"<pre>{escape(root.traceback)}</pre></details>")
+                     f"<pre>{escape(name_cells_in(root.traceback))}</pre></details>")
     parts.append(locals_html(root))
     tail = [line for line in root.stderr_tail if line.strip()][-20:]
     if tail:

@@ -32,6 +32,7 @@ from ..core.errors import (
 )
 from ..core.failures import format_locals
 from ..core.rundir import KEEP_RUNS_ENV, RUNS_MAX_BYTES_ENV, default_run_root, folder_bytes, runs_limits
+from ..core.tracebacks import file_name
 from ..core.validation import InvalidDevicesError, validate_devices
 from ..lifecycle.launch import (
     default_devices,
@@ -46,7 +47,6 @@ from ..lifecycle.launch import (
 )
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
-from ..lifecycle.stall import file_name
 from ..lifecycle.stored import find_stored_run, read_summary, stored_runs
 from ..recipes.fit import fit
 from . import display

@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 from ..core.errors import draw_tracebacks_with
-from ..lifecycle.stall import name_cells_with
+from ..core.tracebacks import name_cells_with
 
 __all__ = ["register"]
 

@@ -153,6 +153,10 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
         kernels.append((km, kc))
         first = json.loads(_execute(kc, KERNEL_FIT.format(tests=TESTS, hold=str(holds[0]))).splitlines()[-1])
         wait_until(lambda: _reached_step(root / first["run"], 16), timeout=180)
+        live = Run.load(root / first["run"])  # read here while that kernel still runs it: not retried twice
+        with pytest.raises(ddp_notebook.DDPNotebookError, match=rf"^run {first['run']} is still running in another "
+                                                                  r"notebook process: stop it there"):
+            live.retry()
         psutil.Process(first["kernel"]).kill()  # a crash: nothing of the kernel runs after this
         wait_until(lambda: not psutil.pid_exists(first["kernel"]) or
                    psutil.Process(first["kernel"]).status() == psutil.STATUS_ZOMBIE, timeout=30)

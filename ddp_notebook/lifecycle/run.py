@@ -540,8 +540,8 @@ class Run:
         NoCheckpointError
             ``resume=True`` but this run saved no checkpoint.
         DDPNotebookError
-            A run read back from disk whose call was not kept (over 64 MB), or one that ran on
-            engines, retried without ``engines=``.
+            A run read back from disk whose call was not kept (over 64 MB), one that ran on
+            engines, retried without ``engines=``, or one still running in another notebook.
         InvalidDevicesError
             The device list of the retry failed validation.
 
@@ -558,6 +558,9 @@ class Run:
         if device is not None and devices is not None:
             raise ArgumentsError(f"retry() takes device= (one device) or devices= (a list), not both: got "
                                  f"device={device!r} and devices={devices!r}")
+        if self._from_disk and not self.state.finished:  # its notebook process lives, and runs it
+            raise DDPNotebookError(f"run {self.id} is still {self.state.status} in another notebook process: stop it "
+                                   "there (%ddp_stop in that notebook) or let it end, then retry it here")
         if self._restart is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
                                    f"and its arguments) was not kept there, as calls over {KEEP_LIMIT // 2**20} MB "

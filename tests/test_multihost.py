@@ -132,7 +132,8 @@ def test_checkpoints_reach_the_notebook_and_a_retry_on_host_1_resumes_from_them(
     # ("best" names epoch 0: the metric watched never improves after it)
     assert sorted(os.listdir(run.checkpoint_dir)) == ["best", "epoch-0000.pt", "epoch-0001.pt", "latest"]
     assert open(os.path.join(run.checkpoint_dir, "best")).read() == "epoch-0000.pt"
-    assert hosts.client[hosts.on_host[0][0]].apply_sync(os.path.exists, run.checkpoint_dir) is False
+    # (with a deadline: an engine still busy with the failed run's rank would be a defect, not a hang)
+    assert hosts.client[hosts.on_host[0][0]].apply_async(os.path.exists, run.checkpoint_dir).get(timeout=60) is False
     resumed = run.retry(resume=True, devices="cpu:0").wait(timeout=120)
     assert resumed.resumed_from_epoch == 1 and [h["epoch"] for h in resumed.history] == [0, 1, 2]
     assert_engines_clean(hosts)

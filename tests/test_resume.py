@@ -47,11 +47,32 @@ def cut_off_fit(tmp_path):
         run_dir = notebook.stdout.readline().strip()
         assert run_dir, "the notebook process did not start its fit"
         wait_until(lambda: os.path.exists(os.path.join(run_dir, "checkpoints", "epoch-0001.pt")), timeout=120)
+        below = _descendants(notebook.pid)
     finally:
         notebook.send_signal(signal.SIGKILL)
         notebook.wait()
+    _wait_gone(below)  # the ranks end with their notebook: only then may the held epoch go on (it must not)
     hold.unlink()
     return run_dir
+
+
+def _descendants(pid):
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _wait_gone(processes):
+    """Wait until each process (the fork server, the ranks) has ended, as they must once their
+    notebook process is gone; a rank still holding its epoch must not be let go on."""
+    import psutil
+
+    def alive(p):
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    wait_until(lambda: not any(alive(p) for p in processes), timeout=60)
 
 
 def test_a_fit_cut_off_by_its_notebooks_death_resumes_from_its_checkpoint(cut_off_fit, tmp_path):
@@ -153,6 +174,7 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
         kernels.append((km, kc))
         first = json.loads(_execute(kc, KERNEL_FIT.format(tests=TESTS, hold=str(holds[0]))).splitlines()[-1])
         wait_until(lambda: _reached_step(root / first["run"], 16), timeout=180)
+        below = _descendants(first["kernel"])
         live = Run.load(root / first["run"])  # read here while that kernel still runs it: not retried twice
         with pytest.raises(ddp_notebook.DDPNotebookError, match=rf"^run {first['run']} is still running in another "
                                                                   r"notebook process: stop it there"):
@@ -160,6 +182,7 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
         psutil.Process(first["kernel"]).kill()  # a crash: nothing of the kernel runs after this
         wait_until(lambda: not psutil.pid_exists(first["kernel"]) or
                    psutil.Process(first["kernel"]).status() == psutil.STATUS_ZOMBIE, timeout=30)
+        _wait_gone(below)  # the ranks end with their kernel, before the held epoch could go on
         holds[0].unlink()
 
         km, kc = start_new_kernel(kernel_name="python3", env=env)

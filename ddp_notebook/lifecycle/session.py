@@ -37,7 +37,7 @@ import tempfile
 import time
 import types
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec
@@ -59,8 +59,10 @@ from .call import first_unpicklable
 from .launch import launch_with
 from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
 from .run import Run
+from .session_state import StateKeeping, format_session, value_text
 
-__all__ = ["Session", "session", "current_session", "set_current_session", "RANK_NAMES", "INTERRUPT_GRACE"]
+__all__ = ["Session", "session", "current_session", "set_current_session", "show_sessions_with", "RANK_NAMES",
+           "INTERRUPT_GRACE"]
 
 #: The names every rank's namespace starts with (never sent from the notebook).
 RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
@@ -72,6 +74,16 @@ END_WAIT = 30.0
 _POLL = 0.1
 
 _current: Optional[Session] = None
+# How a session shows itself in IPython (``_ipython_display_``): set by the front end (``ui``),
+# which shows its live view in a notebook and returns True; otherwise the session shows its text.
+ShowSession = Callable[["Session"], bool]
+_show_session: Optional[ShowSession] = None
+
+
+def show_sessions_with(hook: Optional[ShowSession]) -> None:
+    """Set how a session displayed in IPython shows (the front end calls this once)."""
+    global _show_session
+    _show_session = hook
 
 
 def current_session() -> Optional[Session]:
@@ -96,7 +108,7 @@ def _close_all(connections: dict[int, socket.socket]) -> None:
     connections.clear()
 
 
-class Session:
+class Session(StateKeeping):
     """Ranks that stay: each with a namespace of its own, kept across cells, holding ``rank``,
     ``world_size``, ``ctx`` (its ``WorkerContext``), ``torch`` and ``dist`` (the process group is
     set up), and whatever cells define there. Made by :func:`ddp_notebook.session`.
@@ -129,11 +141,19 @@ class Session:
         self._ended: Optional[SessionEndedError] = None
         self._pending_lines: dict[tuple[int, str], str] = {}
         self._asked: list[int] = []  # the ranks of the request in flight
+        self._keep_state()
         weakref.finalize(self, _close_all, self._connections)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
     def _start(self) -> None:
+        self._set_forming(True)
+        try:
+            self._form()
+        finally:
+            self._set_forming(False)
+
+    def _form(self) -> None:
         folder = tempfile.mkdtemp(prefix="ddp-session-")  # owner-only: only this user's processes connect
         address = os.path.join(folder, "s")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -146,6 +166,8 @@ class Session:
             heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
             self._run = launch_with(serve_session, self._spec, (address, token, heartbeat), {}, self.options,
                                    probe=self._probe)
+            mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
+            self._run.subscribe(lambda _event: (lambda s: s._changed() if s is not None else None)(mine()))
             self._ended, self._closed = None, False
             self._accept(listener, token)
         except BaseException:
@@ -216,9 +238,18 @@ class Session:
         return not self._closed and self._run is not None and not self._run.done and self._ended is None
 
     def __repr__(self) -> str:
-        state = "ready" if self.alive else "closed" if self._closed else "ended"
-        run = f", run {self._run.id}" if self._run is not None else ""
-        return f"<Session of {self.world_size} ranks ({', '.join(self.devices)}){run}: {state}>"
+        return format_session(self.state)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": repr(self)}
+
+    def _ipython_display_(self) -> None:
+        """Its live view in a notebook (what the front end registered), its text elsewhere."""
+        if _show_session is not None and _show_session(self):
+            return
+        from IPython.display import display
+
+        display({"text/plain": repr(self)}, raw=True)
 
     # ---- requests --------------------------------------------------------------------------------
     def _ranks(self, ranks: Union[None, int, Iterable[int]]) -> list[int]:
@@ -265,18 +296,14 @@ class Session:
             while len(replies) < len(ranks):
                 try:
                     self._pump(ranks, replies, request, cell)
+                    if interrupted_at is None and self._interrupt_asked():  # Stop: as an interrupt
+                        interrupted_at = self._send_interrupt(ranks, replies, cell)
                     if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
                         self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
                 except KeyboardInterrupt:
                     if interrupted_at is not None:  # a second interrupt: end the session now
                         self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
-                    interrupted_at = time.monotonic()
-                    for rank in ranks:
-                        if rank not in replies:
-                            try:
-                                send_frame(self._connections[rank], {"op": "interrupt", "cell": cell})
-                            except OSError:
-                                pass
+                    interrupted_at = self._send_interrupt(ranks, replies, cell)
         finally:
             self._flush_lines()
         if interrupted_at is not None:
@@ -286,6 +313,17 @@ class Session:
         if len(ranks) == self.world_size and all(m["op"] == "done" for m in replies.values()):
             self._tell_idle()
         return replies
+
+    def _send_interrupt(self, ranks: list[int], replies: dict[int, dict], cell: Optional[int]) -> float:
+        """Ask the ranks still in the cell to leave it (a SIGINT in each); when it was asked."""
+        for rank in ranks:
+            if rank not in replies:
+                try:
+                    send_frame(self._connections[rank], {"op": "interrupt", "cell": cell})
+                except OSError:
+                    pass
+        self._mark_interrupting()
+        return time.monotonic()
 
     def _tell_idle(self) -> None:
         """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
@@ -315,6 +353,7 @@ class Session:
                     self._show(rank, str(reply.get("stream")), str(reply.get("text")))
                 elif op in ("done", "error") and reply.get("id") == request:
                     replies[rank] = reply
+                    self._mark_replied(rank, op)
         if self._run.done:
             self._gone(cell, replies)
 
@@ -338,7 +377,7 @@ class Session:
             pass
         return self._run.done
 
-    def _end_error(self, what: str, extra: str = "") -> SessionEndedError:
+    def _end_text(self, what: str, extra: str = "") -> str:
         assert self._run is not None
         run = self._run
         root = run.root_failure
@@ -350,11 +389,15 @@ class Session:
             cause = f"its run {run.id} ended ({run.status})"
         else:
             cause = f"its run {run.id} is ending"
-        error = SessionEndedError(f"{what}: {cause}{extra}. session.restart() forms it again on "
-                                  f"{', '.join(self.devices)} (the ranks' namespaces are lost)",
-                                  root, run.failures)
+        return (f"{what}: {cause}{extra}. session.restart() forms it again on {', '.join(self.devices)} (the ranks' "
+                "namespaces are lost)")
+
+    def _end_error(self, what: str, extra: str = "") -> SessionEndedError:
+        assert self._run is not None
+        error = SessionEndedError(self._end_text(what, extra), self._run.root_failure, self._run.failures)
         self._ended = error
         _close_all(self._connections)
+        self._changed()
         return error
 
     def _end_after_interrupt(self, cell: Optional[int], stuck: list[int]) -> None:
@@ -399,13 +442,16 @@ class Session:
         if namespace is None:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
-        message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
-                   "sources": self._new_sources()}
-        replies = self._request(chosen, message, cell)
-        failed = {r: m for r, m in replies.items() if m["op"] == "error"}
-        if failed:
-            raise self._cell_error(cell, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
-        return [replies[r].get("value") for r in chosen]
+        with self._tracking(f"cell {cell}", chosen, cell, code) as said:
+            message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
+                       "sources": self._new_sources()}
+            replies = self._request(chosen, message, cell)
+            failed = {r: m for r, m in replies.items() if m["op"] == "error"}
+            if failed:
+                raise self._cell_error(cell, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
+            values = [replies[r].get("value") for r in chosen]
+            said += [f"[rank {r}] {value_text(v)}" for r, v in zip(chosen, values) if v is not None]
+        return values
 
     def run(self, code: str, ranks: Union[None, int, Iterable[int]] = None) -> list[Any]:
         """Run ``code`` on the chosen ranks, each in its own namespace (kept across cells).
@@ -464,11 +510,13 @@ class Session:
         bad = sorted(set(values) & {"rank", "world_size", "ctx"})
         if bad:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank's own ({', '.join(sorted(RANK_NAMES))})")
-        message = {"op": "push", "values": self._dumps(values, "the value of {!r}")}
-        replies = self._request(list(range(self.world_size)), message)
-        failed = {r: m for r, m in replies.items() if m["op"] == "error"}
-        if failed:
-            raise self._cell_error(None, failed, {})
+        self._check_alive()
+        with self._tracking(f"push {', '.join(values)}", list(range(self.world_size))):
+            message = {"op": "push", "values": self._dumps(values, "the value of {!r}")}
+            replies = self._request(list(range(self.world_size)), message)
+            failed = {r: m for r, m in replies.items() if m["op"] == "error"}
+            if failed:
+                raise self._cell_error(None, failed, {})
 
     def pull(self, name: str) -> list[Any]:
         """The value ``name`` holds on every rank, as a list by rank.
@@ -490,10 +538,12 @@ class Session:
         """
         if not isinstance(name, str) or not name.isidentifier():
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
-        replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name})
-        failed = {r: m for r, m in replies.items() if m["op"] == "error"}
-        if failed:
-            raise self._cell_error(None, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
+        self._check_alive()
+        with self._tracking(f"pull {name!r}", list(range(self.world_size))):
+            replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name})
+            failed = {r: m for r, m in replies.items() if m["op"] == "error"}
+            if failed:
+                raise self._cell_error(None, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
         return [replies[r].get("value") for r in range(self.world_size)]
 
     def close(self) -> None:
@@ -516,6 +566,7 @@ class Session:
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
         _close_all(self._connections)
+        self._changed()
 
     def restart(self) -> Session:
         """Form the session again on the same devices (a new run; the ranks' namespaces are lost).

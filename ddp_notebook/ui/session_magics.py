@@ -13,10 +13,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.errors import ArgumentsError, DeviceSpecError, LaunchOptionError, SessionEndedError
 from ..core.validation import InvalidDevicesError
-from ..lifecycle.session import Session, current_session, session, set_current_session
+from ..lifecycle.session import Session, current_session, session, set_current_session, show_sessions_with
+from .display import in_notebook
 from .magics import _device_list, _parse, _stall_setting
 
-__all__ = ["SessionMagics", "SESSION_MAGICS"]
+__all__ = ["SessionMagics", "SESSION_MAGICS", "show_session_view"]
 
 #: The magics this module registers (``unload_ipython_extension`` removes them).
 SESSION_MAGICS = (("line", "ddp_session"), ("cell", "ddp"))
@@ -27,6 +28,30 @@ def _rank_list(text: str) -> list[int]:
     if not re.fullmatch(r"\s*[0-9]{1,6}(\s*,\s*[0-9]{1,6})*\s*", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank or a list of ranks such as 0 or 0,2")
     return [int(word) for word in text.split(",")]
+
+
+def show_session_view(value: Session) -> bool:
+    """A session displayed in a notebook shows its live view (the hook of
+    ``Session._ipython_display_``); elsewhere, False: it shows its text."""
+    if not in_notebook():
+        return False
+    from .session_view import show_session  # ipywidgets: only in a notebook
+
+    show_session(value, on_reform=_follow_reform)
+    return True
+
+
+def _follow_reform(value: Session) -> None:
+    """After a Re-form in a view, the notebook's ``_ddp_run`` is the current session's new run."""
+    if current_session() is value:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            shell.user_ns["_ddp_run"] = value.current_run
+
+
+show_sessions_with(show_session_view)
 
 
 @magics_class
@@ -85,6 +110,7 @@ class SessionMagics(Magics):
         run = formed.current_run
         print(f"Session ready: {formed.world_size} ranks on {', '.join(formed.devices)} (run {run.id if run else '-'})."
               " %%ddp runs a cell on every rank.")
+        show_session_view(formed)  # its live view, in a notebook
 
     @magic_arguments()
     @argument("--ranks", type=_rank_list, metavar="R[,R...]", help="run on these ranks only (default: every rank)")

@@ -1,0 +1,436 @@
+"""What a session is doing, as plain data: its ranks, the request they run now, the outcome of
+the last one, and why it ended. ``Session.state`` gives a snapshot; front ends (the session's
+view, its text) render it and nothing else.
+
+No widgets and no IPython here: a snapshot is frozen dataclasses, read from any thread.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from ..core.errors import ArgumentsError, CellError, SessionEndedError, SessionInterrupted
+from ..core.failures import WorkerFailure
+
+__all__ = ["RankState", "Request", "Outcome", "SessionState", "StateKeeping", "format_session", "seconds_text",
+           "value_text", "ranks_text", "RANK_STATUSES", "SESSION_STATUSES"]
+
+#: What a rank row can say: ``forming`` (its run is starting), ``idle`` (ready for a cell),
+#: ``running`` (a cell, a push or a pull), ``finished`` (its part of the request is done, other
+#: ranks' is not), ``failed`` (it raised in the last request, or its death ended the session),
+#: ``ended`` (the session ended: its process is gone) and ``closed``.
+RANK_STATUSES = ("forming", "idle", "running", "finished", "failed", "ended", "closed")
+#: What the session can say: ``forming``, ``ready``, ``running``, ``ended`` (its run ended: a rank
+#: died, the watchdog named a stall; ``session.restart()`` forms it again) and ``closed``.
+SESSION_STATUSES = ("forming", "ready", "running", "ended", "closed")
+OUTPUT_LINES = 20  # the last lines of each rank's output a snapshot holds
+VALUE_TEXT = 60  # characters of a rank's value kept in the last outcome's text
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as a ticking clock shows it: tenths under a minute, then minutes and hours.
+
+    >>> seconds_text(0.04), seconds_text(12.34), seconds_text(75), seconds_text(3720)
+    ('0.0 s', '12.3 s', '1 min 15 s', '1 h 2 min')
+    """
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60)} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def value_text(value: Any) -> str:
+    """A rank's value as the last outcome says it: its repr on one line, cut (never failing).
+
+    >>> value_text(3), value_text("a" * 100)[-3:]
+    ('3', 'aa…')
+    """
+    try:
+        text = " ".join(repr(value).split())
+    except Exception:  # noqa: BLE001 - a repr that raises: its type says enough
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= VALUE_TEXT else text[:VALUE_TEXT - 1] + "…"
+
+
+def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
+    """``rank 1``, ``ranks 0, 1``, ``no rank``."""
+    if not ranks:
+        return "no rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, sorted(ranks)))
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank of a session, as a row shows it.
+
+    ``status`` is one of :data:`RANK_STATUSES`; ``doing`` what it runs, or ran last (``cell 3``,
+    ``push``, ``pull 'x'``); ``since`` and ``until`` when it began and finished that (wall-clock
+    seconds; ``until`` None while it runs); ``note`` a line on it (the error it raised, what ended
+    it); ``output`` the last lines it printed, ``(stream, text)``.
+    """
+
+    rank: int
+    device: str
+    status: str
+    pid: Optional[int] = None
+    doing: str = ""
+    since: Optional[float] = None
+    until: Optional[float] = None
+    note: str = ""
+    output: tuple[tuple[str, str], ...] = ()
+
+    def clock(self, now: Optional[float] = None) -> str:
+        """How long it has run what it runs (ticking), or took (``""`` when nothing ran yet)."""
+        if self.since is None:
+            return ""
+        end = self.until if self.until is not None else (now if now is not None else time.time())
+        return seconds_text(end - self.since)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the ranks run now: ``what`` (``cell 3``, ``push``, ``pull 'x'``), on ``ranks``, since
+    ``started_at``; ``first_line`` is the cell's first line of code; ``interrupting`` is True once
+    an interrupt was sent (Stop, Kernel → Interrupt)."""
+
+    what: str
+    ranks: tuple[int, ...]
+    started_at: float
+    cell: Optional[int] = None
+    first_line: str = ""
+    interrupting: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the last request ended: ``outcome`` is ``ok``, ``failed`` (it raised on some ranks;
+    the session goes on), ``interrupted`` (the session goes on) or ``ended`` (the session's run
+    ended during it). ``message`` says it in one line; ``failures`` are the ranks' (the first the
+    cause); ``values`` a short text of each rank's value (``[rank 0] 1``)."""
+
+    what: str
+    ranks: tuple[int, ...]
+    outcome: str
+    started_at: float
+    ended_at: float
+    cell: Optional[int] = None
+    message: str = ""
+    failures: tuple[WorkerFailure, ...] = ()
+    values: tuple[str, ...] = ()
+
+    @property
+    def failure(self) -> Optional[WorkerFailure]:
+        """The failure that caused it (None when none)."""
+        return self.failures[0] if self.failures else None
+
+    @property
+    def seconds(self) -> float:
+        """How long the request took."""
+        return max(0.0, self.ended_at - self.started_at)
+
+    def text(self) -> str:
+        """The outcome in one line: ``cell 3 on ranks 0, 1: ok in 0.1 s ([rank 0] 1, [rank 1] 2)``,
+        or the error's message and how long it took."""
+        took = seconds_text(self.seconds)
+        if self.outcome == "ok":
+            values = f" ({', '.join(self.values)})" if self.values else ""
+            return f"{self.what} on {ranks_text(self.ranks)}: ok in {took}{values}"
+        if self.outcome == "ended" or not self.message:  # why it ended is said once, by the session
+            return f"{self.what} on {ranks_text(self.ranks)}: {self.outcome} after {took}"
+        return f"{self.message} (after {took})"
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """A session at one moment: what its view and its text show.
+
+    ``status`` is one of :data:`SESSION_STATUSES`; ``ranks`` one :class:`RankState` per rank in
+    rank order; ``current`` the request running now (None when none); ``last`` the outcome of the
+    last one; ``ended`` why the session ended, in words, with the rank ``failure`` that ended it
+    (and the run's ``failures``); ``healthy`` the devices whose rank did not cause that.
+    """
+
+    status: str
+    devices: tuple[str, ...]
+    ranks: tuple[RankState, ...]
+    run_id: Optional[str] = None
+    formed_at: Optional[float] = None
+    cells: int = 0
+    current: Optional[Request] = None
+    last: Optional[Outcome] = None
+    ended: str = ""
+    failure: Optional[WorkerFailure] = None
+    failures: tuple[WorkerFailure, ...] = field(default=())
+    healthy: tuple[str, ...] = ()
+
+    @property
+    def alive(self) -> bool:
+        """Whether its ranks are there to run cells (ready or running)."""
+        return self.status in ("ready", "running")
+
+    @property
+    def can_reform(self) -> bool:
+        """Whether it ended on its own (not closed): ``session.restart()`` forms it again."""
+        return self.status == "ended"
+
+    def header(self) -> str:
+        """The first line: ``Session of 2 ranks on cpu:0, cpu:1 (run …): ready, 3 cells run``."""
+        run = f" (run {self.run_id})" if self.run_id else ""
+        ranks = f"{len(self.devices)} rank{'s' if len(self.devices) != 1 else ''}"
+        cells = f", {self.cells} cell{'s' if self.cells != 1 else ''} run" if self.cells else ""
+        return f"Session of {ranks} on {', '.join(self.devices) or '-'}{run}: {self.status}{cells}"
+
+
+def rank_line(rank: RankState, now: Optional[float] = None) -> str:
+    """A rank's row in words: ``rank 1 (cpu:1, pid 42): running cell 3 for 2.1 s``."""
+    pid = f", pid {rank.pid}" if rank.pid else ""
+    clock = rank.clock(now)
+    if rank.status == "running" and rank.doing:
+        what = f"running {rank.doing} for {clock}"
+    elif rank.status == "finished" and rank.doing:
+        what = f"finished {rank.doing} in {clock}, waits for the other ranks"
+    elif rank.status == "failed" and rank.doing:
+        what = f"failed in {rank.doing}"
+    elif rank.status == "idle" and rank.doing:
+        what = f"idle (last: {rank.doing}, {clock})"
+    else:
+        what = rank.status
+    note = f": {rank.note}" if rank.note else ""
+    return f"rank {rank.rank} ({rank.device}{pid}): {what}{note}"
+
+
+def format_session(state: SessionState, now: Optional[float] = None) -> str:
+    """The session in words, as its view shows it: a header, a line per rank, what runs now, the
+    last outcome and why it ended.
+
+    >>> s = SessionState("ready", ("cpu:0", "cpu:1"), (RankState(0, "cpu:0", "idle"), RankState(1, "cpu:1", "idle")),
+    ...                  run_id="r1")
+    >>> print(format_session(s))
+    Session of 2 ranks on cpu:0, cpu:1 (run r1): ready
+      rank 0 (cpu:0): idle
+      rank 1 (cpu:1): idle
+    """
+    now = now if now is not None else time.time()
+    lines = [state.header()]
+    lines += [f"  {rank_line(r, now)}" for r in state.ranks]
+    if state.current is not None:
+        c = state.current
+        stopping = " (interrupting)" if c.interrupting else ""
+        code = f": {c.first_line}" if c.first_line else ""
+        clock = seconds_text(now - c.started_at)
+        lines.append(f"Running {c.what} on {ranks_text(c.ranks)} for {clock}{stopping}{code}")
+    if state.last is not None:
+        lines.append(f"Last: {state.last.text()}")
+    if state.ended:
+        lines.append(f"Ended: {state.ended}")
+    return "\n".join(lines)
+
+
+class StateKeeping:
+    """What a ``Session`` records of its requests for :attr:`state` (a mixin: the session makes
+    the requests, this keeps what a front end needs to show them). Written by the thread that
+    makes requests, read from any: under one lock."""
+
+    _run: Any
+    _closed: bool
+    _ended: Optional[SessionEndedError]
+    _pids: dict[int, int]
+
+    def _keep_state(self) -> None:
+        self._state_lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._forming = False
+        self._formed_at: Optional[float] = None
+        self._doing: Optional[Request] = None
+        self._replied: dict[int, tuple[str, float]] = {}  # the request in flight: rank -> (op, when)
+        self._after: dict[int, RankState] = {}  # each rank as the last request left it
+        self._last: Optional[Outcome] = None
+        self._cells_run = 0
+        self._interrupt = threading.Event()  # interrupt() asks the request loop to interrupt its cell
+
+    def _end_text(self, what: str, extra: str = "") -> str:
+        raise NotImplementedError
+
+    # ---- what front ends read ------------------------------------------------------------------
+    @property
+    def state(self) -> SessionState:
+        """What the session is doing now, as plain data (a snapshot, safe to read from any thread):
+        its ranks and their state, the request running, the last outcome, why it ended.
+
+        Returns
+        -------
+        SessionState
+            A frozen snapshot; ``subscribe`` says when it changes.
+        """
+        with self._state_lock:
+            return self._snapshot()
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` at each change of ``state`` (a request starts or ends, a rank
+        replies, its run reports): from whatever thread made the change; it must return quickly.
+
+        Parameters
+        ----------
+        callback : callable
+            Called without arguments.
+
+        Raises
+        ------
+        ArgumentsError
+            ``callback`` is not callable.
+        """
+        if not callable(callback):
+            raise ArgumentsError(f"subscribe() takes a function callback(), not {callback!r}")
+        self._listeners.append(callback)
+
+    def interrupt(self) -> bool:
+        """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell
+        raises ``SessionInterrupted`` and the session goes on. Safe to call from any thread (the
+        view's Stop calls it while the notebook waits for the cell).
+
+        Returns
+        -------
+        bool
+            Whether a cell was running (and is being interrupted).
+        """
+        with self._state_lock:
+            doing = self._doing
+            if doing is None or doing.cell is None or self._closed:
+                return False
+            self._interrupt.set()
+        return True
+
+    # ---- what the session tells ----------------------------------------------------------------
+    def _changed(self) -> None:
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - a front end's failure must not break a request
+                pass
+
+    def _set_forming(self, forming: bool) -> None:
+        with self._state_lock:
+            self._forming = forming
+            if forming:
+                self._doing, self._last, self._after, self._cells_run = None, None, {}, 0
+            else:
+                self._formed_at = time.time()
+        self._changed()
+
+    def _interrupt_asked(self) -> bool:
+        return self._interrupt.is_set()
+
+    def _mark_interrupting(self) -> None:
+        with self._state_lock:
+            if self._doing is not None:
+                self._doing = replace(self._doing, interrupting=True)
+        self._changed()
+
+    def _mark_replied(self, rank: int, op: str) -> None:
+        with self._state_lock:
+            self._replied[rank] = (op, time.time())
+        self._changed()
+
+    @contextlib.contextmanager
+    def _tracking(self, what: str, ranks: list[int], cell: Optional[int] = None,
+                  code: str = "") -> Iterator[list[str]]:
+        """A request, as ``state`` shows it: running, then its outcome (the caller adds the ranks'
+        values in words to the list it is given)."""
+        started = time.time()
+        first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+        with self._state_lock:
+            self._doing = Request(what, tuple(ranks), started, cell, first[:120])
+            self._replied = {}
+            self._interrupt.clear()
+        self._changed()
+        values: list[str] = []
+        error: Optional[BaseException] = None
+        try:
+            yield values
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            outcome, message, failures = _outcome_of(error)
+            ended_at = time.time()
+            with self._state_lock:
+                failed = {f.rank: f for f in failures}
+                for r in ranks:
+                    f = failed.get(r)
+                    note = f.summary() if f is not None else "interrupted" if outcome == "interrupted" else ""
+                    self._after[r] = RankState(r, "", "failed" if f is not None and outcome != "ended" else "idle",
+                                               doing=what, since=started,
+                                               until=self._replied.get(r, ("", ended_at))[1], note=note)
+                self._last = Outcome(what, tuple(ranks), outcome, started, ended_at, cell, message, failures,
+                                     tuple(values))
+                self._doing = None
+                self._cells_run += cell is not None
+            self._changed()
+
+    def _snapshot(self) -> SessionState:
+        run = self._run
+        devices = tuple(str(d) for d in run.devices) if run is not None else ()
+        ended = self._ended
+        if self._closed:
+            status = "closed"
+        elif self._forming or run is None:
+            status = "forming"
+        elif ended is not None or run.done:
+            status = "ended"
+        else:
+            status = "running" if self._doing is not None else "ready"
+        failures: tuple[WorkerFailure, ...] = ()
+        failure = None
+        why = ""
+        if status == "ended":
+            failures = ended.failures if ended is not None else tuple(run.failures)
+            failure = ended.failure if ended is not None else run.root_failure
+            why = str(ended) if ended is not None else self._end_text("the session ended")
+        causing = {f.rank for f in failures if not f.consequence}
+        workers = run.state.workers if run is not None else {}
+        ranks = []
+        for r, device in enumerate(devices):
+            w = workers.get(r)
+            base: dict[str, Any] = dict(rank=r, device=device, pid=(w.pid if w is not None else None) or
+                                        self._pids.get(r), output=tuple(list(w.output)[-OUTPUT_LINES:]) if w else ())
+            after = self._after.get(r)
+            memo: dict[str, Any] = dict(doing=after.doing, since=after.since, until=after.until,
+                                        note=after.note) if after is not None else {}
+            doing = self._doing
+            if status in ("closed", "forming"):
+                ranks.append(RankState(status=status, **base, **memo))
+            elif status == "ended":
+                mine = next((f for f in failures if f.rank == r and not f.consequence), None)
+                ranks.append(RankState(status="failed" if r in causing else "ended", **base,
+                                       note=mine.summary() if mine is not None else ""))
+            elif doing is not None and r in doing.ranks:
+                op, when = self._replied.get(r, ("", None))
+                shown = {"done": "finished", "error": "failed"}.get(op, "running")
+                ranks.append(RankState(status=shown, **base, doing=doing.what, since=doing.started_at, until=when))
+            else:
+                ranks.append(RankState(status=after.status if after is not None else "idle", **base, **memo))
+        return SessionState(status=status, devices=devices, ranks=tuple(ranks),
+                            run_id=run.id if run is not None else None, formed_at=self._formed_at,
+                            cells=self._cells_run, current=self._doing, last=self._last, ended=why,
+                            failure=failure, failures=failures,
+                            healthy=tuple(d for r, d in enumerate(devices) if r not in causing))
+
+
+def _outcome_of(error: Optional[BaseException]) -> tuple[str, str, tuple[WorkerFailure, ...]]:
+    """How a request ended, from what it raised: (outcome, message, failures)."""
+    if error is None:
+        return "ok", "", ()
+    if isinstance(error, CellError):
+        return "failed", str(error), error.failures
+    if isinstance(error, SessionInterrupted):
+        return "interrupted", str(error), ()
+    if isinstance(error, SessionEndedError):
+        return "ended", str(error), error.failures
+    return "failed", f"{type(error).__name__}: {error}", ()

@@ -158,6 +158,13 @@ def test_a_failed_cell_shows_the_runs_failure_card_with_the_failed_ranks_locals(
     assert "the session goes on" in text_of(view.activity.value)
     assert view.reform_box.layout.display == "none"  # the session goes on: nothing to re-form
     assert card == card_html(failed_cell())
+    # The hint is a session's (fix the cell, run it again), not a run's (retry on other devices).
+    assert "Only rank 1 raised it: compare what it held (its locals below)" in text_of(card)
+    assert "run it again: the session goes on" in text_of(card) and "retry" not in card.lower()
+    # The next cell runs: the card was the last cell's, it goes.
+    view.session.state = running(cell=5)
+    view.refresh(now=T0 + 1)
+    assert view.card.value == ""
 
 
 @pytest.mark.unit
@@ -208,7 +215,7 @@ def test_an_ended_session_offers_re_form_which_says_namespaces_are_lost_and_runs
     assert "the ranks' namespaces are lost" in text_of(view.reform_note.value)
     assert "killed by signal SIGKILL" in text_of(view.card.value)
     assert [text_of(r.badge.value) for r in view.rows.values()] == ["ended", "failed"]
-    assert "Ended: the session ended" in text_of(view.activity.value)
+    assert "Ended: the failure below ended the session: its ranks are gone" in text_of(view.activity.value)
     assert view.stop_button.layout.display == "none"
     view.reform_button.click()
     view.reform_button.click()  # the second click of a double click
@@ -217,6 +224,12 @@ def test_an_ended_session_offers_re_form_which_says_namespaces_are_lost_and_runs
     assert "namespaces were lost" in text_of(view.message.value)
     assert view.reform_box.layout.display == "none"  # formed again: nothing to re-form
     assert "ready" in text_of(view.title.value) and "r2" in text_of(view.title.value)
+    view.refresh()
+    assert "formed again" in text_of(view.message.value)
+    later = time.time() + 1  # a cell run after it: the message spoke of what came before
+    session.state = ready(run_id="r2", last=Outcome("cell 1", (0, 1), "ok", later, later + 0.1, 1))
+    view.refresh()
+    assert view.message.value == ""
 
 
 @pytest.mark.unit

@@ -26,8 +26,9 @@ from typing import Any, Optional
 import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
+from ..core.failures import WorkerFailure
 from ..lifecycle.session_state import RankState, SessionState, format_session, ranks_text, seconds_text
-from .html import ORANGE, RED, badge, failure_card_html, liveness_html
+from .html import ORANGE, RED, badge, failure_card_html, hint_for, liveness_html
 from .run_view import (
     BADGE_WIDTH,
     NAME_WIDTH,
@@ -176,7 +177,8 @@ class SessionView(FullText, widgets.VBox):
         self.reform_note = widgets.HTML(layout=widgets.Layout(min_width="0", flex="1 1 auto"))
         self.reform_box = widgets.HBox([self.reform_button, self.reform_note],
                                        layout=widgets.Layout(align_items="center", display="none"))
-        self.message = widgets.HTML()  # the outcome of the user's last action here
+        self.message = widgets.HTML()  # the outcome of the user's last action here, until the next request
+        self._message_at = 0.0
         self.outputs = widgets.Tab()
         self.output_box = widgets.Accordion(children=[self.outputs], titles=("Output per rank",),
                                             selected_index=None)
@@ -217,12 +219,11 @@ class SessionView(FullText, widgets.VBox):
         with self._lock:
             state: SessionState = self.session.state
             now = now if now is not None else time.time()
-            since = f" · formed {seconds_text(now - state.formed_at)} ago" if state.formed_at and state.alive else ""
             run = f" <code>{escape(state.run_id)}</code>" if state.run_id else ""
             cells = f" · {state.cells} cell{'s' if state.cells != 1 else ''} run" if state.cells else ""
             self.title.value = one_line(
                 f"<b>Session</b>{run} {badge(state.status, STATUS_COLORS.get(state.status))} on "
-                f"<code>{escape(', '.join(state.devices))}</code>{cells}{since}")
+                f"<code>{escape(', '.join(state.devices))}</code>{cells}")
             running_cell = state.status == "running" and state.current is not None and state.current.cell is not None
             self.stop_button.layout.display = "" if running_cell else "none"
             self.stop_button.disabled = bool(running_cell and state.current and state.current.interrupting)
@@ -241,6 +242,8 @@ class SessionView(FullText, widgets.VBox):
                 self.rows[rank.rank].render(rank, now)
                 lines = [text for _stream, text in rank.output][-OUTPUT_LINES_SHOWN:]
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
+            if self.message.value and state.last is not None and state.last.started_at > self._message_at:
+                self.message.value = ""  # it spoke of what came before this request
             self.activity.value = activity_html(state, now)
             self.card.value = card_html(state)
             self.reform_box.layout.display = "" if state.can_reform else "none"
@@ -297,8 +300,12 @@ class SessionView(FullText, widgets.VBox):
                 self._early_clicks -= 1
                 return
         if not self._stop():
-            self.message.value = ("<i>No cell was running when Stop reached the kernel: this kernel hands a click "
-                                  "over only between cells (Kernel → Interrupt stops a cell at once).</i>")
+            self._say("<i>No cell was running when Stop reached the kernel: this kernel hands a click over only "
+                      "between cells (Kernel → Interrupt stops a cell at once).</i>")
+
+    def _say(self, html: str) -> None:
+        self.message.value = html
+        self._message_at = time.time()
 
     def _stop(self) -> bool:
         interrupting = self.session.interrupt()
@@ -322,14 +329,14 @@ class SessionView(FullText, widgets.VBox):
         try:
             run, refused = self.reforms.start(begin)
         except DDPNotebookError as e:
-            self.message.value = f'<span style="color:{RED}">Re-form failed: {escape(str(e))}</span>'
+            self._say(f'<span style="color:{RED}">Re-form failed: {escape(str(e))}</span>')
             self.refresh()
             return
         if refused:
-            self.message.value = f'<span style="color:{RED}">{escape(refused)}</span>'
+            self._say(f'<span style="color:{RED}">{escape(refused)}</span>')
         if run is not None:
             text = said.getvalue().strip() or "Session formed again: the ranks' namespaces were lost"
-            self.message.value = f'<span class="ddp-reformed" style="color:{GREEN}">{escape(text)}.</span>'
+            self._say(f'<span class="ddp-reformed" style="color:{GREEN}">{escape(text)}.</span>')
         self.refresh()
 
 
@@ -339,7 +346,7 @@ def activity_html(state: SessionState, now: float) -> str:
     parts = []
     current = state.current
     if current is not None and state.status == "running":
-        code = f" <code>{escape(tail_of(current.first_line, 100))}</code>" if current.first_line else ""
+        code = f": <code>{escape(tail_of(current.first_line, 100))}</code>" if current.first_line else ""
         stopping = (f' · <b style="color:{ORANGE}">interrupting on every rank…</b>' if current.interrupting else "")
         parts.append(f"<b>Running</b> {escape(current.what)} on {escape(ranks_text(current.ranks))} for "
                      f"{seconds_text(now - current.started_at)}{stopping}{code}")
@@ -347,7 +354,10 @@ def activity_html(state: SessionState, now: float) -> str:
         last = state.last
         color = OUTCOME_COLORS.get(last.outcome, GREY)
         parts.append(f'<span style="color:{color}"><b>Last:</b> {escape(last.text())}</span>')
-    if state.ended:
+    if state.ended and state.failure is not None:  # the card below says what ended it
+        parts.append(f'<span style="color:{RED}"><b>Ended:</b> the failure below ended the session: its ranks are '
+                     "gone.</span>")
+    elif state.ended:
         parts.append(f'<span style="color:{RED}"><b>Ended:</b> {escape(state.ended)}</span>')
     elif state.status == "closed":
         parts.append("<i>Closed: its ranks have left; ddp_notebook.session(...) or %ddp_session forms a new one.</i>")
@@ -356,15 +366,35 @@ def activity_html(state: SessionState, now: float) -> str:
 
 def card_html(state: SessionState) -> str:
     """The failure card: of the rank failure that ended the session, else of the last cell when it
-    failed on some ranks (with the failed rank's locals); "" when there is none."""
+    failed on some ranks (with the failed rank's locals), until the next request; "" when there
+    is none."""
     if state.status == "ended" and state.failure is not None:
         return failure_card_html(state.failure, state.failures, state.healthy)
     last = state.last
-    if last is not None and last.outcome == "failed" and last.failure is not None:
-        raised = {f.rank for f in last.failures}
-        healthy = [r.device for r in state.ranks if r.rank not in raised]
-        return failure_card_html(last.failure, last.failures, healthy)
-    return ""
+    if state.status != "ready" or last is None or last.outcome != "failed" or last.failure is None:
+        return ""
+    root = last.failure
+    raised = sorted({f.rank for f in last.failures})
+    healthy = [r.device for r in state.ranks if r.rank not in raised]
+    card = failure_card_html(root, last.failures, healthy)
+    # A run's hint speaks of retries; a cell is fixed and run again, in the same session.
+    run_hint = f"<b>Hint:</b> {escape(hint_for(root, healthy))}</div>"
+    return card.replace(run_hint, f"<b>Hint:</b> {escape(cell_hint(root, raised))}</div>", 1)
+
+
+def cell_hint(root: WorkerFailure, raised: list[int]) -> str:
+    """What to do after a cell failed on some ranks: the session goes on, so fix the cell and run
+    it again; where only some ranks raised, what they held tells why.
+
+    >>> f = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="ValueError")
+    >>> cell_hint(f, [1])[:72]
+    'Only rank 1 raised it: compare what it held (its locals below) with the '
+    """
+    again = "fix the cell and run it again: the session goes on, its namespaces kept."
+    if root.same_on:
+        return f"Every rank raised this same error: it comes from the cell's code or data; {again}"
+    return (f"Only {ranks_text(raised)} raised it: compare what it held (its locals below) with the other ranks' "
+            f"(a shape, dtype or device that differs by rank is the usual cause); {again}")
 
 
 def show_session(session: Any, on_reform: Optional[Callable[[Any], None]] = None) -> SessionView:

@@ -1,0 +1,140 @@
+"""A session in real JupyterLab and headless Chromium: its live view, a %%ddp cell on every rank
+(output by rank), a cell that fails on rank 1 (the card and its locals in the view), Stop while
+a cell runs, a rank killed from a cell (the view says the session ended) and Re-form clicked
+(once). Screenshots go to $DDP_NOTEBOOK_ARTIFACTS (default artifacts/)."""
+import os
+import re
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab  # noqa: F401 - lab is a fixture
+
+from helpers import wait_until
+
+pytestmark = pytest.mark.browser
+
+NAME = "session.ipynb"
+CELLS = [
+    "%load_ext ddp_notebook\nimport os, signal, torch\n%ddp_session cpu*2",
+    '%%ddp\nx = torch.arange(3.0) + rank\nprint(f"rank {rank} holds {x.tolist()}")',
+    '%%ddp\nt = torch.zeros(rank + 2, 3)\nif rank == 1:\n    raise ValueError(f"bad shape {tuple(t.shape)}")',
+    "%%ddp\nimport time\nfor i in range(6000):\n    time.sleep(0.01)",
+    "pids = _ddp_session.current_run.pids()\nos.kill(pids[1], signal.SIGKILL)\nprint('killed', pids[1])",
+    "%%ddp\n'x' in globals(), rank",
+    "%ddp_session --stop",
+]
+
+
+def notebook(root):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(root / NAME))
+
+
+def run_cell(page, index):
+    """Run cell ``index`` (not waiting for it to finish)."""
+    page.evaluate("""(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
+        nb.activeCellIndex = i; window.jupyterapp.commands.execute('notebook:run-cell'); }""", index)
+
+
+def test_a_session_in_jupyterlab_cells_failure_card_stop_kill_and_re_form(lab, tmp_path):  # noqa: F811
+    import psutil
+
+    base, token, root = lab
+    notebook(root)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    shot = lambda locator, name: locator.screenshot(path=os.path.join(ARTIFACTS, name))  # noqa: E731
+    ranks_seen = set()
+    with sync_playwright() as p:
+        browser = chromium(p, tmp_path)
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/lab/tree/{NAME}?token={token}")
+            page.wait_for_function(KERNEL_READY, timeout=120_000)
+            cells = page.locator(".jp-Notebook .jp-CodeCell")
+            out = lambda i: cells.nth(i).locator(".jp-OutputArea")  # noqa: E731
+            view = page.locator(".ddp-session-view")
+            # The session forms: its view, a row per rank, idle.
+            run_cell(page, 0)
+            expect(out(0)).to_contain_text("Session ready: 2 ranks on cpu:0, cpu:1", timeout=120_000)
+            expect(view).to_have_count(1, timeout=60_000)
+            expect(view.locator(".ddp-session-rank")).to_have_count(2)
+            expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("idle", timeout=30_000)
+            ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(view.locator(".ddp-doing").all_inner_texts())))
+            # A cell on every rank: each rank's output, and the outcome in the view.
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            run_cell(page, 1)
+            expect(out(1)).to_contain_text("[rank 0] rank 0 holds [0.0, 1.0, 2.0]", timeout=60_000)
+            expect(out(1)).to_contain_text("[rank 1] rank 1 holds [1.0, 2.0, 3.0]")
+            expect(view.locator(".ddp-activity")).to_contain_text("Last: cell 1 on ranks 0, 1: ok in", timeout=30_000)
+            expect(view.locator(".ddp-last").nth(1)).to_contain_text("rank 1 holds [1.0, 2.0, 3.0]", timeout=30_000)
+            shot(view, "session-cell.png")
+            # A cell that fails on rank 1: the error names it; the view shows the card with its locals.
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            run_cell(page, 2)
+            expect(out(2)).to_contain_text("CellError: cell 2 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3)",
+                                           timeout=60_000)
+            card = view.locator(".ddp-failure")
+            expect(card).to_contain_text("worker 1 (cpu:1) failed: ValueError: bad shape (3, 3)", timeout=30_000)
+            expect(card).to_contain_text("Locals in <module>")
+            expect(card.locator(".ddp-locals")).to_contain_text("Tensor[3, 3] float32 cpu")
+            expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("failed")
+            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("idle")
+            shot(view, "session-failed-cell.png")
+            # Stop while a cell runs (the kernel is busy with it): every rank leaves it, the session goes on.
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            run_cell(page, 3)
+            stop = view.get_by_role("button", name="Stop")
+            expect(stop).to_be_visible(timeout=60_000)
+            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("running")
+            expect(view.locator(".ddp-doing").nth(0)).to_contain_text(re.compile(r"cell 3 · [1-9]\.\d s"),
+                                                                      timeout=30_000)  # the clock ticks
+            shot(view, "session-running.png")
+            stop.click()
+            expect(out(3)).to_contain_text("Cell 3 interrupted on ranks 0, 1; the session goes on", timeout=30_000)
+            expect(stop).to_be_hidden(timeout=30_000)
+            expect(view.locator(".ddp-activity")).to_contain_text("interrupted")
+            expect(view.locator(".ddp-failure")).to_have_count(0)  # the failed cell's card went with the next cell
+            # A rank killed from a cell: the view says the session ended and offers Re-form.
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            run_cell(page, 4)
+            expect(out(4)).to_contain_text("killed", timeout=30_000)
+            expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("failed", timeout=60_000)
+            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("ended", timeout=60_000)
+            expect(view.locator(".ddp-failure")).to_contain_text("killed by signal SIGKILL")
+            reform = view.get_by_role("button", name="Re-form")
+            expect(reform).to_be_visible()
+            expect(view).to_contain_text("the ranks' namespaces are lost")
+            shot(view, "session-ended.png")
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            reform.dblclick()  # one session formed for a double click
+            expect(view.locator(".ddp-reformed")).to_contain_text("namespaces were lost", timeout=120_000)
+            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("idle", timeout=60_000)
+            expect(reform).to_be_hidden()
+            page.wait_for_function(KERNEL_READY, timeout=60_000)  # both clicks handled by now
+            expect(view.locator(".ddp-reformed")).to_have_count(1)
+            texts = view.locator(".ddp-doing").all_inner_texts()
+            ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(texts)))
+            shot(view, "session-re-formed.png")
+            # The new ranks run cells, with fresh namespaces.
+            run_cell(page, 5)
+            expect(out(5)).to_contain_text("[rank 1] Out: (False, 1)", timeout=60_000)
+            page.wait_for_function(KERNEL_READY, timeout=60_000)
+            run_cell(page, 6)
+            expect(out(6)).to_contain_text("Session closed", timeout=60_000)
+            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("closed", timeout=30_000)
+            shot(view, "session-closed.png")
+            page.screenshot(path=os.path.join(ARTIFACTS, "session-jupyterlab.png"), full_page=True)
+        finally:
+            browser.close()
+
+    def ended(pid):
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert len(ranks_seen) == 4, ranks_seen  # two ranks, then two new ones
+    wait_until(lambda: all(ended(pid) for pid in ranks_seen), timeout=30)

@@ -23,6 +23,13 @@ def code(text):
     return nbformat.v4.new_code_cell(text.strip())
 
 
+def raises(text):
+    """A cell that raises on purpose: the build keeps going, nbval expects the error."""
+    cell = code(text)
+    cell.metadata["tags"] = ["raises-exception"]
+    return cell
+
+
 QUICKSTART = [
     md("""
 # Quickstart: DistributedDataParallel from a notebook
@@ -358,6 +365,133 @@ cluster.stop_cluster_sync()
 ]
 
 
+SESSIONS = [
+    md("""
+# Interactive sessions: cells on ranks that stay
+
+A launch runs one function and ends. A **session** keeps its ranks, and their process group,
+alive between cells: run a cell on every rank, look at what each rank holds, change a line and
+run it again, without starting anything anew. Everything a launch guarantees holds: a rank's
+error is named with its traceback and its variables, an interrupt reaches every rank, a rank
+that dies ends the session, named, and one click forms it again.
+"""),
+    code("""
+%load_ext ddp_notebook
+import torch, ddp_notebook
+"""),
+    md("""
+Form a session of two ranks on CPU. `%ddp_session` returns once every rank is ready (its
+process group set up) and shows the session's **live view**: a row per rank with its state, the
+cell it runs and for how long, how the last cell ended, and *Stop* while a cell runs.
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+%ddp_session cpu*2
+"""),
+    md("""
+`%%ddp` runs a cell on every rank, each in a namespace of its own, kept across cells. `rank`,
+`world_size`, `ctx`, `torch` and `dist` are there from the start. The value of the cell's last
+expression comes back from each rank, in rank order:
+"""),
+    code("""
+%%ddp
+x = torch.arange(4.0) + 10 * rank      # each rank its own x
+x.sum().item()
+"""),
+    md("The next cell finds `x` where the last one left it, on each rank:"),
+    code("""
+%%ddp
+x = x * 2
+x.tolist()
+"""),
+    md("A collective in a cell: the ranks' process group is set up (gloo on CPU), so `dist.all_reduce` sums over both ranks:"),
+    code("""
+%%ddp
+total = x.clone()
+dist.all_reduce(total)
+total.tolist()
+"""),
+    md("""
+What a rank prints shows live, each line named by its rank (ranks print at their own pace, so
+their lines interleave as they come). `--ranks` runs a cell on some ranks only:
+"""),
+    code("""
+%%ddp --ranks 1
+print(f"rank {rank} of {world_size}, on {ctx.device}")
+"""),
+    md("""
+The functions, classes and modules of the notebook that a cell names go to the ranks with it
+(a function defined here travels by value, as a launch sends its function):
+"""),
+    code("""
+def normalize(t):
+    return (t - t.mean()) / t.std()
+"""),
+    code("""
+%%ddp
+normalize(x).round(decimals=2)
+"""),
+    md("""
+## Push and pull
+
+`%ddp_session` also keeps the session in `_ddp_session` (from Python, `ddp_notebook.session("cpu*2")`
+makes one). `push` sends values to every rank's namespace; `pull` brings a name's value back
+from each rank, as a list by rank:
+"""),
+    code("""
+session = _ddp_session
+session.push(scale=torch.tensor(0.5))
+session.run("y = x * scale")
+session.pull("y")
+"""),
+    md("""
+## A cell that fails on one rank
+
+Most DDP errors are a shape, a dtype or a device that differs on one rank. Here rank 1's batch
+has a row too many. The error names the rank, shows the cell's lines and **what the failed
+rank's variables held**; the view above shows the same failure card.
+"""),
+    raises("""
+%%ddp
+batch = torch.zeros(8 + rank, 4)      # one row too many on rank 1
+if batch.shape[0] != 8:
+    raise ValueError(f"a batch of {batch.shape[0]} rows, expected 8")
+"""),
+    md("""
+The session goes on, its namespaces kept: the next cell looks into what each rank holds. The
+session's view (here displayed again; the one under `%ddp_session` is the same, live) keeps the
+failure card, folded under a line that names the cell, once another cell has run.
+"""),
+    code("""
+%%ddp
+batch.shape[0]
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+session
+"""),
+    md("""
+Outside a notebook, or where widgets do not show, a session says the same in words:
+"""),
+    code("""
+print(session)
+"""),
+    md("""
+## Interrupts, a rank that dies, and closing
+
+- *Stop* in the view, `session.interrupt()` or Kernel → Interrupt while a cell runs interrupts
+  it on every rank; the session goes on, its namespaces kept.
+- A rank that dies (killed, crashed) ends the session with its failure named; the view offers
+  **Re-form**, and `session.restart()` (or `%ddp_session --restart`) does the same: the session
+  is formed again on the same devices, and the ranks' namespaces are lost.
+- `%ddp_session --stop` (or `session.close()`) ends the ranks.
+"""),
+    code("""
+%ddp_session --stop
+"""),
+]
+
+
 # Run last, then removed: every run ended and every widget's final state sent from this cell.
 # A panel redraws from its own thread, and nbclient records only the widget updates of the cell
 # it is executing, so without this the stored panels would show the first moments of each run;
@@ -390,6 +524,7 @@ def build(name: str, cells: list) -> str:
 
 if __name__ == "__main__":
     todo = {"01_quickstart.ipynb": QUICKSTART, "02_when_a_worker_fails.ipynb": FAILURES,
-            "03_your_own_loop.ipynb": OWN_LOOP, "04_scale_out.ipynb": SCALE_OUT}
+            "03_your_own_loop.ipynb": OWN_LOOP, "04_scale_out.ipynb": SCALE_OUT,
+            "06_interactive_sessions.ipynb": SESSIONS}
     for name in sys.argv[1:] or todo:
         print("built", build(name, todo[name]))

@@ -58,7 +58,7 @@ def failed_cell():
     last = Outcome("cell 4", (0, 1), "failed", T0, T0 + 0.2, 4,
                    "cell 4 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3) (the session goes on: its "
                    "namespaces are kept)", (f,))
-    return ready(cells=4, last=last, ranks=(
+    return ready(cells=4, last=last, last_failure=last, ranks=(
         RankState(0, "cpu:0", "idle", pid=100, doing="cell 4", since=T0, until=T0 + 0.1),
         RankState(1, "cpu:1", "failed", pid=101, doing="cell 4", since=T0, until=T0 + 0.2, note=f.summary())))
 
@@ -161,10 +161,18 @@ def test_a_failed_cell_shows_the_runs_failure_card_with_the_failed_ranks_locals(
     # The hint is a session's (fix the cell, run it again), not a run's (retry on other devices).
     assert "Only rank 1 raised it: compare what it held (its locals below)" in text_of(card)
     assert "run it again: the session goes on" in text_of(card) and "retry" not in card.lower()
-    # The next cell runs: the card was the last cell's, it goes.
-    view.session.state = running(cell=5)
+    # The next cell runs: the card is folded under a line that names the cell it was (kept: the
+    # cells after a failure are often the ones that look into it).
+    failure = failed_cell().last
+    view.session.state = ready(status="running", current=running(cell=5).current, last_failure=failure, last=failure)
     view.refresh(now=T0 + 1)
-    assert view.card.value == ""
+    assert view.card.value.startswith('<details class="ddp-last-failure">')
+    assert "Last failure: cell 4 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3)" in text_of(view.card.value)
+    ok = Outcome("cell 5", (0, 1), "ok", T0 + 1, T0 + 2, 5)
+    view.session.state = ready(last=ok, last_failure=failure)
+    view.refresh(now=T0 + 3)
+    assert view.card.value.startswith('<details class="ddp-last-failure">') and "Tensor[3, 3]" in view.card.value
+    assert "Last failure: cell 4 failed on rank 1" in format_session(view.session.state)
 
 
 @pytest.mark.unit

@@ -59,7 +59,7 @@ from .call import first_unpicklable
 from .launch import launch_with
 from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
 from .run import Run
-from .session_state import StateKeeping, format_session, value_text
+from .session_state import SessionRecord, SessionState, format_session, value_text
 
 __all__ = ["Session", "session", "current_session", "set_current_session", "show_sessions_with", "RANK_NAMES",
            "INTERRUPT_GRACE"]
@@ -108,7 +108,7 @@ def _close_all(connections: dict[int, socket.socket]) -> None:
     connections.clear()
 
 
-class Session(StateKeeping):
+class Session:
     """Ranks that stay: each with a namespace of its own, kept across cells, holding ``rank``,
     ``world_size``, ``ctx`` (its ``WorkerContext``), ``torch`` and ``dist`` (the process group is
     set up), and whatever cells define there. Made by :func:`ddp_notebook.session`.
@@ -141,17 +141,17 @@ class Session(StateKeeping):
         self._ended: Optional[SessionEndedError] = None
         self._pending_lines: dict[tuple[int, str], str] = {}
         self._asked: list[int] = []  # the ranks of the request in flight
-        self._keep_state()
+        self._record = SessionRecord(self)  # what the view reads: state, subscribe, interrupt
         weakref.finalize(self, _close_all, self._connections)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
     def _start(self) -> None:
-        self._set_forming(True)
+        self._record.set_forming(True)
         try:
             self._form()
         finally:
-            self._set_forming(False)
+            self._record.set_forming(False)
 
     def _form(self) -> None:
         folder = tempfile.mkdtemp(prefix="ddp-session-")  # owner-only: only this user's processes connect
@@ -167,7 +167,7 @@ class Session(StateKeeping):
             self._run = launch_with(serve_session, self._spec, (address, token, heartbeat), {}, self.options,
                                    probe=self._probe)
             mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
-            self._run.subscribe(lambda _event: (lambda s: s._changed() if s is not None else None)(mine()))
+            self._run.subscribe(lambda _event: (lambda s: s._record.changed() if s is not None else None)(mine()))
             self._ended, self._closed = None, False
             self._accept(listener, token)
         except BaseException:
@@ -251,6 +251,47 @@ class Session(StateKeeping):
 
         display({"text/plain": repr(self)}, raw=True)
 
+    # ---- what front ends read ---------------------------------------------------------------------
+    @property
+    def state(self) -> SessionState:
+        """What the session is doing now, as plain data (a snapshot, safe to read from any thread):
+        its ranks and their state, the request running, the last outcome, why it ended.
+
+        Returns
+        -------
+        SessionState
+            A frozen snapshot; ``subscribe`` says when it changes.
+        """
+        return self._record.state()
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` at each change of :attr:`state` (a request starts or ends, a rank
+        replies, its run reports), from whatever thread made the change; it must return quickly.
+
+        Parameters
+        ----------
+        callback : callable
+            Called without arguments.
+
+        Raises
+        ------
+        ArgumentsError
+            ``callback`` is not callable.
+        """
+        self._record.subscribe(callback)
+
+    def interrupt(self) -> bool:
+        """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell
+        raises ``SessionInterrupted`` and the session goes on. Safe to call from any thread (the
+        view's Stop calls it while the notebook waits for the cell).
+
+        Returns
+        -------
+        bool
+            Whether a cell was running (and is being interrupted).
+        """
+        return self._record.interrupt()
+
     # ---- requests --------------------------------------------------------------------------------
     def _ranks(self, ranks: Union[None, int, Iterable[int]]) -> list[int]:
         world = self.world_size
@@ -296,7 +337,7 @@ class Session(StateKeeping):
             while len(replies) < len(ranks):
                 try:
                     self._pump(ranks, replies, request, cell)
-                    if interrupted_at is None and self._interrupt_asked():  # Stop: as an interrupt
+                    if interrupted_at is None and self._record.interrupt_asked():  # Stop: as an interrupt
                         interrupted_at = self._send_interrupt(ranks, replies, cell)
                     if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
                         self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
@@ -322,7 +363,7 @@ class Session(StateKeeping):
                     send_frame(self._connections[rank], {"op": "interrupt", "cell": cell})
                 except OSError:
                     pass
-        self._mark_interrupting()
+        self._record.mark_interrupting()
         return time.monotonic()
 
     def _tell_idle(self) -> None:
@@ -353,7 +394,7 @@ class Session(StateKeeping):
                     self._show(rank, str(reply.get("stream")), str(reply.get("text")))
                 elif op in ("done", "error") and reply.get("id") == request:
                     replies[rank] = reply
-                    self._mark_replied(rank, op)
+                    self._record.mark_replied(rank, op)
         if self._run.done:
             self._gone(cell, replies)
 
@@ -397,7 +438,7 @@ class Session(StateKeeping):
         error = SessionEndedError(self._end_text(what, extra), self._run.root_failure, self._run.failures)
         self._ended = error
         _close_all(self._connections)
-        self._changed()
+        self._record.changed()
         return error
 
     def _end_after_interrupt(self, cell: Optional[int], stuck: list[int]) -> None:
@@ -442,7 +483,7 @@ class Session(StateKeeping):
         if namespace is None:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
-        with self._tracking(f"cell {cell}", chosen, cell, code) as said:
+        with self._record.tracking(f"cell {cell}", chosen, cell, code) as said:
             message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
                        "sources": self._new_sources()}
             replies = self._request(chosen, message, cell)
@@ -511,7 +552,7 @@ class Session(StateKeeping):
         if bad:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank's own ({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
-        with self._tracking(f"push {', '.join(values)}", list(range(self.world_size))):
+        with self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
             message = {"op": "push", "values": self._dumps(values, "the value of {!r}")}
             replies = self._request(list(range(self.world_size)), message)
             failed = {r: m for r, m in replies.items() if m["op"] == "error"}
@@ -539,7 +580,7 @@ class Session(StateKeeping):
         if not isinstance(name, str) or not name.isidentifier():
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
         self._check_alive()
-        with self._tracking(f"pull {name!r}", list(range(self.world_size))):
+        with self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
             replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name})
             failed = {r: m for r, m in replies.items() if m["op"] == "error"}
             if failed:
@@ -566,7 +607,7 @@ class Session(StateKeeping):
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
         _close_all(self._connections)
-        self._changed()
+        self._record.changed()
 
     def restart(self) -> Session:
         """Form the session again on the same devices (a new run; the ranks' namespaces are lost).

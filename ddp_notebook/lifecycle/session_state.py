@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..core.errors import ArgumentsError, CellError, SessionEndedError, SessionInterrupted
 from ..core.failures import WorkerFailure
 
-__all__ = ["RankState", "Request", "Outcome", "SessionState", "StateKeeping", "format_session", "seconds_text",
+__all__ = ["RankState", "Request", "Outcome", "SessionState", "SessionRecord", "format_session", "seconds_text",
            "value_text", "ranks_text", "RANK_STATUSES", "SESSION_STATUSES"]
 
 #: What a rank row can say: ``forming`` (its run is starting), ``idle`` (ready for a cell),
@@ -70,7 +70,7 @@ def ranks_text(ranks: tuple[int, ...] | list[int]) -> str:
 class RankState:
     """One rank of a session, as a row shows it.
 
-    ``status`` is one of :data:`RANK_STATUSES`; ``doing`` what it runs, or ran last (``cell 3``,
+    ``status`` is one of ``RANK_STATUSES``; ``doing`` what it runs, or ran last (``cell 3``,
     ``push``, ``pull 'x'``); ``since`` and ``until`` when it began and finished that (wall-clock
     seconds; ``until`` None while it runs); ``note`` a line on it (the error it raised, what ended
     it); ``output`` the last lines it printed, ``(stream, text)``.
@@ -151,9 +151,10 @@ class Outcome:
 class SessionState:
     """A session at one moment: what its view and its text show.
 
-    ``status`` is one of :data:`SESSION_STATUSES`; ``ranks`` one :class:`RankState` per rank in
+    ``status`` is one of ``SESSION_STATUSES``; ``ranks`` one ``RankState`` per rank in
     rank order; ``current`` the request running now (None when none); ``last`` the outcome of the
-    last one; ``ended`` why the session ended, in words, with the rank ``failure`` that ended it
+    last one, ``last_failure`` that of the last one that failed on some ranks (it may be ``last``);
+    ``ended`` why the session ended, in words, with the rank ``failure`` that ended it
     (and the run's ``failures``); ``healthy`` the devices whose rank did not cause that.
     """
 
@@ -165,6 +166,7 @@ class SessionState:
     cells: int = 0
     current: Optional[Request] = None
     last: Optional[Outcome] = None
+    last_failure: Optional[Outcome] = None
     ended: str = ""
     failure: Optional[WorkerFailure] = None
     failures: tuple[WorkerFailure, ...] = field(default=())
@@ -228,22 +230,20 @@ def format_session(state: SessionState, now: Optional[float] = None) -> str:
         lines.append(f"Running {c.what} on {ranks_text(c.ranks)} for {clock}{stopping}{code}")
     if state.last is not None:
         lines.append(f"Last: {state.last.text()}")
+    if state.last_failure is not None and state.last_failure is not state.last:
+        lines.append(f"Last failure: {state.last_failure.text()}")
     if state.ended:
         lines.append(f"Ended: {state.ended}")
     return "\n".join(lines)
 
 
-class StateKeeping:
-    """What a ``Session`` records of its requests for :attr:`state` (a mixin: the session makes
-    the requests, this keeps what a front end needs to show them). Written by the thread that
-    makes requests, read from any: under one lock."""
+class SessionRecord:
+    """What a ``Session`` records of its requests for its ``state``: the session makes the
+    requests, this keeps what a front end needs to show them. Written by the thread that makes
+    requests, read from any: under one lock."""
 
-    _run: Any
-    _closed: bool
-    _ended: Optional[SessionEndedError]
-    _pids: dict[int, int]
-
-    def _keep_state(self) -> None:
+    def __init__(self, session: Any) -> None:
+        self.session = session  # its run, whether it is closed or ended, its ranks' pids
         self._state_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._forming = False
@@ -252,94 +252,69 @@ class StateKeeping:
         self._replied: dict[int, tuple[str, float]] = {}  # the request in flight: rank -> (op, when)
         self._after: dict[int, RankState] = {}  # each rank as the last request left it
         self._last: Optional[Outcome] = None
+        self._last_failure: Optional[Outcome] = None
         self._cells_run = 0
         self._interrupt = threading.Event()  # interrupt() asks the request loop to interrupt its cell
 
-    def _end_text(self, what: str, extra: str = "") -> str:
-        raise NotImplementedError
-
     # ---- what front ends read ------------------------------------------------------------------
-    @property
     def state(self) -> SessionState:
-        """What the session is doing now, as plain data (a snapshot, safe to read from any thread):
-        its ranks and their state, the request running, the last outcome, why it ended.
-
-        Returns
-        -------
-        SessionState
-            A frozen snapshot; ``subscribe`` says when it changes.
-        """
+        """A snapshot (``Session.state``)."""
         with self._state_lock:
             return self._snapshot()
 
     def subscribe(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` at each change of ``state`` (a request starts or ends, a rank
-        replies, its run reports): from whatever thread made the change; it must return quickly.
-
-        Parameters
-        ----------
-        callback : callable
-            Called without arguments.
-
-        Raises
-        ------
-        ArgumentsError
-            ``callback`` is not callable.
-        """
+        """``Session.subscribe``."""
         if not callable(callback):
             raise ArgumentsError(f"subscribe() takes a function callback(), not {callback!r}")
         self._listeners.append(callback)
 
     def interrupt(self) -> bool:
-        """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell
-        raises ``SessionInterrupted`` and the session goes on. Safe to call from any thread (the
-        view's Stop calls it while the notebook waits for the cell).
-
-        Returns
-        -------
-        bool
-            Whether a cell was running (and is being interrupted).
-        """
+        """``Session.interrupt``: whether a cell was running."""
         with self._state_lock:
             doing = self._doing
-            if doing is None or doing.cell is None or self._closed:
+            if doing is None or doing.cell is None or self.session._closed:
                 return False
             self._interrupt.set()
         return True
 
     # ---- what the session tells ----------------------------------------------------------------
-    def _changed(self) -> None:
+    def changed(self) -> None:
+        """Tell the subscribers that the state changed."""
         for callback in list(self._listeners):
             try:
                 callback()
             except Exception:  # noqa: BLE001 - a front end's failure must not break a request
                 pass
 
-    def _set_forming(self, forming: bool) -> None:
+    def set_forming(self, forming: bool) -> None:
+        """The session's ranks are being formed (True; what the last ones did is forgotten), or are ready."""
         with self._state_lock:
             self._forming = forming
             if forming:
-                self._doing, self._last, self._after, self._cells_run = None, None, {}, 0
+                self._doing, self._last, self._last_failure, self._after, self._cells_run = None, None, None, {}, 0
             else:
                 self._formed_at = time.time()
-        self._changed()
+        self.changed()
 
-    def _interrupt_asked(self) -> bool:
+    def interrupt_asked(self) -> bool:
+        """Whether ``interrupt()`` asked to interrupt the request in flight (the request loop acts on it)."""
         return self._interrupt.is_set()
 
-    def _mark_interrupting(self) -> None:
+    def mark_interrupting(self) -> None:
+        """The ranks were asked to leave the cell."""
         with self._state_lock:
             if self._doing is not None:
                 self._doing = replace(self._doing, interrupting=True)
-        self._changed()
+        self.changed()
 
-    def _mark_replied(self, rank: int, op: str) -> None:
+    def mark_replied(self, rank: int, op: str) -> None:
+        """``rank`` replied to the request in flight (``op``: ``done`` or ``error``)."""
         with self._state_lock:
             self._replied[rank] = (op, time.time())
-        self._changed()
+        self.changed()
 
     @contextlib.contextmanager
-    def _tracking(self, what: str, ranks: list[int], cell: Optional[int] = None,
+    def tracking(self, what: str, ranks: list[int], cell: Optional[int] = None,
                   code: str = "") -> Iterator[list[str]]:
         """A request, as ``state`` shows it: running, then its outcome (the caller adds the ranks'
         values in words to the list it is given)."""
@@ -349,7 +324,7 @@ class StateKeeping:
             self._doing = Request(what, tuple(ranks), started, cell, first[:120])
             self._replied = {}
             self._interrupt.clear()
-        self._changed()
+        self.changed()
         values: list[str] = []
         error: Optional[BaseException] = None
         try:
@@ -370,15 +345,18 @@ class StateKeeping:
                                                until=self._replied.get(r, ("", ended_at))[1], note=note)
                 self._last = Outcome(what, tuple(ranks), outcome, started, ended_at, cell, message, failures,
                                      tuple(values))
+                if outcome == "failed" and failures:
+                    self._last_failure = self._last
                 self._doing = None
                 self._cells_run += cell is not None
-            self._changed()
+            self.changed()
 
     def _snapshot(self) -> SessionState:
-        run = self._run
+        session = self.session
+        run = session._run
         devices = tuple(str(d) for d in run.devices) if run is not None else ()
-        ended = self._ended
-        if self._closed:
+        ended = session._ended
+        if session._closed:
             status = "closed"
         elif self._forming or run is None:
             status = "forming"
@@ -392,14 +370,14 @@ class StateKeeping:
         if status == "ended":
             failures = ended.failures if ended is not None else tuple(run.failures)
             failure = ended.failure if ended is not None else run.root_failure
-            why = str(ended) if ended is not None else self._end_text("the session ended")
+            why = str(ended) if ended is not None else session._end_text("the session ended")
         causing = {f.rank for f in failures if not f.consequence}
         workers = run.state.workers if run is not None else {}
         ranks = []
         for r, device in enumerate(devices):
             w = workers.get(r)
             base: dict[str, Any] = dict(rank=r, device=device, pid=(w.pid if w is not None else None) or
-                                        self._pids.get(r), output=tuple(list(w.output)[-OUTPUT_LINES:]) if w else ())
+                                        session._pids.get(r), output=tuple(list(w.output)[-OUTPUT_LINES:]) if w else ())
             after = self._after.get(r)
             memo: dict[str, Any] = dict(doing=after.doing, since=after.since, until=after.until,
                                         note=after.note) if after is not None else {}
@@ -418,7 +396,8 @@ class StateKeeping:
                 ranks.append(RankState(status=after.status if after is not None else "idle", **base, **memo))
         return SessionState(status=status, devices=devices, ranks=tuple(ranks),
                             run_id=run.id if run is not None else None, formed_at=self._formed_at,
-                            cells=self._cells_run, current=self._doing, last=self._last, ended=why,
+                            cells=self._cells_run, current=self._doing, last=self._last,
+                            last_failure=self._last_failure, ended=why,
                             failure=failure, failures=failures,
                             healthy=tuple(d for r, d in enumerate(devices) if r not in causing))
 

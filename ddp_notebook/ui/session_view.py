@@ -27,7 +27,7 @@ import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
 from ..core.failures import WorkerFailure
-from ..lifecycle.session_state import RankState, SessionState, format_session, ranks_text, seconds_text
+from ..lifecycle.session_state import Outcome, RankState, SessionState, format_session, ranks_text, seconds_text
 from .html import ORANGE, RED, badge, failure_card_html, hint_for, liveness_html
 from .run_view import (
     BADGE_WIDTH,
@@ -365,18 +365,26 @@ def activity_html(state: SessionState, now: float) -> str:
 
 
 def card_html(state: SessionState) -> str:
-    """The failure card: of the rank failure that ended the session, else of the last cell when it
-    failed on some ranks (with the failed rank's locals), until the next request; "" when there
-    is none."""
+    """The failure card: of the rank failure that ended the session; else of the last cell when it
+    failed on some ranks (with the failed rank's locals), open while nothing runs after it; else of
+    the last cell that failed, folded under a line that names it; "" when no cell failed."""
     if state.status == "ended" and state.failure is not None:
         return failure_card_html(state.failure, state.failures, state.healthy)
-    last = state.last
-    if state.status != "ready" or last is None or last.outcome != "failed" or last.failure is None:
+    failed = state.last_failure
+    if failed is None or failed.failure is None:
         return ""
-    root = last.failure
-    raised = sorted({f.rank for f in last.failures})
+    if failed is state.last and state.status in ("ready", "closed"):
+        return cell_card_html(failed, state)
+    return (f'<details class="ddp-last-failure"><summary style="color:{RED}">Last failure: '
+            f"{escape(failed.text())}</summary>{cell_card_html(failed, state)}</details>")
+
+
+def cell_card_html(failed: Outcome, state: SessionState) -> str:
+    """A failed cell's card: a run's failure card, with a session's hint."""
+    root = failed.failures[0]
+    raised = sorted({f.rank for f in failed.failures})
     healthy = [r.device for r in state.ranks if r.rank not in raised]
-    card = failure_card_html(root, last.failures, healthy)
+    card = failure_card_html(root, failed.failures, healthy)
     # A run's hint speaks of retries; a cell is fixed and run again, in the same session.
     run_hint = f"<b>Hint:</b> {escape(hint_for(root, healthy))}</div>"
     return card.replace(run_hint, f"<b>Hint:</b> {escape(cell_hint(root, raised))}</div>", 1)

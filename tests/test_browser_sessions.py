@@ -97,8 +97,9 @@ def test_a_session_in_jupyterlab_cells_failure_card_stop_kill_and_re_form(lab, t
             expect(stop).to_be_hidden(timeout=30_000)
             expect(view.locator(".ddp-activity")).to_contain_text("interrupted")
             # The failed cell's card, folded under a line that names it, once another cell has run.
-            expect(view.locator(".ddp-last-failure summary")).to_contain_text("Last failure: cell 2 failed on rank 1")
+            expect(view.locator(".ddp-last-failure > summary")).to_contain_text("Last failure: cell 2 failed on rank 1")
             expect(view.locator(".ddp-failure")).to_be_hidden()
+            shot(view, "session-interrupted.png")
             # A rank killed from a cell: the view says the session ended and offers Re-form.
             page.wait_for_function(KERNEL_READY, timeout=60_000)
             run_cell(page, 4)

@@ -111,7 +111,13 @@ def text_of(html):
 def test_a_row_per_rank_says_its_state_and_the_cell_it_runs_on_a_clock_that_ticks():
     session = FakeSession(running())
     view = SessionView(session, live=False)
+    assert not view.stops_at_once  # no kernel here: a click waits for the cell to end, so no Stop...
+    view.refresh(now=T0 + 1.0)
+    assert view.stop_button.layout.display == "none"
+    assert "Kernel → Interrupt stops it on every rank" in text_of(view.activity.value)  # ...but what does
+    view.stops_at_once = True  # in ipykernel 7 (click_at_once)
     view.refresh(now=T0 + 2.0)
+    assert "Kernel → Interrupt" not in text_of(view.activity.value)
     assert [text_of(row.badge.value) for row in view.rows.values()] == ["running", "running"]
     assert "cell 3 · 2.0 s" in text_of(view.rows[1].doing.value)
     assert "pid 101" in text_of(view.rows[1].doing.value)

@@ -207,8 +207,11 @@ class SessionView(FullText, widgets.VBox):
     # ---- rendering -----------------------------------------------------------------------------
     def _follow(self) -> None:
         while True:
-            state = self.refresh()
-            ticking = state.status in ("forming", "ready", "running")  # else: nothing moves until a change
+            try:
+                state = self.refresh()
+                ticking = state.status in ("forming", "ready", "running")  # else: nothing moves until a change
+            except Exception:  # noqa: BLE001 - drawn again at the next tick; meanwhile the view goes stale, and says so
+                ticking = True
             self._dirty.wait(TICK_S if ticking else None)
             self._dirty.clear()
             time.sleep(REFRESH_S)  # throttle: one redraw per period, however many changes came
@@ -225,7 +228,8 @@ class SessionView(FullText, widgets.VBox):
                 f"<b>Session</b>{run} {badge(state.status, STATUS_COLORS.get(state.status))} on "
                 f"<code>{escape(', '.join(state.devices))}</code>{cells}")
             running_cell = state.status == "running" and state.current is not None and state.current.cell is not None
-            self.stop_button.layout.display = "" if running_cell else "none"
+            # Only where a click reaches the kernel while the cell holds it (else Kernel → Interrupt, said below).
+            self.stop_button.layout.display = "" if running_cell and self.stops_at_once else "none"
             self.stop_button.disabled = bool(running_cell and state.current and state.current.interrupting)
             if state.status in ("forming", "ready", "running"):  # a new value every tick (liveness_html)
                 self._tick += 1
@@ -244,7 +248,7 @@ class SessionView(FullText, widgets.VBox):
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
             if self.message.value and state.last is not None and state.last.started_at > self._message_at:
                 self.message.value = ""  # it spoke of what came before this request
-            self.activity.value = activity_html(state, now)
+            self.activity.value = activity_html(state, now, self.stops_at_once)
             self.card.value = card_html(state)
             self.reform_box.layout.display = "" if state.can_reform else "none"
             self.reform_button.disabled = not state.can_reform
@@ -340,16 +344,17 @@ class SessionView(FullText, widgets.VBox):
         self.refresh()
 
 
-def activity_html(state: SessionState, now: float) -> str:
+def activity_html(state: SessionState, now: float, has_stop: bool = True) -> str:
     """What runs now (its clock ticking), else how the last request ended, and why the session
-    ended when it did."""
+    ended when it did. Without a Stop that works while a cell runs (``has_stop``), what does."""
     parts = []
     current = state.current
     if current is not None and state.status == "running":
         code = f": <code>{escape(tail_of(current.first_line, 100))}</code>" if current.first_line else ""
         stopping = (f' · <b style="color:{ORANGE}">interrupting on every rank…</b>' if current.interrupting else "")
+        how = "" if has_stop or current.cell is None else " · <i>Kernel → Interrupt stops it on every rank</i>"
         parts.append(f"<b>Running</b> {escape(current.what)} on {escape(ranks_text(current.ranks))} for "
-                     f"{seconds_text(now - current.started_at)}{stopping}{code}")
+                     f"{seconds_text(now - current.started_at)}{stopping}{code}{how}")
     elif state.last is not None:
         last = state.last
         color = OUTCOME_COLORS.get(last.outcome, GREY)

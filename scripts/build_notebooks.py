@@ -382,7 +382,7 @@ import torch, ddp_notebook
     md("""
 Form a session of two ranks on CPU. `%ddp_session` returns once every rank is ready (its
 process group set up) and shows the session's **live view**: a row per rank with its state, the
-cell it runs and for how long, how the last cell ended, and *Stop* while a cell runs.
+cell it runs and for how long, how the last cell ended, and, while a cell runs, that Kernel → Interrupt stops it on every rank.
 """),
     code("""
 # NBVAL_IGNORE_OUTPUT
@@ -479,8 +479,8 @@ print(session)
     md("""
 ## Interrupts, a rank that dies, and closing
 
-- *Stop* in the view, `session.interrupt()` or Kernel → Interrupt while a cell runs interrupts
-  it on every rank; the session goes on, its namespaces kept.
+- Kernel → Interrupt while a cell runs interrupts it on every rank (`session.interrupt()` does
+  the same from another thread); the session goes on, its namespaces kept.
 - A rank that dies (killed, crashed) ends the session with its failure named; the view offers
   **Re-form**, and `session.restart()` (or `%ddp_session --restart`) does the same: the session
   is formed again on the same devices, and the ranks' namespaces are lost.

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
 import time
 
+import ipywidgets as widgets
 import pytest
 
 from ddp_notebook.core.failures import WorkerFailure
@@ -21,7 +21,7 @@ from ddp_notebook.lifecycle.session_state import (
     format_session,
     seconds_text,
 )
-from ddp_notebook.ui.session_view import SessionView, card_html, click_at_once
+from ddp_notebook.ui.session_view import SessionView, card_html
 
 T0 = 1_800_000_000.0
 DEVICES = ("cpu:0", "cpu:1")
@@ -111,13 +111,10 @@ def text_of(html):
 def test_a_row_per_rank_says_its_state_and_the_cell_it_runs_on_a_clock_that_ticks():
     session = FakeSession(running())
     view = SessionView(session, live=False)
-    assert not view.stops_at_once  # no kernel here: a click waits for the cell to end, so no Stop...
-    view.refresh(now=T0 + 1.0)
-    assert view.stop_button.layout.display == "none"
-    assert "Kernel → Interrupt stops it on every rank" in text_of(view.activity.value)  # ...but what does
-    view.stops_at_once = True  # in ipykernel 7 (click_at_once)
     view.refresh(now=T0 + 2.0)
-    assert "Kernel → Interrupt" not in text_of(view.activity.value)
+    # No Stop button (a click waits for the cell to end): the view says what stops a cell.
+    assert not any(isinstance(w, widgets.Button) and w.description == "Stop" for w in view.children[0].children)
+    assert "Kernel → Interrupt stops it on every rank" in text_of(view.activity.value)
     assert [text_of(row.badge.value) for row in view.rows.values()] == ["running", "running"]
     assert "cell 3 · 2.0 s" in text_of(view.rows[1].doing.value)
     assert "pid 101" in text_of(view.rows[1].doing.value)
@@ -125,11 +122,9 @@ def test_a_row_per_rank_says_its_state_and_the_cell_it_runs_on_a_clock_that_tick
     view.refresh(now=T0 + 3.5)  # the clock moves without any change of state
     assert "cell 3 · 3.5 s" in text_of(view.rows[1].doing.value)
     assert "for 3.5 s" in text_of(view.activity.value)
-    assert view.stop_button.layout.display == ""  # Stop while a cell runs
     session.state = ready()
     view.refresh(now=T0 + 4)
     assert [text_of(row.badge.value) for row in view.rows.values()] == ["idle", "idle"]
-    assert view.stop_button.layout.display == "none"
     assert "ready" in text_of(view.title.value) and "cpu:0, cpu:1" in text_of(view.title.value)
 
 
@@ -182,43 +177,11 @@ def test_a_failed_cell_shows_the_runs_failure_card_with_the_failed_ranks_locals(
 
 
 @pytest.mark.unit
-def test_stop_interrupts_once_whether_the_click_is_seen_at_once_or_between_cells():
-    session = FakeSession(running())
+def test_a_cell_being_interrupted_says_so():
+    session = FakeSession(running(interrupting=True))
     view = SessionView(session, live=False)
-    view._stop_at_once()  # seen as it arrived (the kernel's shell channel thread)...
-    view.stop_button.click()  # ...then its on_click, once the kernel is free: nothing more
-    assert session.interrupts == 1
-    view.stop_button.click()  # a kernel that hands the click over only now: on_click interrupts
-    assert session.interrupts == 2
-    session.state = ready()
-    view.stop_button.click()  # too late: says so, instead of pretending
-    assert "No cell was running when Stop reached the kernel" in view.message.value
-    session.state = running(interrupting=True)
     view.refresh(now=T0 + 1)
-    assert view.stop_button.disabled and "interrupting on every rank" in text_of(view.activity.value)
-
-
-@pytest.mark.unit
-def test_click_at_once_acts_on_a_click_message_as_the_kernel_receives_it():
-    routed = []
-
-    class Comm:
-        kernel = type("K", (), {"shell_channel_thread": object()})()
-
-        def _reply_subshell_for(self, data, default):
-            routed.append(data)
-            return default
-
-    button = type("B", (), {"comm": Comm()})()
-    clicks = []
-    assert click_at_once(button, lambda: clicks.append(threading.current_thread().name))
-    click = {"method": "custom", "content": {"event": "click"}}
-    assert button.comm._reply_subshell_for(click, "main") == "main"  # routed as before
-    assert button.comm._reply_subshell_for({"method": "update", "state": {}}, None) is None
-    assert len(clicks) == 1 and len(routed) == 2
-    # No such hook (an older kernel, no kernel): nothing is changed, on_click alone.
-    assert not click_at_once(type("B", (), {"comm": object()})(), lambda: None)
-    assert not click_at_once(type("B", (), {"comm": None})(), lambda: None)
+    assert "interrupting on every rank" in text_of(view.activity.value)
 
 
 @pytest.mark.unit
@@ -230,7 +193,6 @@ def test_an_ended_session_offers_re_form_which_says_namespaces_are_lost_and_runs
     assert "killed by signal SIGKILL" in text_of(view.card.value)
     assert [text_of(r.badge.value) for r in view.rows.values()] == ["ended", "failed"]
     assert "Ended: the failure below ended the session: its ranks are gone" in text_of(view.activity.value)
-    assert view.stop_button.layout.display == "none"
     view.reform_button.click()
     view.reform_button.click()  # the second click of a double click
     assert session.restarts == 1

@@ -1,16 +1,16 @@
 """The live view of a session (ipywidgets 8): it renders ``Session.state`` and nothing else.
 
-A header (the session, its status and devices, Stop while a cell runs), one row per rank (rank,
+A header (the session, its status and devices), one row per rank (rank,
 device and pid, a state badge — idle, running, finished, failed, ended —, what it runs and for
 how long, on a clock that ticks, and the last line it printed), what runs now or how the last
 request ended, the failure card of a failed cell (the same as a run's, with the failed rank's
 locals) or of the rank failure that ended the session, Re-form once it has ended, and each rank's
 output.
 
-Stop must work while the notebook waits for the cell, and a widget's click is handled on the
-kernel's main thread, which the cell holds: ``click_at_once`` has the kernel's shell channel
-thread (ipykernel 7) act on the click as it arrives. Re-form runs ``session.restart()`` in the
-click's handler, once the cell that saw the session end has returned.
+There is no Stop button: a ``%%ddp`` cell holds the kernel's main thread, where a widget's click
+is handled only once the cell has ended, so while a cell runs the view says what stops it
+(Kernel → Interrupt, which reaches every rank). Re-form runs ``session.restart()`` in the click's
+handler, once the cell that saw the session end has returned.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from .run_view import (
     tail_of,
 )
 
-__all__ = ["SessionView", "show_session", "click_at_once", "STATUS_COLORS"]
+__all__ = ["SessionView", "show_session", "STATUS_COLORS"]
 
 GREEN, BLUE, GREY, DARK = "#198754", "#0d6efd", "#6c757d", "#495057"
 #: The badge colour of each session and rank status.
@@ -51,54 +51,6 @@ STATUS_COLORS = {"forming": GREY, "ready": GREEN, "idle": GREEN, "running": BLUE
 OUTCOME_COLORS = {"ok": GREEN, "failed": RED, "interrupted": ORANGE, "ended": RED}
 DOING_WIDTH = 230  # px: what the rank runs and its clock
 OUTPUT_LINES_SHOWN = 20
-
-
-def click_at_once(button: widgets.Button, callback: Callable[[], None]) -> bool:
-    """Have ``callback()`` called as soon as a click on ``button`` reaches the kernel, even while
-    a cell holds the kernel's main thread (where ``on_click`` handlers wait until the cell ends).
-
-    ipykernel 7 receives shell messages on a thread of their own and asks each comm where its
-    messages go (``_reply_subshell_for``) before handing them to the main thread: the click is
-    seen there, on that thread. ``callback`` must be quick and thread-safe. The ``on_click``
-    handlers still run later, as usual.
-
-    Parameters
-    ----------
-    button : ipywidgets.Button
-        The button.
-    callback : callable
-        Called without arguments, on the kernel's shell channel thread.
-
-    Returns
-    -------
-    bool
-        Whether this kernel lets a click be seen early (False: only ``on_click``, between cells).
-    """
-    comm = getattr(button, "comm", None)
-    route = getattr(comm, "_reply_subshell_for", None)
-    kernel = getattr(comm, "kernel", None) or _kernel()
-    if route is None or getattr(kernel, "shell_channel_thread", None) is None:
-        return False
-
-    def early(data: Any, default: Any) -> Any:
-        content = data.get("content") if isinstance(data, dict) else None
-        if isinstance(content, dict) and data.get("method") == "custom" and content.get("event") == "click":
-            try:
-                callback()
-            except Exception:  # noqa: BLE001 - the kernel's message routing must go on whatever happens
-                pass
-        return route(data, default)
-
-    comm._reply_subshell_for = early  # type: ignore[union-attr]
-    return True
-
-
-def _kernel() -> Any:
-    try:
-        from ipykernel.kernelbase import Kernel
-    except ImportError:
-        return None
-    return Kernel.instance() if Kernel.initialized() else None
 
 
 class _RankRow:
@@ -164,9 +116,6 @@ class SessionView(FullText, widgets.VBox):
         self.add_class(f"ddp-view-{self.token}")
         self.title = widgets.HTML(layout=widgets.Layout(min_width="0", flex="0 1 auto"))
         self.live = widgets.HTML(layout=widgets.Layout(flex="0 0 auto"))
-        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
-                                          tooltip="Interrupt the cell on every rank (as Kernel → Interrupt does)",
-                                          layout=widgets.Layout(width="90px", flex="0 0 auto"))
         self.rows: dict[int, _RankRow] = {}
         self.rows_box = widgets.VBox()
         self.activity = widgets.HTML()  # what runs now, or how the last request ended
@@ -182,22 +131,18 @@ class SessionView(FullText, widgets.VBox):
         self.outputs = widgets.Tab()
         self.output_box = widgets.Accordion(children=[self.outputs], titles=("Output per rank",),
                                             selected_index=None)
-        header = widgets.HBox([self.title, self.stop_button, self.live],
+        header = widgets.HBox([self.title, self.live],
                               layout=widgets.Layout(align_items="center", flex_flow="row nowrap"))
-        for dimmed in (self.title, self.stop_button, self.rows_box):
+        for dimmed in (self.title, self.rows_box):
             dimmed.add_class("ddp-dims")  # what a view no longer updated dims (liveness_html)
         self.children = [header, self.rows_box, self.activity, self.card, self.reform_box, self.message,
                          self.output_box]
         self._lock = threading.Lock()
         self._dirty = threading.Event()
         self._tick = 0
-        self._clicks_lock = threading.Lock()
-        self._early_clicks = 0  # Stop clicks acted on as they arrived (click_at_once)
         self._update: Optional[Callable[[Any], None]] = None
         self._shown_key: Any = None
         self._update_lock = threading.Lock()
-        self.stops_at_once = click_at_once(self.stop_button, self._stop_at_once)
-        self.stop_button.on_click(lambda _: self._stop_clicked())
         self.reform_button.on_click(lambda _: self.reform())
         session.subscribe(self._dirty.set)
         self.refresh()
@@ -227,10 +172,6 @@ class SessionView(FullText, widgets.VBox):
             self.title.value = one_line(
                 f"<b>Session</b>{run} {badge(state.status, STATUS_COLORS.get(state.status))} on "
                 f"<code>{escape(', '.join(state.devices))}</code>{cells}")
-            running_cell = state.status == "running" and state.current is not None and state.current.cell is not None
-            # Only where a click reaches the kernel while the cell holds it (else Kernel → Interrupt, said below).
-            self.stop_button.layout.display = "" if running_cell and self.stops_at_once else "none"
-            self.stop_button.disabled = bool(running_cell and state.current and state.current.interrupting)
             if state.status in ("forming", "ready", "running"):  # a new value every tick (liveness_html)
                 self._tick += 1
                 self.live.value = liveness_html(self.token, self._tick)
@@ -248,7 +189,7 @@ class SessionView(FullText, widgets.VBox):
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
             if self.message.value and state.last is not None and state.last.started_at > self._message_at:
                 self.message.value = ""  # it spoke of what came before this request
-            self.activity.value = activity_html(state, now, self.stops_at_once)
+            self.activity.value = activity_html(state, now)
             self.card.value = card_html(state)
             self.reform_box.layout.display = "" if state.can_reform else "none"
             self.reform_button.disabled = not state.can_reform
@@ -291,32 +232,9 @@ class SessionView(FullText, widgets.VBox):
             self._update(self)
 
     # ---- actions -------------------------------------------------------------------------------
-    def _stop_at_once(self) -> None:
-        """Stop, seen as it arrived (the kernel's shell channel thread)."""
-        with self._clicks_lock:
-            self._early_clicks += 1
-        self._stop()
-
-    def _stop_clicked(self) -> None:
-        """Stop's ``on_click``: nothing more when the click was acted on as it arrived."""
-        with self._clicks_lock:
-            if self._early_clicks:
-                self._early_clicks -= 1
-                return
-        if not self._stop():
-            self._say("<i>No cell was running when Stop reached the kernel: this kernel hands a click over only "
-                      "between cells (Kernel → Interrupt stops a cell at once).</i>")
-
     def _say(self, html: str) -> None:
         self.message.value = html
         self._message_at = time.time()
-
-    def _stop(self) -> bool:
-        interrupting = self.session.interrupt()
-        if interrupting:
-            self.message.value = ""
-            self._dirty.set()
-        return bool(interrupting)
 
     def reform(self) -> None:
         """Form the session again on its devices (``session.restart()``): one per click sequence."""
@@ -344,15 +262,15 @@ class SessionView(FullText, widgets.VBox):
         self.refresh()
 
 
-def activity_html(state: SessionState, now: float, has_stop: bool = True) -> str:
+def activity_html(state: SessionState, now: float) -> str:
     """What runs now (its clock ticking), else how the last request ended, and why the session
-    ended when it did. Without a Stop that works while a cell runs (``has_stop``), what does."""
+    ended when it did; while a cell runs, what stops it."""
     parts = []
     current = state.current
     if current is not None and state.status == "running":
         code = f": <code>{escape(tail_of(current.first_line, 100))}</code>" if current.first_line else ""
         stopping = (f' · <b style="color:{ORANGE}">interrupting on every rank…</b>' if current.interrupting else "")
-        how = "" if has_stop or current.cell is None else " · <i>Kernel → Interrupt stops it on every rank</i>"
+        how = "" if current.cell is None else " · <i>Kernel → Interrupt stops it on every rank</i>"
         parts.append(f"<b>Running</b> {escape(current.what)} on {escape(ranks_text(current.ranks))} for "
                      f"{seconds_text(now - current.started_at)}{stopping}{code}{how}")
     elif state.last is not None:

@@ -65,6 +65,8 @@ class FullText:
 # printed) above the rank's metrics. Text past a column's width ends in an ellipsis, with the
 # whole text on hover.
 NOWRAP = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+METRIC = ("display:inline-block;max-width:100%;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;"
+          "vertical-align:bottom")
 WRAP = "white-space:normal;overflow-wrap:anywhere;line-height:1.4;height:auto"
 NAME_WIDTH, BADGE_WIDTH, BAR_WIDTH, TEXT_WIDTH = 150, 80, 140, 380  # px
 # The warnings module's line ("file.py:12: DeprecationWarning: ...") and the source line under it.
@@ -351,9 +353,12 @@ class RunView(FullText, widgets.VBox):
             detail.append(f'<span class="ddp-quiet" style="color:{ORANGE}">{escape(w.note)}</span>')
         if row.place:
             detail.append(f"<small>{escape(row.place)}</small>")
-        metrics = " · ".join(f"{k} {format_metric(v)}" for k, v in ordered_metrics(w.metrics))
+        # Each name with its value on one line (the line wraps between metrics, not inside one; a
+        # name wider than the panel ends in an ellipsis, whole on hover).
+        metrics = " · ".join(f'<span style="{METRIC}" title="{escape(text)}">{escape(text)}</span>'
+                             for text in (f"{k} {format_metric(v)}" for k, v in ordered_metrics(w.metrics)))
         if metrics:
-            detail.append(escape(metrics))
+            detail.append(metrics)
         stream, line, warnings = last_output(w.output)
         if warnings:
             detail.append(f'<span style="color:#b8860b">⚠ {warnings} warning{"s" if warnings != 1 else ""} '

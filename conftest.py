@@ -22,8 +22,11 @@ NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)
 # server's (worker.zygote).
 WORKER_MARK = "ddp_notebook.worker."
 # Workers inherit this: the leak check finds this session's workers even after they were
-# orphaned (re-parented away from us), and ignores those of another test session.
+# orphaned (re-parented away from us), and ignores those of another test session. Each
+# pytest-xdist worker is a session of its own (it must not take another's ranks for its leaks).
 SESSION = os.environ.setdefault("DDP_NOTEBOOK_TEST_SESSION", uuid.uuid4().hex)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    SESSION = os.environ["DDP_NOTEBOOK_TEST_SESSION"] = f"{SESSION}-{os.environ['PYTEST_XDIST_WORKER']}"
 
 
 def _workers() -> list[psutil.Process]:

@@ -62,17 +62,22 @@ def summarize(value: Any) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
+def _is_data(value: Any) -> bool:
+    """Not a function, class, method or module: the code, not the data (a cell's namespace, where
+    a session's rank fails, holds many)."""
+    name = type(value).__name__
+    if name == "module":
+        return False
+    try:
+        return not (callable(value) and not hasattr(value, "shape")
+                    and name in ("function", "builtin_function_or_method", "type", "method"))
+    except Exception:  # noqa: BLE001 - an object whose attribute lookup raises: summarize says so
+        return True
+
+
 def _frame_locals(frame: FrameType) -> dict[str, str]:
-    names = [n for n in frame.f_locals if not n.startswith("__")]
-    out: dict[str, str] = {}
-    for name in names[:NAMES_KEPT]:
-        value = frame.f_locals[name]
-        if callable(value) and not hasattr(value, "shape") and type(value).__name__ in (
-                "function", "builtin_function_or_method", "type", "method"):
-            continue  # functions and classes: the code, not the data
-        if type(value).__name__ == "module":
-            continue
-        out[name] = summarize(value)
+    names = [n for n, v in list(frame.f_locals.items()) if not n.startswith("__") and _is_data(v)]
+    out = {name: summarize(frame.f_locals[name]) for name in names[:NAMES_KEPT]}
     if len(names) > NAMES_KEPT:
         out["…"] = f"{len(names) - NAMES_KEPT} more"
     return out

@@ -69,6 +69,20 @@ def lab(tmp_path):
     server.wait(timeout=30)
 
 
+def shot(locator, name, tries=5):
+    """A screenshot of ``locator`` into ARTIFACTS. A display kept current is drawn anew when its
+    run or session changes status (its element replaced): the locator then finds the new one."""
+    from playwright.sync_api import Error
+
+    for attempt in range(tries):
+        try:
+            locator.screenshot(path=os.path.join(ARTIFACTS, name))
+            return
+        except Error as e:
+            if "not attached to the DOM" not in str(e) or attempt == tries - 1:
+                raise
+
+
 def chromium(p, tmp_path):
     return p.chromium.launch_persistent_context(
         str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,

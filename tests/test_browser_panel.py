@@ -9,7 +9,7 @@ import time
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
-from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab  # noqa: F401 - lab is a fixture
+from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab, shot  # noqa: F401 - lab is a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -90,7 +90,6 @@ def test_panel_fits_at_1400px_shows_epochs_retries_once_and_says_when_it_is_stal
     base, token, root = lab
     notebook(root)
     os.makedirs(ARTIFACTS, exist_ok=True)
-    shot = lambda locator, name: locator.screenshot(path=os.path.join(ARTIFACTS, name))  # noqa: E731
     with sync_playwright() as p:
         browser = chromium(p, tmp_path)
         try:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
-from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab  # noqa: F401 - lab is a fixture
+from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab, shot  # noqa: F401 - lab is a fixture
 
 from helpers import wait_until
 
@@ -45,7 +45,6 @@ def test_a_session_in_jupyterlab_cells_failure_card_interrupt_kill_and_re_form(l
     base, token, root = lab
     notebook(root)
     os.makedirs(ARTIFACTS, exist_ok=True)
-    shot = lambda locator, name: locator.screenshot(path=os.path.join(ARTIFACTS, name))  # noqa: E731
     ranks_seen = set()
     with sync_playwright() as p:
         browser = chromium(p, tmp_path)

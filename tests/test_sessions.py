@@ -121,6 +121,10 @@ def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):
     assert "on rank 1:" in tb and re.search(r"t\s+= Tensor\[3, 3\] float32 cpu", tb), tb  # the failed rank's locals
     printed = k.ok("%%ddp\nx")  # namespaces kept
     assert "[rank 0] Out: 0\n" in printed and "[rank 1] Out: 10\n" in printed, printed
+    debug = k.ok("%ddp_debug")  # the failed cell's locals again, on demand
+    assert re.search(r"^Session: cell \d+ failed on rank 1 \(cpu:1\): ValueError: bad shape \(3, 3\)", debug, re.M), debug
+    assert "on rank 1" in debug and re.search(r"t\s+= Tensor\[3, 3\] float32 cpu", debug), debug
+    assert not re.search(r"^\s+(torch|dist|ctx)\s+=", debug, re.M), debug  # modules and the ctx's noise left out
 
 
 def test_an_interrupt_mid_cell_reaches_every_rank_and_the_session_goes_on(kernel, tmp_path):

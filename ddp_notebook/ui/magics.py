@@ -10,6 +10,7 @@ import inspect
 import math
 import re
 import shlex
+import time
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -30,7 +31,7 @@ from ..core.errors import (
     RunLoadError,
     UnsafeRunDirError,
 )
-from ..core.failures import format_locals
+from ..core.failures import WorkerFailure, format_locals
 from ..core.rundir import KEEP_RUNS_ENV, RUNS_MAX_BYTES_ENV, default_run_root, folder_bytes, runs_limits
 from ..core.tracebacks import file_name
 from ..core.validation import InvalidDevicesError, validate_devices
@@ -423,29 +424,42 @@ class DDPMagics(Magics):
             print(f"{mark} {run.id}  {run.status:<9}  {','.join(run.state.devices)}{parent}")
 
     @magic_arguments()
-    @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
+    @argument("run", nargs="?", help="a run id, or its end (default: the last run, or the session's last "
+                                     "failed %%%%ddp cell when nothing ended after it)")
     @line_magic
     def ddp_debug(self, line: str) -> None:
-        """Print what the failed ranks' variables held when they raised (the last run, or RUN): per
-        failed rank, the locals of the innermost frame of user code, then the frames above it."""
-        run = _run("ddp_debug", _parse(self.ddp_debug, line).run)
+        """Print what the failed ranks' variables held when they raised (the last run, the kernel's
+        session's last failed ``%%ddp`` cell, or RUN): per failed rank, the locals of the innermost
+        frame of user code, then the frames above it."""
+        run_id = _parse(self.ddp_debug, line).run
+        cell = self._failed_cell() if run_id is None else None
+        if cell is not None:  # the kernel's session had a cell fail after the last run ended
+            print(f"Session: {cell.text()}")
+            _print_locals([f for f in cell.failures if f.locals_frames])
+            return
+        run = _run("ddp_debug", run_id)
         failures = [f for f in run.failures if f.locals_frames]
         if not failures:
             why = ("it has not failed" if not run.failures else
                    "no failed rank recorded its variables (they are recorded for an exception in user code)")
             print(f"Run {run.id} ({run.status}): nothing to show: {why}.")
             return
-        for failure in failures:
-            how = " (knock-on)" if failure.consequence else ""
-            print(f"{failure.headline()}{how}")
-            print("\n".join(format_locals(failure, file_name)))
-            for frame in failure.locals_frames[1:]:
-                where = f"{frame.get('function')} ({file_name(str(frame.get('file')))}:{frame.get('line')})"
-                names = frame.get("locals") or {}
-                width = max((len(n) for n in names), default=0)
-                print(f"Locals in {where}:")
-                print("\n".join(f"  {n.ljust(width)} = {v}" for n, v in names.items()) or "  (none)")
-            print()
+        _print_locals(failures)
+
+    def _failed_cell(self) -> Any:
+        """The last failed ``%%ddp`` cell of the kernel's session (``_ddp_session``) when nothing
+        ended since: no run ended after it (the session's own run aside)."""
+        session = self.user_ns.get("_ddp_session")
+        state = getattr(session, "state", None)
+        cell = getattr(state, "last_failure", None)
+        if cell is None or not cell.failures:
+            return None
+        run = last_run()
+        current = getattr(session, "current_run", None)
+        if run is not None and run is not current and (run.state.ended_at or time.time()) > cell.ended_at:
+            return None
+        return cell
+
 
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
@@ -494,6 +508,24 @@ class DDPMagics(Magics):
             raise UsageError(f"%ddp_retry: {e}") from None
         self._started(new)
         show_run(new, on_start=self._started)
+
+
+def _print_locals(failures: list[WorkerFailure]) -> None:
+    """Per failed rank: its headline, the locals of the innermost frame of user code, then the
+    frames above it."""
+    if not failures:
+        print("No failed rank recorded its variables (they are recorded for an exception in user code).")
+    for failure in failures:
+        how = " (knock-on)" if failure.consequence else ""
+        print(f"{failure.headline()}{how}")
+        print("\n".join(format_locals(failure, file_name)))
+        for frame in failure.locals_frames[1:]:
+            where = f"{frame.get('function')} ({file_name(str(frame.get('file')))}:{frame.get('line')})"
+            names = frame.get("locals") or {}
+            width = max((len(n) for n in names), default=0)
+            print(f"Locals in {where}:")
+            print("\n".join(f"  {n.ljust(width)} = {v}" for n, v in names.items()) or "  (none)")
+        print()
 
 
 def load_ipython_extension(ipython: Any) -> None:

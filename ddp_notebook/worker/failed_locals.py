@@ -63,10 +63,10 @@ def summarize(value: Any) -> str:
 
 
 def _is_data(value: Any) -> bool:
-    """Not a function, class, method or module: the code, not the data (a cell's namespace, where
-    a session's rank fails, holds many)."""
+    """Not a function, class, method, module or the worker context: the code, not the data (a
+    cell's namespace, where a session's rank fails, holds many)."""
     name = type(value).__name__
-    if name == "module":
+    if name in ("module", "WorkerContext"):  # (the ctx: the same on every rank, said by the headline)
         return False
     try:
         return not (callable(value) and not hasattr(value, "shape")

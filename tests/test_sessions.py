@@ -160,6 +160,19 @@ def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel
     assert "namespaces were lost" in printed and "Session ready: 2 ranks" in printed, printed
     printed = k.ok("%%ddp\n'x' in globals(), rank")
     assert "[rank 0] Out: (False, 0)\n" in printed and "[rank 1] Out: (False, 1)\n" in printed, printed
+    # A bad device list for the new ranks is refused, and the session is left as it was.
+    content, _ = k.execute("%ddp_session --restart cpu:0,cpu:0")
+    assert content["status"] == "error" and "cpu:0 is listed 2 times" in content["evalue"], content
+    assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")
+    # Killed again: formed on the devices that remain.
+    seen.extend(k.rank_pids())
+    content, _ = k.execute("%%ddp\nimport os, signal, time\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                           "time.sleep(60)")
+    assert content["ename"] == "SessionEndedError", content
+    printed = k.ok("%ddp_session --restart --without-failed")
+    assert "Session ready: 1 rank on cpu:0" in printed, printed
+    assert "[rank 0] Out: 1\n" in k.ok("%%ddp\nworld_size")
+    seen.extend(k.rank_pids())
 
 
 def test_a_killed_kernel_leaves_no_rank_behind():

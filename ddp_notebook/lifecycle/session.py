@@ -53,10 +53,11 @@ from ..core.errors import (
 from ..core.failures import WorkerFailure, failure_from_error, order_failures
 from ..core.probes import Probe
 from ..core.state import RunStatus
+from ..core.validation import InvalidDevicesError
 from ..transfer import pickling
 from ..worker.session_loop import FrameReader, send_frame, serve_session
 from .call import first_unpicklable
-from .launch import launch_with
+from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
 from .run import Run
 from .session_state import SessionRecord, SessionState, format_session, value_text
@@ -609,17 +610,49 @@ class Session:
         _close_all(self._connections)
         self._record.changed()
 
-    def restart(self) -> Session:
-        """Form the session again on the same devices (a new run; the ranks' namespaces are lost).
+    def restart(self, devices: Optional[DeviceSpec] = None, without_failed: bool = False) -> Session:
+        """Form the session again (a new run; the ranks' namespaces are lost): on the same devices,
+        on ``devices``, or on the devices whose ranks did not cause the failure that ended it.
+
+        Parameters
+        ----------
+        devices : str or list, optional
+            A device list to form it on instead (validated as ``session()`` validates it).
+        without_failed : bool, default False
+            Leave out the devices of the ranks whose failure ended the session.
 
         Returns
         -------
         Session
             This session, with new ranks.
+
+        Raises
+        ------
+        ArgumentsError
+            Both ``devices`` and ``without_failed``, or ``without_failed`` when no rank failed, or
+            when every rank did.
+        InvalidDevicesError
+            The device list failed validation (the session is left as it was).
         """
+        if devices is not None and without_failed:
+            raise ArgumentsError("restart() takes devices= or without_failed=True, not both")
+        if without_failed:
+            causing = {f.rank for f in self.state.failures if not f.consequence}
+            if not causing:
+                raise ArgumentsError("without_failed=True: no rank's failure ended this session; restart() forms it "
+                                     f"again on {', '.join(self.devices)}")
+            devices = [d for rank, d in enumerate(self.devices) if rank not in causing]
+            if not devices:
+                raise ArgumentsError("without_failed=True: every rank of this session failed; give devices=")
+        if devices is not None:  # checked before the old ranks go: a bad list loses nothing
+            report = validate_for(devices, self.options, self._probe)
+            if not report.ok:
+                raise InvalidDevicesError(report)
         lost = self._run is not None and not self._closed and self._ended is None and not self._run.done
         self.close()
         old = self._run.id if self._run is not None else None
+        if devices is not None:
+            self._spec = devices
         self._run = None
         self._connections.clear()
         self._start()

@@ -75,16 +75,21 @@ class SessionMagics(Magics):
               help="the hang watchdog for cells: SECONDS without progress in a cell ends the session; auto (the "
                    "default) names a rank frozen while its peers wait for it; off")
     @argument("--stop", action="store_true", help="close the current session")
-    @argument("--restart", action="store_true", help="form the current session again (its namespaces are lost)")
+    @argument("--restart", action="store_true", help="form the current session again (its namespaces are lost), "
+                                                     "on the devices given, else on its own")
+    @argument("--without-failed", action="store_true", help="with --restart: on the devices whose ranks did not "
+                                                            "cause the failure that ended the session")
     @line_magic
     def ddp_session(self, line: str) -> None:
         """Form a session of ranks that stay (the kernel's current one, also ``_ddp_session``);
         ``%%ddp`` then runs cells on them."""
         args = _parse(self.ddp_session, line)
         current = current_session()
+        if args.without_failed and not args.restart:
+            raise UsageError("%ddp_session: --without-failed goes with --restart")
         if args.stop or args.restart:
-            if args.devices:
-                raise UsageError("%ddp_session: --stop and --restart take no device list")
+            if args.devices and args.stop:
+                raise UsageError("%ddp_session: --stop takes no device list")
             if current is None:
                 raise UsageError("%ddp_session: there is no session; %ddp_session cpu*2 forms one")
             if args.stop:
@@ -92,9 +97,12 @@ class SessionMagics(Magics):
                 self._set_current(None)
                 print(f"Session closed (run {current.current_run.id if current.current_run else '-'}).")
                 return
-            current.restart()
+            try:
+                current.restart(devices=_device_list(args.devices), without_failed=args.without_failed)
+            except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
+                raise UsageError(f"%ddp_session: {e}") from None
             self._set_current(current)
-            print(f"Session ready: {len(current.devices)} ranks on {', '.join(current.devices)}.")
+            print(f"Session ready: {_ranks(len(current.devices))} on {', '.join(current.devices)}.")
             return
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
@@ -108,8 +116,8 @@ class SessionMagics(Magics):
             raise UsageError(f"%ddp_session: {e}") from None
         self._set_current(formed)
         run = formed.current_run
-        print(f"Session ready: {formed.world_size} ranks on {', '.join(formed.devices)} (run {run.id if run else '-'})."
-              " %%ddp runs a cell on every rank.")
+        print(f"Session ready: {_ranks(formed.world_size)} on {', '.join(formed.devices)} "
+              f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
         show_session_view(formed)  # its live view, in a notebook
 
     @magic_arguments()
@@ -135,3 +143,7 @@ class SessionMagics(Magics):
         for rank, value in zip(ranks, values):
             if value is not None:
                 print(f"[rank {rank}] Out: {value!r}")
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank{'' if n == 1 else 's'}"

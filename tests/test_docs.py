@@ -184,7 +184,9 @@ def resolves(dotted):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # a name moved, still found
                 for part in parts[cut:]:
-                    obj = getattr(obj, part)
+                    # a dataclass's field with a default factory is no class attribute, but a name all the same
+                    fields = getattr(obj, "__dataclass_fields__", {})
+                    obj = fields[part] if part in fields and not hasattr(obj, part) else getattr(obj, part)
         except AttributeError:
             return False
         return True
@@ -196,6 +198,7 @@ def test_resolves_tells_names_apart():
     assert resolves("ddp_notebook.Run.retry") and resolves("ddp_notebook.executors.local.forkserver.status")
     assert not resolves("ddp_notebook.training") and not resolves("ddp_notebook.probes")
     assert not resolves("ddp_notebook.Run.no_such_method")
+    assert resolves("ddp_notebook.WorkerFailure.locals") and not resolves("ddp_notebook.WorkerFailure.globals")
 
 
 def test_every_dotted_name_in_the_docs_and_docstrings_exists():

@@ -93,6 +93,9 @@ def test_state_persists_across_cells_and_output_is_grouped_by_rank(kernel):
     assert "[rank 0] Out: 1\n" in printed and "[rank 1] Out: 21\n" in printed, printed
     printed = k.ok("%%ddp --ranks 1\nx + 5")
     assert printed == "[rank 1] Out: 15\n", printed
+    # %ddp_session alone shows the live session; its namespaces stay.
+    assert k.ok("%ddp_session").startswith("Session live: 2 ranks on cpu:0, cpu:1.")
+    assert "[rank 1] Out: 10\n" in k.ok("%%ddp\nx")
 
 
 def test_an_all_reduce_across_ranks_in_a_cell(kernel):

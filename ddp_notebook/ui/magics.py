@@ -60,14 +60,14 @@ _USER_MISTAKES = (DeviceSpecError, InvalidDevicesError, NotPicklableError, FitCo
                   EngineSelectionError, EngineUnavailableError, LaunchOptionError, ArgumentsError)
 
 
-def _parse(magic: Any, line: str) -> argparse.Namespace:
+def _parse(magic: Any, line: str, shown: Optional[str] = None) -> argparse.Namespace:
     """A magic's arguments, read as a shell would: quotes group words, and a ``#`` outside quotes
     starts a comment that is not an argument (``%ddp_devices cpu*2  # two workers``)."""
-    name = magic.__name__
+    name = shown or f"%{magic.__name__}"  # "%%ddp" for a cell magic
     try:
         words = shlex.split(line, comments=True)
     except ValueError as e:  # "No closing quotation"
-        raise UsageError(f"%{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
+        raise UsageError(f"{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
     options = _option_names(magic.parser)
     try:
         args, extra = magic.parser.parse_known_args(words)
@@ -76,13 +76,13 @@ def _parse(magic: Any, line: str) -> argparse.Namespace:
         unknown = [w for w in words if w.startswith("-") and len(w) > 1 and not _number(w)
                    and w.split("=")[0] not in options]
         if not unknown:
-            raise UsageError(f"%{name}: {e}") from None
+            raise UsageError(f"{name}: {e}") from None
         extra = unknown
     if extra:
         close = [match for word in extra if word.startswith("-")
                  for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UsageError(f"%{name}: unrecognized arguments: {' '.join(extra)}{hint}; %{name}? lists them")
+        raise UsageError(f"{name}: unrecognized arguments: {' '.join(extra)}{hint}; {name}? lists them")
     return args
 
 

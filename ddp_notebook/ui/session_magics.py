@@ -82,7 +82,7 @@ class SessionMagics(Magics):
     @line_magic
     def ddp_session(self, line: str) -> None:
         """Form a session of ranks that stay (the kernel's current one, also ``_ddp_session``);
-        ``%%ddp`` then runs cells on them."""
+        ``%%ddp`` then runs cells on them. Without arguments while one lives, show it."""
         args = _parse(self.ddp_session, line)
         current = current_session()
         if args.without_failed and not args.restart:
@@ -107,9 +107,15 @@ class SessionMagics(Magics):
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
             options["stall_timeout"] = None if args.stall_timeout == "off" else args.stall_timeout
+        if current is not None and current.alive and not args.devices and args.stall_timeout is None:
+            # Nothing asked of a new one: the live session is shown, its namespaces kept.
+            print(f"Session live: {_ranks(current.world_size)} on {', '.join(current.devices)}. "
+                  "%ddp_session DEVICES forms a new one (this one's namespaces would be lost).")
+            show_session_view(current)
+            return
         if current is not None and current.alive:
             current.close()
-            print("The previous session was closed.")
+            print("The previous session was closed (its namespaces are lost).")
         try:
             formed = session(_device_list(args.devices), **options)
         except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
@@ -126,7 +132,7 @@ class SessionMagics(Magics):
     def ddp(self, line: str, cell: str) -> None:
         """Run the cell on every rank of the current session (each in its own namespace, kept across
         cells); prints each rank's output live and the value of the cell's last expression per rank."""
-        args = _parse(self.ddp, line)
+        args = _parse(self.ddp, line, shown="%%ddp")
         current = current_session()
         if current is None:
             raise UsageError("%%ddp: there is no session; %ddp_session cpu*2 forms one")

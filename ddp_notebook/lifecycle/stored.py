@@ -297,36 +297,13 @@ def _checked_limit(name: str, value: Any) -> int:
 
 def prune_folder(root: Optional[str] = None, keep: Optional[int] = None, max_bytes: Optional[int] = None,
                  spare: Iterable[str] = ()) -> list[RemovedRun]:
-    """Remove the oldest finished runs of the runs folder until it holds at most ``keep`` runs and
-    ``max_bytes`` bytes (what ``prune_runs`` and ``%ddp_runs --clean`` do, and each new run does at
-    its start, sparing the runs this process holds).
+    """What :func:`ddp_notebook.prune_runs` does (its parameters, return value and errors), with
+    ``spare``: the run directories to keep whatever the limits (``prune_runs`` gives this
+    process's runs; each new run's start gives itself and them too).
 
     Never removed: a run still going (its notebook process lives, in this kernel or another), a
     run a live run reads (the checkpoint it resumes from), one in ``spare``, and anything in the
     folder not named as a run.
-
-    Parameters
-    ----------
-    root : str, optional
-        The runs folder (default ``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``).
-    keep : int, optional
-        How many runs to leave (>= 0; default ``$DDP_NOTEBOOK_KEEP_RUNS``, else 50).
-    max_bytes : int, optional
-        How many bytes to leave (>= 0; default ``$DDP_NOTEBOOK_RUNS_MAX_BYTES``, else 2 GB).
-    spare : iterable of str, optional
-        Run directories to keep whatever the limits.
-
-    Returns
-    -------
-    list of RemovedRun
-        Each run removed, oldest first: its directory (``path``) and the bytes it held (``size``).
-
-    Raises
-    ------
-    LaunchOptionError
-        ``keep`` or ``max_bytes`` (or the environment variable read instead) is not a valid limit.
-    UnsafeRunDirError
-        Another user could write to the runs folder.
     """
     conf_keep, conf_bytes = runs_limits() if keep is None or max_bytes is None else (None, None)
     keep = conf_keep if keep is None else _checked_limit("keep", keep)

@@ -50,16 +50,17 @@ from ..core.errors import (
     SessionEndedError,
     SessionInterrupted,
 )
-from ..core.failures import WorkerFailure, failure_from_error, order_failures
+from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures
 from ..core.probes import Probe
 from ..core.state import RunStatus
 from ..core.validation import InvalidDevicesError
 from ..transfer import pickling
-from ..worker.session_loop import FrameReader, send_frame, serve_session
+from ..worker.session_loop import FrameReader, cell_file_name, send_frame, serve_session
 from .call import first_unpicklable
 from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
 from .run import Run
+from .session_exchange import INTERRUPT_GRACE, Exchange, Outcome, RankGone
 from .session_state import SessionRecord, SessionState, format_session, value_text
 
 __all__ = ["Session", "session", "current_session", "set_current_session", "show_sessions_with", "RANK_NAMES",
@@ -67,8 +68,6 @@ __all__ = ["Session", "session", "current_session", "set_current_session", "show
 
 #: The names every rank's namespace starts with (never sent from the notebook).
 RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
-#: Seconds the ranks get to leave an interrupted cell before the session is ended.
-INTERRUPT_GRACE = 10.0
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
 END_WAIT = 30.0
@@ -136,7 +135,7 @@ class Session:
         self._readers: dict[int, FrameReader] = {}
         self._pids: dict[int, int] = {}
         self._ids = itertools.count(1)
-        self._cells = itertools.count(1)
+        self._cells_run = 0  # the session's cells, numbered from 1 (its own count, not In[N])
         self._sources_sent: set[str] = set()
         self._closed = False
         self._ended: Optional[SessionEndedError] = None
@@ -321,51 +320,29 @@ class Session:
         if self._run is None or self._run.done:
             raise self._end_error("the session ended")
 
-    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None) -> dict[int, dict]:
-        """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes."""
+    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None) -> Outcome:
+        """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes
+        (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
-        request = next(self._ids)
         self._asked = list(ranks)
-        message = dict(message, id=request)
+        exchange = Exchange(self._connections, self._readers, ranks, self.world_size, dict(message, id=next(self._ids)),
+                            cell, self._record, lambda: self._run is None or self._run.done)
         try:
-            for rank in ranks:
-                send_frame(self._connections[rank], message)
-        except OSError:
-            self._gone(cell, {})
-        replies: dict[int, dict] = {}
-        interrupted_at: Optional[float] = None
-        try:
-            while len(replies) < len(ranks):
-                try:
-                    self._pump(ranks, replies, request, cell)
-                    if interrupted_at is None and self._record.interrupt_asked():  # Stop: as an interrupt
-                        interrupted_at = self._send_interrupt(ranks, replies, cell)
-                    if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
-                        self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
-                except KeyboardInterrupt:
-                    if interrupted_at is not None:  # a second interrupt: end the session now
-                        self._end_after_interrupt(cell, [r for r in ranks if r not in replies])
-                    interrupted_at = self._send_interrupt(ranks, replies, cell)
-        finally:
-            self._flush_lines()
-        if interrupted_at is not None:
-            stopped = [r for r, m in replies.items() if m.get("interrupted")]
+            outcome = exchange.run()
+        except RankGone:
+            self._gone(cell, exchange.outcome.replies)
+        if outcome.cut:
+            self._cut(cell, message, outcome)
+        if outcome.interrupted:
+            if cell is None:
+                raise SessionInterrupted(f"{message.get('op', 'the request').capitalize()} interrupted, but it could "
+                                         "not be stopped midway: it finished on every rank; the session goes on")
+            stopped = [r for r, m in outcome.replies.items() if m.get("interrupted")]
             raise SessionInterrupted(f"Cell {cell} interrupted on {_ranks_text(stopped)}; the session goes on (its "
                                      "namespaces are kept)")
-        if len(ranks) == self.world_size and all(m["op"] == "done" for m in replies.values()):
+        if len(ranks) == self.world_size and all(m["op"] == "done" for m in outcome.replies.values()):
             self._tell_idle()
-        return replies
-
-    def _send_interrupt(self, ranks: list[int], replies: dict[int, dict], cell: Optional[int]) -> float:
-        """Ask the ranks still in the cell to leave it (a SIGINT in each); when it was asked."""
-        for rank in ranks:
-            if rank not in replies:
-                try:
-                    send_frame(self._connections[rank], {"op": "interrupt", "cell": cell})
-                except OSError:
-                    pass
-        self._record.mark_interrupting()
-        return time.monotonic()
+        return outcome
 
     def _tell_idle(self) -> None:
         """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
@@ -375,29 +352,48 @@ class Session:
             except OSError:
                 pass
 
-    def _pump(self, ranks: list[int], replies: dict[int, dict], request: int, cell: Optional[int]) -> None:
+    def _cut(self, cell: Optional[int], message: dict[str, Any], outcome: Outcome) -> None:
+        """Some ranks are still in the request and cannot leave it (a collective that will not
+        complete, native code, a frame half sent): the session is formed again, and the cell's
+        failure (or the interrupt) raised with a word on it."""
         assert self._run is not None
-        conns = {self._connections[r]: r for r in ranks if r not in replies}
-        ready, _, _ = select.select(list(conns), [], [], _POLL)
-        for conn in ready:
-            rank = conns[conn]
-            try:
-                data = conn.recv(1 << 20)
-            except OSError:
-                data = b""
-            if not data:
-                self._gone(cell, replies)
-            self._readers[rank].feed(data)
-            for frame in self._readers[rank].frames():
-                reply = pickling.loads(frame)
-                op = reply.get("op")
-                if op == "out":
-                    self._show(rank, str(reply.get("stream")), str(reply.get("text")))
-                elif op in ("done", "error") and reply.get("id") == request:
-                    replies[rank] = reply
-                    self._record.mark_replied(rank, op)
-        if self._run.done:
-            self._gone(cell, replies)
+        where = f"cell {cell}" if cell is not None else message.get("op", "the request")
+        failures, values = self._failures_of(cell, outcome)
+        left = sorted(set(outcome.left_waiting) | set(outcome.stuck))
+        if outcome.abandoned:
+            why = f"{where} was interrupted twice while it was being sent, so its ranks could not go on"
+        elif outcome.left_waiting:
+            why = "; ".join(f"rank {r} was left waiting in {w}" for r, w in sorted(outcome.left_waiting.items()))
+            why += " (a collective every rank must join)"
+        else:
+            why = f"{_ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
+        note = self._form_again(f"{where} was cut: {why}")
+        causes = [f for f in failures if not f.knock_on]
+        if causes:  # each failure says where its rank was left: the note says what became of the session
+            raise self._cell_error(cell, failures, values, note=note, formed_again=True)
+        raise SessionInterrupted(f"{where.capitalize()} interrupted; {why} {note}")
+
+    def _form_again(self, reason: str) -> str:
+        """End the session's run now (its ranks are left in a request) and form it anew; the
+        words that say so."""
+        assert self._run is not None
+        old = self._run
+        old._request_stop(0.0, reason)
+        self._wait_end(END_WAIT)
+        _close_all(self._connections)
+        try:
+            self._run = None
+            self._start()
+        except Exception as e:  # noqa: BLE001 - said in the error the notebook sees, with the way out
+            if self._run is None:
+                self._run = old
+            self._ended = SessionEndedError(f"{reason}; forming the session again failed: {e}. session.restart() tries "
+                                            "again")
+            self._record.changed()
+            return f"(forming the session again failed: {e}; session.restart() tries again)"
+        new = self._run.id if self._run is not None else "-"
+        return (f"(the session was formed again on {', '.join(self.devices)} as run {new}, after run {old.id}: the "
+                "ranks' namespaces were lost)")
 
     def _gone(self, cell: Optional[int], replies: dict[int, dict]) -> None:
         """A rank's socket closed, or the run ended: wait for the run's verdict and raise it."""
@@ -442,35 +438,6 @@ class Session:
         self._record.changed()
         return error
 
-    def _end_after_interrupt(self, cell: Optional[int], stuck: list[int]) -> None:
-        assert self._run is not None
-        if not self._run.done:
-            self._run.stop(grace=0.0)
-        self._wait_end(END_WAIT)
-        raise self._end_error(
-            f"{_ranks_text(stuck).capitalize()} did not leave cell {cell} when interrupted (native code such as a "
-            "collective cannot be interrupted), so the session was ended") from None
-
-    # ---- output ----------------------------------------------------------------------------------
-    def _show(self, rank: int, stream: str, text: str) -> None:
-        key = (rank, stream)
-        lines = (self._pending_lines.pop(key, "") + text).split("\n")
-        if lines[-1]:
-            self._pending_lines[key] = lines[-1]
-        for line in lines[:-1]:
-            self._write(rank, stream, line)
-
-    def _flush_lines(self) -> None:
-        for (rank, stream), line in sorted(self._pending_lines.items()):
-            self._write(rank, stream, line)
-        self._pending_lines.clear()
-
-    @staticmethod
-    def _write(rank: int, stream: str, line: str) -> None:
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        out.write(f"[rank {rank}] {line}\n")
-        out.flush()
-
     # ---- the API ---------------------------------------------------------------------------------
     def run_cell(self, code: str, ranks: Union[None, int, Iterable[int]] = None,
                  namespace: Optional[dict[str, Any]] = None) -> list[Any]:
@@ -479,18 +446,20 @@ class Session:
             raise ArgumentsError(f"run() takes the cell's code as a string, not {type(code).__name__}")
         chosen = self._ranks(ranks)
         self._check_alive()
-        cell = next(self._cells)
-        compile(code, f"<ddp cell {cell}>", "exec")  # a syntax error is the same on every rank: said here
+        cell = self._cells_run + 1  # numbered once it is sent: a syntax error uses no number
+        compile(code, cell_file_name(cell), "exec")  # a syntax error is the same on every rank: said here
+        self._cells_run = cell
         if namespace is None:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
         with self._record.tracking(f"cell {cell}", chosen, cell, code) as said:
             message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
                        "sources": self._new_sources()}
-            replies = self._request(chosen, message, cell)
-            failed = {r: m for r, m in replies.items() if m["op"] == "error"}
-            if failed:
-                raise self._cell_error(cell, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
+            outcome = self._request(chosen, message, cell)
+            replies = outcome.replies
+            if any(m["op"] == "error" for m in replies.values()):
+                failures, done = self._failures_of(cell, outcome)
+                raise self._cell_error(cell, failures, done, note=_push_hint(replies, namespace))
             values = [replies[r].get("value") for r in chosen]
             said += [f"[rank {r}] {value_text(v)}" for r, v in zip(chosen, values) if v is not None]
         return values
@@ -549,16 +518,21 @@ class Session:
         """
         if not values:
             raise ArgumentsError("push() takes the values to send as keywords: session.push(lr=0.1)")
-        bad = sorted(set(values) & {"rank", "world_size", "ctx"})
+        bad = sorted(set(values) & RANK_NAMES)
         if bad:
-            raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank's own ({', '.join(sorted(RANK_NAMES))})")
+            raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank has its own "
+                                 f"({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
         with self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
-            message = {"op": "push", "values": self._dumps(values, "the value of {!r}")}
-            replies = self._request(list(range(self.world_size)), message)
-            failed = {r: m for r, m in replies.items() if m["op"] == "error"}
-            if failed:
-                raise self._cell_error(None, failed, {})
+            try:
+                packed = self._dumps(values, "the value of {!r}")
+            except KeyboardInterrupt:
+                raise SessionInterrupted("Push interrupted while its values were being pickled: nothing was sent, "
+                                         "the ranks' namespaces are as they were") from None
+            message = {"op": "push", "values": packed}
+            replies = self._request(list(range(self.world_size)), message).replies
+            if any(m["op"] == "error" for m in replies.values()):
+                raise self._cell_error(None, *self._failures_of(None, Outcome(replies)), what="push")
 
     def pull(self, name: str) -> list[Any]:
         """The value ``name`` holds on every rank, as a list by rank.
@@ -582,10 +556,9 @@ class Session:
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
         self._check_alive()
         with self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
-            replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name})
-            failed = {r: m for r, m in replies.items() if m["op"] == "error"}
-            if failed:
-                raise self._cell_error(None, failed, {r: m.get("value") for r, m in replies.items() if r not in failed})
+            replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
+            if any(m["op"] == "error" for m in replies.values()):
+                raise self._cell_error(None, *self._failures_of(None, Outcome(replies)), what=f"pull {name!r}")
         return [replies[r].get("value") for r in range(self.world_size)]
 
     def close(self) -> None:
@@ -687,30 +660,72 @@ class Session:
         self._sources_sent.update(new)
         return new
 
-    def _cell_error(self, cell: Optional[int], failed: dict[int, dict], values: dict[int, Any]) -> CellError:
-        failures = [self._failure(rank, reply) for rank, reply in sorted(failed.items())]
+    def _failures_of(self, cell: Optional[int], outcome: Outcome) -> tuple[list[WorkerFailure], dict[int, Any]]:
+        """The request's failures (a rank that raised, one interrupted because another had, one
+        left waiting or stuck in the cell) and the values of the ranks that finished."""
+        now = time.time()
+        failures: list[WorkerFailure] = []
+        values: dict[int, Any] = {}
+        errors = {r: m["error"] for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")}
+        first = min(errors, key=lambda r: errors[r].get("time") or now) if errors else None
+        for rank, reply in sorted(outcome.replies.items()):
+            if reply["op"] != "error":
+                values[rank] = reply.get("value")
+                continue
+            failure = self._failure(rank, reply)
+            if reply.get("interrupted") and rank in outcome.knocked_on and first is not None:
+                failure.knock_on = True
+                failure.message = f"interrupted: rank {first} had raised"
+                failure.locals, failure.locals_frames = {}, []
+            failures.append(failure)
+        where = f"cell {cell}" if cell is not None else "the request"
+        stuck = {r: f"did not leave {where} when interrupted (native code)" for r in outcome.stuck}
+        for rank, why in sorted({**stuck, **{r: f"waits in {w}" for r, w in outcome.left_waiting.items()}}.items()):
+            failures.append(WorkerFailure(rank=rank, device=self._device(rank), kind=FailureKind.STALL, time=now,
+                                          pid=self._pids.get(rank), message=why, knock_on=first is not None,
+                                          stalled_for=outcome.waited.get(rank, INTERRUPT_GRACE)))
+        return failures, values
+
+    def _cell_error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
+                    note: str = "", formed_again: bool = False, what: str = "the request") -> CellError:
         ordered = order_failures(failures, world_size=len(failures) if len(failures) == self.world_size else 0)
         root = ordered[0]
-        where = f"cell {cell}" if cell is not None else "the request"
+        where = f"cell {cell}" if cell is not None else what
+        knocked = [f for f in ordered[1:] if f.knock_on]  # interrupted, or left in it, after the root raised
+        also = [f.rank for f in ordered[1:] if f not in knocked]
         if root.same_on:
             who = f"every rank ({', '.join(root.same_on)}) the same way"
         else:
-            who = f"rank {root.rank} ({root.device})"
-            if len(ordered) > 1:
-                who += f" and {_ranks_text([f.rank for f in ordered[1:]])}"
-        return CellError(f"{where} failed on {who}: {root.summary()} (the session goes on: its namespaces are kept)",
-                         ordered, values)
+            who = f"rank {root.rank} ({root.device})" + (f" and {_ranks_text(also)}" if also else "")
+        after = note if formed_again else "(the session goes on: its namespaces are kept)"
+        if note and not formed_again:
+            after += f"; {note}"
+        if knocked:
+            after = "(" + "; ".join(f"rank {f.rank}, still in it, was interrupted" if f.kind == FailureKind.EXCEPTION
+                                    else f"rank {f.rank} was left in it: {f.message}" for f in knocked) + ") " + after
+        return CellError(f"{where} failed on {who}: {root.summary()} {after}", ordered, values)
+
+    def _device(self, rank: int) -> str:
+        return self.devices[rank] if rank < len(self.devices) else f"rank {rank}"
 
     def _failure(self, rank: int, reply: dict[str, Any]) -> WorkerFailure:
         event = dict(reply.get("error") or {}, rank=rank)
-        device = self.devices[rank] if rank < len(self.devices) else f"rank {rank}"
-        return failure_from_error(event, device, self._pids.get(rank), None)
+        return failure_from_error(event, self._device(rank), self._pids.get(rank), None)
 
 
 def _ranks_text(ranks: list[int]) -> str:
     if not ranks:
         return "no rank"
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, sorted(ranks)))
+
+
+def _push_hint(replies: dict[int, dict], namespace: dict[str, Any]) -> str:
+    """For a NameError of a name the notebook holds as data: how to send it to the ranks."""
+    for reply in replies.values():
+        name = (reply.get("error") or {}).get("name") if reply["op"] == "error" else None
+        if isinstance(name, str) and name in namespace and name.isidentifier():
+            return f"{name!r} is the notebook's, not the ranks': session.push({name}={name}) sends it to every rank"
+    return ""
 
 
 def notebook_names(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
@@ -721,16 +736,40 @@ def notebook_names(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
     >>> def f(): pass
     >>> sorted(notebook_names("f(math.pi) + x", {"f": f, "math": math, "x": 1}))
     ['f', 'math']
+
+    A name the cell binds itself (``f = 3``, ``def f``, ``import f``, a parameter) is the rank's:
+    the notebook's ``f`` is not sent.
+
+    >>> notebook_names("f = 3; f + 1", {"f": f})
+    {}
     """
-    used = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+    nodes = list(ast.walk(ast.parse(code)))
+    used = {node.id for node in nodes if isinstance(node, ast.Name)}
     out = {}
-    for name in sorted(used - RANK_NAMES):
+    for name in sorted(used - RANK_NAMES - _bound_in(nodes)):
         if name in namespace:
             value = namespace[name]
             if isinstance(value, types.ModuleType) or inspect.isfunction(value) or inspect.isclass(value) \
                     or inspect.isbuiltin(value):
                 out[name] = value
     return out
+
+
+def _bound_in(nodes: list[ast.AST]) -> set[str]:
+    """The names a cell binds: assigned, defined, imported, a parameter, an exception's name."""
+    bound: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound
 
 
 @takes_launch_options

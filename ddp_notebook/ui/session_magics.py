@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import traceback
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
@@ -146,6 +147,9 @@ class SessionMagics(Magics):
             values = current.run_cell(cell, ranks=ranks, namespace=self.user_ns)
         except ArgumentsError as e:
             raise UsageError(f"%%ddp: {e}") from None
+        except SyntaxError as e:  # the cell's, said as Python says it (no frame of this package)
+            raise UsageError("%%ddp: the cell is not valid Python (nothing was sent to the ranks):\n"
+                             + "".join(traceback.format_exception_only(e)).rstrip()) from None
         for rank, value in zip(ranks, values):
             if value is not None:
                 print(f"[rank {rank}] Out: {value!r}")

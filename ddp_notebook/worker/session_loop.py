@@ -14,7 +14,10 @@ carries the session's token), then serves requests until the notebook says ``clo
 - ``push`` / ``pull``: values into, and out of, the namespace;
 - ``interrupt``: a SIGINT to this rank's main thread while that cell runs (a cell sleeping or
   in a Python loop gets a ``KeyboardInterrupt``; one blocked in native code, a collective, is not
-  interrupted, and the notebook ends the session);
+  interrupted);
+- ``where``: while that cell runs, the main thread's frames (file, line, function), innermost
+  first, read by the reader thread (a rank blocked in a collective has released the GIL): the
+  notebook tells from them a rank left waiting in a collective that can no longer complete;
 - ``idle``: every rank has finished the last cell: with a strict ``stall_timeout`` the rank
   reports progress while idle, so that the watchdog judges cells, not the time between them.
 
@@ -33,6 +36,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from typing import IO, Any, Optional
 
 from ..core.failures import Phase
@@ -44,6 +48,7 @@ __all__ = ["serve_session", "send_frame", "FrameReader", "HEADER", "cell_file_na
 
 HEADER = struct.Struct("!Q")  # each frame: its length, then a pickle
 _READ = 1 << 16
+_FRAMES_SENT = 64  # innermost frames a ``where`` reply carries
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -160,6 +165,8 @@ class _Rank:
                 message = pickling.loads(frame)
                 if message.get("op") == "interrupt":
                     self.interrupt(message.get("cell"))
+                elif message.get("op") == "where":
+                    self.where(message.get("cell"))
                 else:
                     self.inbox.put(message)
 
@@ -167,6 +174,21 @@ class _Rank:
         if cell is not None and cell == self.cell:
             self.interrupted = cell
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def where(self, cell: Any) -> None:
+        """Send the main thread's frames while ``cell`` runs (innermost first)."""
+        if cell is None or cell != self.cell:
+            return
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        frames: list[tuple[str, int, str]] = []
+        while frame is not None and len(frames) < _FRAMES_SENT:
+            frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+            frame = frame.f_back
+        if cell == self.cell:  # still in it (not a frame of the loop between cells)
+            try:
+                self.send({"op": "where", "cell": cell, "frames": frames})
+            except OSError:
+                pass
 
     def on_sigint(self, signum: int, frame: Any) -> None:
         # Only the cell the notebook asked to interrupt is interrupted; a SIGINT at any other
@@ -196,7 +218,7 @@ class _Rank:
                 # the cell was interrupted all the same.
                 if not self.replied and message.get("op") == "run":
                     self.send({"op": "error", "id": message["id"], "interrupted": True,
-                               "error": error_event(KeyboardInterrupt(), Phase.RUN)})
+                               "error": _error(KeyboardInterrupt(), time.time())})
 
     def handle(self, message: dict[str, Any]) -> None:
         op = message.get("op")
@@ -208,15 +230,15 @@ class _Rank:
             self.reply(message, lambda: self.pull(message["name"]))
 
     def pull(self, name: str) -> Any:
-        if name not in self.namespace:
-            raise NameError(f"name {name!r} is not defined in rank {self.ctx.rank}'s namespace")
+        if name not in self.namespace:  # the same words on every rank: one error, said once
+            raise NameError(f"name {name!r} is not defined in the ranks' namespaces", name=name)
         return self.namespace[name]
 
     def reply(self, message: dict[str, Any], action: Any) -> None:
         try:
             value = action()
         except BaseException as exc:  # noqa: BLE001 - reported to the notebook; the rank serves on
-            self.send({"op": "error", "id": message["id"], "error": error_event(exc, Phase.RUN)})
+            self.send({"op": "error", "id": message["id"], "error": _error(exc, time.time())})
             return
         self.send_value(message["id"], value)
 
@@ -235,7 +257,7 @@ class _Rank:
         code = message["code"]
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         self.cells_run += 1
-        value, failed = None, None
+        value, failed, failed_at = None, None, 0.0
         out, err = sys.stdout, sys.stderr
         sys.stdout = _Tee(out, "stdout", lambda stream, text: self.output(cell, stream, text))
         sys.stderr = _Tee(err, "stderr", lambda stream, text: self.output(cell, stream, text))
@@ -248,7 +270,7 @@ class _Rank:
             if last is not None:
                 value = eval(last, self.namespace)
         except BaseException as exc:  # noqa: BLE001 - the cell's error, KeyboardInterrupt included, is the reply
-            failed = exc
+            failed, failed_at = exc, time.time()
         finally:
             self.cell = None
             self.interrupted = None
@@ -257,10 +279,20 @@ class _Rank:
             stream.flush()
         self.ctx.log(cells=self.cells_run)
         if failed is not None:
-            self.send({"op": "error", "id": message["id"], "error": error_event(failed, Phase.RUN),
+            self.send({"op": "error", "id": message["id"], "error": _error(failed, failed_at),
                        "interrupted": isinstance(failed, KeyboardInterrupt)})
         else:
             self.send_value(message["id"], value)
+
+
+def _error(exc: BaseException, when: float) -> dict[str, Any]:
+    """The error event of a reply: when it was raised (the first rank to raise is the cause) and,
+    for a NameError, the name (the notebook says how to send it when it holds that name)."""
+    event = error_event(exc, Phase.RUN)
+    event["time"] = when
+    if isinstance(exc, NameError) and isinstance(exc.name, str):
+        event["name"] = exc.name
+    return event
 
 
 def serve_session(ctx: WorkerContext, address: str, token: str, heartbeat: Optional[float] = None) -> None:

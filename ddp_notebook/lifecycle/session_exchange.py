@@ -1,0 +1,387 @@
+"""One request of a session in flight: sent to some ranks, their replies gathered, their output
+shown, and what a launch guarantees kept while the notebook waits (``lifecycle.session`` is the
+session's API; ``worker.session_loop`` the ranks' side).
+
+- **Output** (``CellOutput``): each line named by its rank, written in batches (one write per
+  stream per look, a few a second, under Jupyter's output rate limit) and bounded per request;
+  the lines not shown are counted and said at the end (the run's output has them all).
+- **Interrupts**: while the request is in flight, Kernel → Interrupt (SIGINT) only counts
+  (``interrupts_counted``), so it never lands between reading a rank's bytes and keeping them,
+  nor in the middle of a frame sent; the exchange asks the ranks still in the cell to leave it.
+- **A rank that raised while others run**: after ``KNOCK_ON_WAIT`` the ranks still in the cell
+  are interrupted (a knock-on, as a launch stops the others when one fails).
+- **A rank left waiting in a collective that cannot complete** (a peer raised, finished the
+  cell or is not in it): ranks still in the cell are asked where they are (``where``); one whose
+  main thread waits in torch.distributed, DDP or autograd, at the same place in two looks in a
+  row (for ``SKIPPED_AFTER`` seconds when nobody asked it to leave), while some rank is out of
+  the cell, is ``left_waiting``. Its process group cannot be trusted: the session forms it again.
+- **A rank that does not leave an interrupted cell** within ``INTERRUPT_GRACE`` is ``stuck``
+  (native code); the session forms it again too.
+"""
+from __future__ import annotations
+
+import contextlib
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..core.bounds import LINE_CHARS, cut
+from ..transfer import pickling
+from ..worker.session_loop import HEADER, FrameReader
+from .stall import collective_name, is_waiting_in_collective, user_site
+
+__all__ = ["CellOutput", "Exchange", "Outcome", "RankGone", "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
+           "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER"]
+
+#: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
+SHOWN_LINES = 2000
+#: Characters of the ranks' output one request shows (all ranks together).
+SHOWN_CHARS = 512 * 1024
+#: Seconds the ranks get to leave an interrupted cell before the session is formed again.
+INTERRUPT_GRACE = 10.0
+#: Seconds after a rank raised before the ranks still in the cell are interrupted.
+KNOCK_ON_WAIT = 0.5
+#: Seconds a rank stays in a cell that another rank is out of before it is asked where it is ...
+PROBE_AFTER = 0.5
+#: ... and then between two asks.
+PROBE_EVERY = 1.0
+#: Seconds a rank nobody asked to leave must wait in a collective that a rank out of the cell
+#: would have to join before it is judged left waiting (a collective of a subgroup may be slow).
+SKIPPED_AFTER = 5.0
+_POLL = 0.1
+_SEND_CHUNK = 1 << 20
+
+
+class RankGone(Exception):
+    """A rank's socket closed or the session's run ended while the request was in flight."""
+
+
+class _Presses:
+    def __init__(self) -> None:
+        self.count = 0
+
+
+@contextlib.contextmanager
+def interrupts_counted() -> Iterator[_Presses]:
+    """While inside, SIGINT (Kernel → Interrupt, Ctrl-C) counts in the yielded object instead of
+    raising ``KeyboardInterrupt`` at whatever line runs (a reply half read, a frame half sent).
+    Off the main thread, or where SIGINT is not Python's to handle, nothing changes."""
+    presses = _Presses()
+    if threading.current_thread() is not threading.main_thread() or \
+            not callable(signal.getsignal(signal.SIGINT)):
+        yield presses
+        return
+
+    def count(signum: int, frame: Any) -> None:
+        presses.count += 1
+
+    previous = signal.signal(signal.SIGINT, count)
+    try:
+        yield presses
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class CellOutput:
+    """What the ranks print during one request: each line named by its rank (``[rank 1] ...``),
+    written in batches and bounded (``SHOWN_LINES`` lines, ``SHOWN_CHARS`` characters, for all
+    ranks together; each line cut at ``LINE_CHARS``).
+
+    >>> shown = []
+    >>> out = CellOutput(lambda stream, text: shown.append(text), lines=2)
+    >>> out.add(1, "stdout", "a\\nb\\nc\\nd")
+    >>> out.flush(); out.close(); print("".join(shown), end="")
+    [rank 1] a
+    [rank 1] b
+    [rank 1] 2 more lines not shown (session.current_run.output(1) has them)
+    """
+
+    def __init__(self, write: Optional[Callable[[str, str], None]] = None, lines: int = SHOWN_LINES,
+                 chars: int = SHOWN_CHARS) -> None:
+        self._write = write or _write_std
+        self._lines_left, self._chars_left = lines, chars
+        self._partial: dict[tuple[int, str], str] = {}
+        self._ready: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._hidden: dict[int, int] = {}
+
+    def add(self, rank: int, stream: str, text: str) -> None:
+        """Take what ``rank`` printed on ``stream`` (any piece of text)."""
+        stream = "stderr" if stream == "stderr" else "stdout"
+        key = (rank, stream)
+        lines = (self._partial.pop(key, "") + text).split("\n")
+        if lines[-1]:
+            if len(lines[-1]) > 4 * LINE_CHARS:  # a line without end: show what there is
+                lines.append("")
+            else:
+                self._partial[key] = lines[-1]
+        for line in lines[:-1]:
+            self._line(rank, stream, line)
+
+    def _line(self, rank: int, stream: str, line: str) -> None:
+        text = f"[rank {rank}] {cut(line, LINE_CHARS)}\n"
+        if self._lines_left <= 0 or self._chars_left < len(text):
+            self._hidden[rank] = self._hidden.get(rank, 0) + 1
+            self._lines_left = 0
+            return
+        self._lines_left -= 1
+        self._chars_left -= len(text)
+        self._ready[stream].append(text)
+
+    def flush(self) -> None:
+        """Write the lines taken so far: one write per stream."""
+        for stream, lines in self._ready.items():
+            if lines:
+                self._write(stream, "".join(lines))
+                lines.clear()
+
+    def close(self) -> None:
+        """Write the rest: the lines without an end yet, then what was not shown."""
+        for (rank, stream), line in sorted(self._partial.items()):
+            self._line(rank, stream, line)
+        self._partial.clear()
+        self.flush()
+        for rank, count in sorted(self._hidden.items()):
+            self._write("stderr", f"[rank {rank}] {count} more line{'' if count == 1 else 's'} not shown "
+                                  f"(session.current_run.output({rank}) has them)\n")
+        self._hidden.clear()
+
+
+def _write_std(stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(text)
+    out.flush()
+
+
+@dataclass
+class Outcome:
+    """How a request ended: the replies by rank, and what the notebook had to do meanwhile."""
+
+    replies: dict[int, dict] = field(default_factory=dict)
+    #: The user interrupted it (Kernel → Interrupt, or ``Session.interrupt()``).
+    interrupted: bool = False
+    #: Interrupted again while it was being sent: the frame was not sent whole.
+    abandoned: bool = False
+    #: Ranks interrupted because another rank raised.
+    knocked_on: list[int] = field(default_factory=list)
+    #: Ranks left waiting in a collective that cannot complete: rank → where (``all_reduce (cell 3:2)``).
+    left_waiting: dict[int, str] = field(default_factory=dict)
+    #: Seconds each rank in ``left_waiting`` had waited there when judged.
+    waited: dict[int, float] = field(default_factory=dict)
+    #: Ranks that did not leave an interrupted cell within ``INTERRUPT_GRACE``.
+    stuck: list[int] = field(default_factory=list)
+
+    @property
+    def cut(self) -> bool:
+        """True when some rank is still in the request: the session cannot go on with it."""
+        return bool(self.left_waiting or self.stuck or self.abandoned)
+
+
+class Exchange:
+    """Send one request to ``ranks`` and gather their replies (``run()``), keeping the guarantees
+    the module describes. ``record`` is the session's record (what its view reads)."""
+
+    def __init__(self, connections: dict[int, socket.socket], readers: dict[int, FrameReader], ranks: list[int],
+                 world_size: int, message: dict[str, Any], cell: Optional[int], record: Any,
+                 run_done: Callable[[], bool], output: Optional[CellOutput] = None) -> None:
+        self.connections, self.readers = connections, readers
+        self.ranks, self.world_size = ranks, world_size
+        self.message, self.cell, self.record = message, cell, record
+        self.run_done = run_done
+        self.output = output or CellOutput()
+        self.outcome = Outcome()
+        self._interrupt_sent: Optional[float] = None
+        self._first_error: Optional[float] = None
+        self._out_since: Optional[float] = None  # since when some rank is out of the cell
+        self._next_probe = 0.0
+        self._probes = 0
+        self._samples: dict[int, list[tuple[int, float, tuple]]] = {}  # rank → (probe, when, place) newest last
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        """Send the request and wait for every reply, or until the request is cut.
+
+        Raises
+        ------
+        RankGone
+            A rank's socket closed or the run ended meanwhile.
+        """
+        with interrupts_counted() as presses:
+            try:
+                self._send(presses)
+                if self.outcome.abandoned:
+                    return self.outcome
+                handled = 0
+                while self._waiting():
+                    self._pump()
+                    self.output.flush()
+                    now = time.monotonic()
+                    pressed, handled = presses.count > handled, presses.count
+                    if (pressed or self.record.interrupt_asked()) and self._asked_to_stop(now, presses.count):
+                        self.outcome.stuck = self._waiting()  # asked again: do not wait for them
+                        break
+                    if self._first_error is not None and self._interrupt_sent is None and \
+                            now - self._first_error >= KNOCK_ON_WAIT:
+                        self.outcome.knocked_on = self._waiting()
+                        self._interrupt(now)
+                    self._probe(now)
+                    if self._judge(now):
+                        break
+                    if self._interrupt_sent is not None and now - self._interrupt_sent > INTERRUPT_GRACE:
+                        self.outcome.stuck = self._waiting()
+                        break
+            finally:
+                self.output.close()
+        return self.outcome
+
+    def _asked_to_stop(self, now: float, presses: int) -> bool:
+        """The user asked to interrupt: the first time, ask the ranks to leave the cell; True
+        when it is time to stop waiting for them (asked again, or thrice for a push or a pull,
+        which the ranks cannot leave midway)."""
+        if self.cell is None:
+            self.outcome.interrupted = True  # said when it ends
+            return presses >= 3
+        if self.outcome.interrupted and self._interrupt_sent is not None:
+            return presses >= 2
+        self.outcome.interrupted = True
+        self._interrupt(now)
+        return False
+
+    def _waiting(self) -> list[int]:
+        return [r for r in self.ranks if r not in self.outcome.replies]
+
+    def _send(self, presses: _Presses) -> None:
+        """Send the frame to each rank whole; a second interrupt while it is sent abandons it."""
+        data = pickling.dumps(self.message)
+        frame = memoryview(HEADER.pack(len(data)) + data)
+        left = {r: 0 for r in self.ranks}
+        try:
+            while left:
+                if presses.count >= 2:
+                    self.outcome.abandoned = True
+                    return
+                conns = {self.connections[r]: r for r in left}
+                _, ready, _ = select.select([], list(conns), [], _POLL)
+                for conn in ready:
+                    rank = conns[conn]
+                    try:
+                        sent = conn.send(frame[left[rank]:left[rank] + _SEND_CHUNK], socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        continue
+                    left[rank] += sent
+                    if left[rank] == len(frame):
+                        del left[rank]
+                if self.run_done():
+                    raise RankGone
+        except OSError:
+            raise RankGone from None
+        finally:
+            self.outcome.interrupted = presses.count > 0
+
+    def _pump(self) -> None:
+        conns = {self.connections[r]: r for r in self._waiting()}
+        ready, _, _ = select.select(list(conns), [], [], _POLL)
+        for conn in ready:
+            rank = conns[conn]
+            try:
+                data = conn.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                raise RankGone
+            self.readers[rank].feed(data)
+            for frame in self.readers[rank].frames():
+                self._take(rank, pickling.loads(frame))
+        if self.run_done():
+            raise RankGone
+
+    def _take(self, rank: int, reply: dict[str, Any]) -> None:
+        op = reply.get("op")
+        if op == "out":
+            self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
+        elif op == "where" and reply.get("cell") == self.cell and self.cell is not None:
+            frames = [tuple(f) for f in reply.get("frames") or []]
+            place = (collective_name(frames), user_site(frames)) if is_waiting_in_collective(frames) else ()
+            self._samples.setdefault(rank, []).append((self._probes, time.monotonic(), place))
+            del self._samples[rank][:-2]
+        elif op in ("done", "error") and reply.get("id") == self.message["id"]:
+            self.outcome.replies[rank] = reply
+            self.record.mark_replied(rank, op)
+            if op == "error" and not reply.get("interrupted") and self._first_error is None:
+                self._first_error = time.monotonic()
+
+    def _interrupt(self, now: float) -> None:
+        """Ask the ranks still in the cell to leave it (a SIGINT in each)."""
+        if self._interrupt_sent is not None:
+            return
+        for rank in self._waiting():
+            self._tell(rank, {"op": "interrupt", "cell": self.cell})
+        self.record.mark_interrupting()
+        self._interrupt_sent = now
+
+    def _tell(self, rank: int, message: dict[str, Any]) -> None:
+        try:  # a small frame: sent whole, or the socket is gone (the pump says so)
+            self.connections[rank].sendall(HEADER.pack(len(data := pickling.dumps(message))) + data)
+        except OSError:
+            pass
+
+    # ---- ranks left waiting ---------------------------------------------------------------------
+    def _probe(self, now: float) -> None:
+        """Ask the ranks still in the cell where they are, once some rank is out of it."""
+        waiting = self._waiting()
+        if self.cell is None or not waiting:
+            return
+        if len(waiting) == self.world_size and self._interrupt_sent is None:
+            self._out_since = None  # every rank is in the cell: a collective among them can complete
+            return
+        if self._out_since is None:
+            self._out_since = now
+            self._next_probe = now + PROBE_AFTER
+        if now < self._next_probe:
+            return
+        self._probes += 1
+        self._next_probe = now + PROBE_EVERY
+        for rank in waiting:
+            self._tell(rank, {"op": "where", "cell": self.cell})
+
+    def _judge(self, now: float) -> bool:
+        """True when every rank still in the cell waits in a collective, at the same place in its
+        last two looks, and some rank is out of the cell (or, when nobody asked them to leave, has
+        been for ``SKIPPED_AFTER``)."""
+        waiting = self._waiting()
+        if not waiting or self._out_since is None or len(waiting) == self.world_size:
+            return False
+        if self._interrupt_sent is None and now - self._out_since < SKIPPED_AFTER:
+            return False
+        places = {}
+        for rank in waiting:
+            last = self._samples.get(rank, [])
+            if len(last) < 2 or last[-1][0] != self._probes or not last[-1][2] or last[-1][2] != last[-2][2]:
+                return False
+            places[rank] = last[-1]
+        out = sorted(set(range(self.world_size)) - set(waiting))
+        for rank, (_, _, (name, site)) in places.items():
+            self.outcome.left_waiting[rank] = f"{name} ({site})" + _for_whom(out, self.outcome.replies, self.ranks)
+            first = next(when for _, when, place in self._samples[rank] if place == places[rank][2])
+            self.outcome.waited[rank] = max(now - first, now - self._out_since)
+        return True
+
+
+def _for_whom(out: list[int], replies: dict[int, dict], asked: list[int]) -> str:
+    """`` for rank 1, which raised`` and so on: why the ranks out of the cell will not join."""
+    raised = [r for r in out if r in replies and replies[r]["op"] == "error"]
+    finished = [r for r in out if r in replies and replies[r]["op"] == "done"]
+    absent = [r for r in out if r not in asked]
+    parts = []
+    for ranks, what in ((raised, "raised"), (finished, "finished the cell"), (absent, "does not run the cell")):
+        if ranks:
+            who = f"rank {ranks[0]}, which" if len(ranks) == 1 else \
+                "ranks " + ", ".join(map(str, ranks)) + ", which"
+            verb = what if len(ranks) == 1 else what.replace("does not", "do not")
+            parts.append(f"{who} {verb}")
+    return " for " + " and ".join(parts) if parts else ""

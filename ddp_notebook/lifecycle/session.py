@@ -23,8 +23,6 @@ Example::
 """
 from __future__ import annotations
 
-import ast
-import inspect
 import itertools
 import linecache
 import os
@@ -34,8 +32,6 @@ import shutil
 import socket
 import sys
 import tempfile
-import time
-import types
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
@@ -50,24 +46,24 @@ from ..core.errors import (
     SessionEndedError,
     SessionInterrupted,
 )
-from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures
+from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.state import RunStatus
 from ..core.validation import InvalidDevicesError
 from ..transfer import pickling
 from ..worker.session_loop import FrameReader, cell_file_name, send_frame, serve_session
 from .call import first_unpicklable
+from .cell_names import RANK_NAMES, notebook_names
 from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
 from .run import Run
-from .session_exchange import INTERRUPT_GRACE, Exchange, Outcome, RankGone
+from .session_exchange import INTERRUPT_GRACE, Exchange, Gathered, RankGone
+from .session_failures import cell_error, failures_of, push_hint, ranks_text
 from .session_state import SessionRecord, SessionState, format_session, value_text
 
 __all__ = ["Session", "session", "current_session", "set_current_session", "show_sessions_with", "RANK_NAMES",
            "INTERRUPT_GRACE"]
 
-#: The names every rank's namespace starts with (never sent from the notebook).
-RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
 END_WAIT = 30.0
@@ -320,7 +316,7 @@ class Session:
         if self._run is None or self._run.done:
             raise self._end_error("the session ended")
 
-    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None) -> Outcome:
+    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None) -> Gathered:
         """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes
         (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
@@ -338,7 +334,7 @@ class Session:
                 raise SessionInterrupted(f"{message.get('op', 'the request').capitalize()} interrupted, but it could "
                                          "not be stopped midway: it finished on every rank; the session goes on")
             stopped = [r for r, m in outcome.replies.items() if m.get("interrupted")]
-            raise SessionInterrupted(f"Cell {cell} interrupted on {_ranks_text(stopped)}; the session goes on (its "
+            raise SessionInterrupted(f"Cell {cell} interrupted on {ranks_text(stopped)}; the session goes on (its "
                                      "namespaces are kept)")
         if len(ranks) == self.world_size and all(m["op"] == "done" for m in outcome.replies.values()):
             self._tell_idle()
@@ -352,13 +348,13 @@ class Session:
             except OSError:
                 pass
 
-    def _cut(self, cell: Optional[int], message: dict[str, Any], outcome: Outcome) -> None:
+    def _cut(self, cell: Optional[int], message: dict[str, Any], outcome: Gathered) -> None:
         """Some ranks are still in the request and cannot leave it (a collective that will not
         complete, native code, a frame half sent): the session is formed again, and the cell's
         failure (or the interrupt) raised with a word on it."""
         assert self._run is not None
         where = f"cell {cell}" if cell is not None else message.get("op", "the request")
-        failures, values = self._failures_of(cell, outcome)
+        failures, values = self._failures(cell, outcome)
         left = sorted(set(outcome.left_waiting) | set(outcome.stuck))
         if outcome.abandoned:
             why = f"{where} was interrupted twice while it was being sent, so its ranks could not go on"
@@ -366,11 +362,11 @@ class Session:
             why = "; ".join(f"rank {r} was left waiting in {w}" for r, w in sorted(outcome.left_waiting.items()))
             why += " (a collective every rank must join)"
         else:
-            why = f"{_ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
+            why = f"{ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
         note = self._form_again(f"{where} was cut: {why}")
         causes = [f for f in failures if not f.knock_on]
         if causes:  # each failure says where its rank was left: the note says what became of the session
-            raise self._cell_error(cell, failures, values, note=note, formed_again=True)
+            raise self._error(cell, failures, values, note=note, formed_again=True)
         raise SessionInterrupted(f"{where.capitalize()} interrupted; {why} {note}")
 
     def _form_again(self, reason: str) -> str:
@@ -403,7 +399,7 @@ class Session:
         unfinished = [r for r in self._asked if r not in replies]
         extra = ""
         if cell is not None and finished and unfinished:
-            extra = (f" ({_ranks_text(finished)} had finished cell {cell}, {_ranks_text(unfinished)} had not: a "
+            extra = (f" ({ranks_text(finished)} had finished cell {cell}, {ranks_text(unfinished)} had not: a "
                      "collective that some ranks skip or reach in another order leaves the others waiting)")
         raise self._end_error("the session ended", extra)
 
@@ -458,8 +454,8 @@ class Session:
             outcome = self._request(chosen, message, cell)
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):
-                failures, done = self._failures_of(cell, outcome)
-                raise self._cell_error(cell, failures, done, note=_push_hint(replies, namespace))
+                failures, done = self._failures(cell, outcome)
+                raise self._error(cell, failures, done, note=push_hint(replies, namespace))
             values = [replies[r].get("value") for r in chosen]
             said += [f"[rank {r}] {value_text(v)}" for r, v in zip(chosen, values) if v is not None]
         return values
@@ -532,7 +528,7 @@ class Session:
             message = {"op": "push", "values": packed}
             replies = self._request(list(range(self.world_size)), message).replies
             if any(m["op"] == "error" for m in replies.values()):
-                raise self._cell_error(None, *self._failures_of(None, Outcome(replies)), what="push")
+                raise self._error(None, *self._failures(None, Gathered(replies)), what="push")
 
     def pull(self, name: str) -> list[Any]:
         """The value ``name`` holds on every rank, as a list by rank.
@@ -558,7 +554,7 @@ class Session:
         with self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
             replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
             if any(m["op"] == "error" for m in replies.values()):
-                raise self._cell_error(None, *self._failures_of(None, Outcome(replies)), what=f"pull {name!r}")
+                raise self._error(None, *self._failures(None, Gathered(replies)), what=f"pull {name!r}")
         return [replies[r].get("value") for r in range(self.world_size)]
 
     def close(self) -> None:
@@ -642,6 +638,13 @@ class Session:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _failures(self, cell: Optional[int], outcome: Gathered) -> tuple[list[WorkerFailure], dict[int, Any]]:
+        return failures_of(cell, outcome, self.devices, self._pids)
+
+    def _error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
+               **how: Any) -> CellError:
+        return cell_error(cell, failures, values, self.world_size, **how)
+
     # ---- helpers ---------------------------------------------------------------------------------
     def _dumps(self, values: dict[str, Any], what: str) -> bytes:
         try:
@@ -659,118 +662,6 @@ class Session:
                if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
         self._sources_sent.update(new)
         return new
-
-    def _failures_of(self, cell: Optional[int], outcome: Outcome) -> tuple[list[WorkerFailure], dict[int, Any]]:
-        """The request's failures (a rank that raised, one interrupted because another had, one
-        left waiting or stuck in the cell) and the values of the ranks that finished."""
-        now = time.time()
-        failures: list[WorkerFailure] = []
-        values: dict[int, Any] = {}
-        errors = {r: m["error"] for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")}
-        first = min(errors, key=lambda r: errors[r].get("time") or now) if errors else None
-        for rank, reply in sorted(outcome.replies.items()):
-            if reply["op"] != "error":
-                values[rank] = reply.get("value")
-                continue
-            failure = self._failure(rank, reply)
-            if reply.get("interrupted") and rank in outcome.knocked_on and first is not None:
-                failure.knock_on = True
-                failure.message = f"interrupted: rank {first} had raised"
-                failure.locals, failure.locals_frames = {}, []
-            failures.append(failure)
-        where = f"cell {cell}" if cell is not None else "the request"
-        stuck = {r: f"did not leave {where} when interrupted (native code)" for r in outcome.stuck}
-        for rank, why in sorted({**stuck, **{r: f"waits in {w}" for r, w in outcome.left_waiting.items()}}.items()):
-            failures.append(WorkerFailure(rank=rank, device=self._device(rank), kind=FailureKind.STALL, time=now,
-                                          pid=self._pids.get(rank), message=why, knock_on=first is not None,
-                                          stalled_for=outcome.waited.get(rank, INTERRUPT_GRACE)))
-        return failures, values
-
-    def _cell_error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
-                    note: str = "", formed_again: bool = False, what: str = "the request") -> CellError:
-        ordered = order_failures(failures, world_size=len(failures) if len(failures) == self.world_size else 0)
-        root = ordered[0]
-        where = f"cell {cell}" if cell is not None else what
-        knocked = [f for f in ordered[1:] if f.knock_on]  # interrupted, or left in it, after the root raised
-        also = [f.rank for f in ordered[1:] if f not in knocked]
-        if root.same_on:
-            who = f"every rank ({', '.join(root.same_on)}) the same way"
-        else:
-            who = f"rank {root.rank} ({root.device})" + (f" and {_ranks_text(also)}" if also else "")
-        after = note if formed_again else "(the session goes on: its namespaces are kept)"
-        if note and not formed_again:
-            after += f"; {note}"
-        if knocked:
-            after = "(" + "; ".join(f"rank {f.rank}, still in it, was interrupted" if f.kind == FailureKind.EXCEPTION
-                                    else f"rank {f.rank} was left in it: {f.message}" for f in knocked) + ") " + after
-        return CellError(f"{where} failed on {who}: {root.summary()} {after}", ordered, values)
-
-    def _device(self, rank: int) -> str:
-        return self.devices[rank] if rank < len(self.devices) else f"rank {rank}"
-
-    def _failure(self, rank: int, reply: dict[str, Any]) -> WorkerFailure:
-        event = dict(reply.get("error") or {}, rank=rank)
-        return failure_from_error(event, self._device(rank), self._pids.get(rank), None)
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    if not ranks:
-        return "no rank"
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, sorted(ranks)))
-
-
-def _push_hint(replies: dict[int, dict], namespace: dict[str, Any]) -> str:
-    """For a NameError of a name the notebook holds as data: how to send it to the ranks."""
-    for reply in replies.values():
-        name = (reply.get("error") or {}).get("name") if reply["op"] == "error" else None
-        if isinstance(name, str) and name in namespace and name.isidentifier():
-            return f"{name!r} is the notebook's, not the ranks': session.push({name}={name}) sends it to every rank"
-    return ""
-
-
-def notebook_names(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    """The functions, classes and modules of ``namespace`` that ``code`` names: what a cell takes
-    from the notebook (data is sent with ``push``).
-
-    >>> import math
-    >>> def f(): pass
-    >>> sorted(notebook_names("f(math.pi) + x", {"f": f, "math": math, "x": 1}))
-    ['f', 'math']
-
-    A name the cell binds itself (``f = 3``, ``def f``, ``import f``, a parameter) is the rank's:
-    the notebook's ``f`` is not sent.
-
-    >>> notebook_names("f = 3; f + 1", {"f": f})
-    {}
-    """
-    nodes = list(ast.walk(ast.parse(code)))
-    used = {node.id for node in nodes if isinstance(node, ast.Name)}
-    out = {}
-    for name in sorted(used - RANK_NAMES - _bound_in(nodes)):
-        if name in namespace:
-            value = namespace[name]
-            if isinstance(value, types.ModuleType) or inspect.isfunction(value) or inspect.isclass(value) \
-                    or inspect.isbuiltin(value):
-                out[name] = value
-    return out
-
-
-def _bound_in(nodes: list[ast.AST]) -> set[str]:
-    """The names a cell binds: assigned, defined, imported, a parameter, an exception's name."""
-    bound: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-    return bound
-
 
 @takes_launch_options
 def session(devices: Optional[DeviceSpec] = None, *, probe: Optional[Probe] = None,

@@ -36,7 +36,7 @@ from ..transfer import pickling
 from ..worker.session_loop import HEADER, FrameReader
 from .stall import collective_name, is_waiting_in_collective, user_site
 
-__all__ = ["CellOutput", "Exchange", "Outcome", "RankGone", "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
+__all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
@@ -159,7 +159,7 @@ def _write_std(stream: str, text: str) -> None:
 
 
 @dataclass
-class Outcome:
+class Gathered:
     """How a request ended: the replies by rank, and what the notebook had to do meanwhile."""
 
     replies: dict[int, dict] = field(default_factory=dict)
@@ -194,7 +194,7 @@ class Exchange:
         self.message, self.cell, self.record = message, cell, record
         self.run_done = run_done
         self.output = output or CellOutput()
-        self.outcome = Outcome()
+        self.outcome = Gathered()
         self._interrupt_sent: Optional[float] = None
         self._first_error: Optional[float] = None
         self._out_since: Optional[float] = None  # since when some rank is out of the cell
@@ -203,7 +203,7 @@ class Exchange:
         self._samples: dict[int, list[tuple[int, float, tuple]]] = {}  # rank → (probe, when, place) newest last
 
     # ---- the loop -----------------------------------------------------------------------------
-    def run(self) -> Outcome:
+    def run(self) -> Gathered:
         """Send the request and wait for every reply, or until the request is cut.
 
         Raises

@@ -9,80 +9,12 @@ import re
 import signal
 import time
 
-import psutil
 import pytest
+from session_kernel import SETUP, _all_ended, _start_kernel, kernel_fixture, strip_ansi  # noqa: F401 - a fixture
 
 from helpers import wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.processes]
-
-SETUP = '''
-%load_ext ddp_notebook
-import ddp_notebook, torch
-def double(v):                       # a notebook function that cells on the ranks use
-    return 2 * v
-%ddp_session cpu*2
-'''
-
-
-def strip_ansi(text):
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-class Kernel:
-    def __init__(self, km, kc):
-        self.km, self.kc = km, kc
-
-    def execute(self, code, timeout=120):
-        """Run a cell; return (reply content, the text it printed, stream by stream)."""
-        printed = []
-
-        def hook(msg):
-            if msg["msg_type"] == "stream":
-                printed.append(msg["content"]["text"])
-
-        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return reply["content"], "".join(printed)
-
-    def ok(self, code, timeout=120):
-        content, printed = self.execute(code, timeout)
-        assert content["status"] == "ok", (content, printed)
-        return printed
-
-    def rank_pids(self):
-        printed = self.ok("print('PIDS', *_ddp_session.current_run.pids())")
-        return [int(p) for p in re.search(r"PIDS (.*)", printed).group(1).split()]
-
-
-def _start_kernel():
-    from jupyter_client.manager import start_new_kernel
-
-    km, kc = start_new_kernel(kernel_name="python3")  # inherits DDP_NOTEBOOK_RUNS from conftest
-    return Kernel(km, kc)
-
-
-def _all_ended(pids):
-    def ended(pid):
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-    return all(ended(p) for p in pids)
-
-
-@pytest.fixture
-def kernel():
-    k = _start_kernel()
-    seen = []
-    try:
-        printed = k.ok(SETUP, timeout=180)
-        assert "Session ready: 2 ranks on cpu:0, cpu:1" in printed, printed
-        yield k, seen
-        seen.extend(k.rank_pids())
-    finally:
-        k.kc.stop_channels()
-        k.km.shutdown_kernel(now=True)
-    wait_until(lambda: _all_ended(seen), timeout=30)  # no rank outlives its kernel
 
 
 def test_state_persists_across_cells_and_output_is_grouped_by_rank(kernel):

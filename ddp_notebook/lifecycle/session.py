@@ -334,8 +334,9 @@ class Session:
                 raise SessionInterrupted(f"{message.get('op', 'the request').capitalize()} interrupted, but it could "
                                          "not be stopped midway: it finished on every rank; the session goes on")
             stopped = [r for r, m in outcome.replies.items() if m.get("interrupted")]
-            raise SessionInterrupted(f"Cell {cell} interrupted on {ranks_text(stopped)}; the session goes on (its "
-                                     "namespaces are kept)")
+            how = f"interrupted on {ranks_text(stopped)}" if stopped else \
+                "interrupted as every rank finished it (its values are dropped)"
+            raise SessionInterrupted(f"Cell {cell} {how}; the session goes on (its namespaces are kept)")
         if len(ranks) == self.world_size and all(m["op"] == "done" for m in outcome.replies.values()):
             self._tell_idle()
         return outcome
@@ -364,8 +365,8 @@ class Session:
         else:
             why = f"{ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
         note = self._form_again(f"{where} was cut: {why}")
-        causes = [f for f in failures if not f.knock_on]
-        if causes:  # each failure says where its rank was left: the note says what became of the session
+        raised = [r for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")]
+        if raised or (outcome.left_waiting and not outcome.interrupted):  # each failure says where its rank was left: the note says what became of the session
             raise self._error(cell, failures, values, note=note, formed_again=True)
         raise SessionInterrupted(f"{where.capitalize()} interrupted; {why} {note}")
 

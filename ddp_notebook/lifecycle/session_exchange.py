@@ -373,15 +373,19 @@ class Exchange:
 
 
 def _for_whom(out: list[int], replies: dict[int, dict], asked: list[int]) -> str:
-    """`` for rank 1, which raised`` and so on: why the ranks out of the cell will not join."""
-    raised = [r for r in out if r in replies and replies[r]["op"] == "error"]
-    finished = [r for r in out if r in replies and replies[r]["op"] == "done"]
-    absent = [r for r in out if r not in asked]
-    parts = []
-    for ranks, what in ((raised, "raised"), (finished, "finished the cell"), (absent, "does not run the cell")):
-        if ranks:
-            who = f"rank {ranks[0]}, which" if len(ranks) == 1 else \
-                "ranks " + ", ".join(map(str, ranks)) + ", which"
-            verb = what if len(ranks) == 1 else what.replace("does not", "do not")
-            parts.append(f"{who} {verb}")
-    return " for " + " and ".join(parts) if parts else ""
+    """`` for rank 1, which raised`` and so on: why the ranks out of the cell will not join.
+
+    >>> _for_whom([1, 2], {1: {"op": "error"}, 2: {"op": "done"}}, [0, 1, 2])
+    ' for rank 1, which raised, and rank 2, which finished the cell'
+    >>> _for_whom([1, 2], {1: {"op": "error", "interrupted": True}}, [0, 1])
+    ' for rank 1, which was interrupted, and rank 2, which does not run the cell'
+    """
+    def which(rank: int) -> str:
+        reply = replies.get(rank)
+        if reply is None:
+            return "does not run the cell" if rank not in asked else "is still in the cell"
+        if reply["op"] == "done":
+            return "finished the cell"
+        return "was interrupted" if reply.get("interrupted") else "raised"
+
+    return " for " + ", and ".join(f"rank {r}, which {which(r)}" for r in out) if out else ""

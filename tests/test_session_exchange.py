@@ -1,0 +1,126 @@
+"""The parts of a session request that are plain Python: output shown in batches and bounded,
+interrupts counted instead of raised, what a cell takes from the notebook, and a failed
+request's failures and its one error."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ddp_notebook.core.bounds import LINE_CHARS
+from ddp_notebook.core.failures import FailureKind
+from ddp_notebook.lifecycle.cell_names import notebook_names
+from ddp_notebook.lifecycle.session_exchange import CellOutput, Gathered, interrupts_counted
+from ddp_notebook.lifecycle.session_failures import cell_error, failures_of, push_hint
+
+pytestmark = pytest.mark.unit
+
+
+def _writes(**bounds):
+    writes = []
+    return writes, CellOutput(lambda stream, text: writes.append((stream, text)), **bounds)
+
+
+def test_output_is_written_once_per_stream_per_flush_each_line_named_by_its_rank():
+    writes, out = _writes()
+    for i in range(500):
+        out.add(i % 2, "stdout", f"line {i}\n")
+    out.add(1, "stderr", "warn\n")
+    out.add(0, "stdout", "no end yet")
+    out.flush()
+    assert [w[0] for w in writes] == ["stdout", "stderr"]
+    assert writes[0][1].count("\n") == 500 and writes[0][1].startswith("[rank 0] line 0\n[rank 1] line 1\n")
+    assert writes[1][1] == "[rank 1] warn\n"
+    out.add(0, "stdout", ", now\n")  # a line in two pieces is one line
+    out.close()
+    assert writes[-1] == ("stdout", "[rank 0] no end yet, now\n")
+
+
+def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
+    writes, out = _writes(lines=3)
+    out.add(0, "stdout", "a\nb\n")
+    out.add(1, "stdout", "c\nd\ne\n")
+    out.add(0, "stdout", "f\n")
+    out.close()
+    text = "".join(t for _, t in writes)
+    assert text.splitlines() == ["[rank 0] a", "[rank 0] b", "[rank 1] c",
+                                 "[rank 0] 1 more line not shown (session.current_run.output(0) has them)",
+                                 "[rank 1] 2 more lines not shown (session.current_run.output(1) has them)"]
+    writes, out = _writes(chars=100)
+    out.add(0, "stdout", "x" * 60 + "\n" + "y" * 60 + "\n")
+    out.close()
+    assert "[rank 0] 1 more line not shown" in "".join(t for _, t in writes)
+
+
+def test_a_line_without_end_is_cut_and_shown_not_held_forever():
+    writes, out = _writes()
+    out.add(0, "stdout", "z" * (5 * LINE_CHARS))
+    out.flush()
+    assert len(writes) == 1 and "more characters not kept" in writes[0][1] and len(writes[0][1]) < LINE_CHARS + 100
+
+
+def test_an_interrupt_inside_is_counted_and_outside_raises():
+    with interrupts_counted() as presses:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+    assert presses.count == 2
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_cell_takes_the_notebooks_functions_classes_and_modules_it_names_not_what_it_binds():
+    import math
+
+    def f():
+        pass
+
+    namespace = {"f": f, "math": math, "data": [1], "t": f, "rank": f, "g": f}
+    assert sorted(notebook_names("f(math.pi) + len(data) + rank", namespace)) == ["f", "math"]
+    code = "t = torch.ones(1)\ndist.all_reduce(t)\ndef g(f):\n    return f\nimport math as m"
+    assert notebook_names(code, namespace) == {}
+
+
+def _reply(op, rank, when=0.0, interrupted=False, message="boom", name=None):
+    if op == "done":
+        return {"op": "done", "value": rank * 10}
+    error = {"kind": "error", "phase": "run", "exc_type": "KeyboardInterrupt" if interrupted else "ValueError",
+             "message": "" if interrupted else message, "traceback": "", "locals": [], "time": when}
+    if name:
+        error["name"] = name
+    return {"op": "error", "error": error, "interrupted": interrupted}
+
+
+def test_the_first_rank_to_raise_is_the_cause_and_those_interrupted_after_are_knock_ons():
+    devices = ["cpu:0", "cpu:1", "cpu:2"]
+    gathered = Gathered({0: _reply("error", 0, when=5.0, message="late"), 1: _reply("error", 1, when=1.0),
+                         2: _reply("error", 2, interrupted=True)}, knocked_on=[2])
+    failures, values = failures_of(3, gathered, devices, {})
+    error = cell_error(3, failures, values, world_size=3)
+    assert [f.rank for f in error.failures] == [1, 0, 2] and values == {}
+    assert str(error).startswith("cell 3 failed on rank 1 (cpu:1) and rank 0: ValueError: boom (rank 2, still in it, "
+                                 "was interrupted) (the session goes on"), str(error)
+    assert error.failures[2].knock_on and error.failures[2].message == "interrupted: rank 1 had raised"
+
+
+def test_a_rank_left_waiting_is_a_stall_the_cause_when_no_rank_raised():
+    gathered = Gathered({1: _reply("done", 1)}, left_waiting={0: "all_reduce (<ddp cell 4>:2) for rank 1, which "
+                                                               "finished the cell"}, waited={0: 5.0})
+    failures, values = failures_of(4, gathered, ["cpu:0", "cpu:1"], {0: 123})
+    assert values == {1: 10}
+    (failure,) = failures
+    assert failure.kind == FailureKind.STALL and not failure.knock_on and failure.pid == 123
+    error = cell_error(4, failures, values, 2, note="(formed again)", formed_again=True)
+    assert str(error) == ("cell 4 failed on rank 0 (cpu:0): stalled: no progress for 5.0 s: waits in all_reduce "
+                          "(<ddp cell 4>:2) for rank 1, which finished the cell (formed again)")
+
+
+def test_the_same_error_on_every_rank_is_said_once_and_a_notebook_name_gets_its_push():
+    gathered = Gathered({r: _reply("error", r, when=r, message="name 'data' is not defined", name="data")
+                         for r in (0, 1)})
+    failures, values = failures_of(None, gathered, ["cpu:0", "cpu:1"], {})
+    hint = push_hint(gathered.replies, {"data": [1, 2]})
+    assert hint == "'data' is the notebook's, not the ranks': session.push(data=data) sends it to every rank"
+    assert push_hint(gathered.replies, {}) == ""
+    error = cell_error(None, failures, values, 2, note=hint, what="pull 'data'")
+    assert str(error).startswith("pull 'data' failed on every rank (cpu:0, cpu:1) the same way: ValueError")
+    assert str(error).endswith("(the session goes on: its namespaces are kept); " + hint)

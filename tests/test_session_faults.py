@@ -1,0 +1,146 @@
+"""A session's cells when ranks fail apart from each other, in a real kernel: a rank that raises
+while its peers run (they are interrupted, or released from a collective they wait in), a
+collective that one rank skips, several ranks raising, interrupts landing anywhere, a push cut
+short, and output by the thousand lines. Each fault ends with the session usable and names the
+right rank; every kernel checks that no rank outlives it."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+
+import pytest
+from session_kernel import kernel_fixture, strip_ansi  # noqa: F401 - a fixture
+
+from helpers import wait_until
+
+pytestmark = [pytest.mark.kernel, pytest.mark.processes]
+
+
+def _error(content):
+    assert content["status"] == "error", content
+    return content["ename"], content["evalue"], strip_ansi("\n".join(content["traceback"]))
+
+
+def test_a_rank_that_raises_before_a_collective_is_named_within_seconds_and_the_session_formed_again(kernel):
+    k, seen = kernel
+    seen.extend(k.rank_pids())
+    k.ok("%%ddp\nx = rank")
+    started = time.monotonic()
+    content, _ = k.execute("%%ddp\nw = torch.zeros(rank + 2, 3)\nif rank == 1:\n"
+                           "    raise ValueError(f'bad shape {tuple(w.shape)}')\nt = torch.ones(1)\ndist.all_reduce(t)")
+    took = time.monotonic() - started
+    name, message, tb = _error(content)
+    assert name == "CellError" and "failed on rank 1 (cpu:1): ValueError: bad shape (3, 3)" in message, message
+    assert "rank 0 was left in it: waits in all_reduce" in message and "for rank 1, which raised" in message, message
+    assert "the session was formed again on cpu:0, cpu:1" in message and "namespaces were lost" in message, message
+    assert took < 60, took  # seconds, not gloo's 30 minutes nor the auto watchdog's 300 s
+    assert re.search(r"w\s+= Tensor\[3, 3\] float32 cpu", tb), tb  # the failed rank's locals
+    printed = k.ok("%%ddp\n'x' in globals(), rank")  # a new group: it works, and its namespaces are new
+    assert "[rank 0] Out: (False, 0)\n" in printed and "[rank 1] Out: (False, 1)\n" in printed, printed
+    assert "[rank 0] Out: 2.0" in k.ok("%%ddp\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+
+
+def test_peers_still_running_when_a_rank_raises_are_interrupted_and_the_first_to_raise_is_blamed(kernel):
+    k, _ = kernel
+    k.ok("%%ddp\nx = rank * 10")
+    content, _ = k.execute("%%ddp\nimport time\nif rank == 1:\n    raise KeyError('first')\ntime.sleep(120)")
+    name, message, _ = _error(content)
+    assert name == "CellError" and "failed on rank 1 (cpu:1): KeyError: 'first'" in message, message
+    assert "rank 0, still in it, was interrupted" in message and "the session goes on" in message, message
+    assert "[rank 0] Out: 0\n" in k.ok("%%ddp\nx")  # namespaces kept
+    for _ in range(3):  # rank 1 raises first, rank 0 later: rank 1 is the cause every time
+        content, _ = k.execute("%%ddp\nimport time\nif rank == 0:\n    time.sleep(0.3)\nraise RuntimeError(f'r{rank}')")
+        name, message, tb = _error(content)
+        assert "failed on rank 1 (cpu:1) and rank 0: RuntimeError: r1" in message, message
+        assert "failed as a consequence: RuntimeError: r0" in tb, tb
+
+
+def test_a_collective_one_rank_skips_is_named_within_seconds_without_a_stall_timeout(kernel):
+    k, _ = kernel
+    started = time.monotonic()
+    content, _ = k.execute("%%ddp\nif rank == 0:\n    dist.all_reduce(torch.ones(1))")
+    name, message, _ = _error(content)
+    assert name == "CellError" and "failed on rank 0 (cpu:0): stalled" in message, message
+    assert "waits in all_reduce" in message and "for rank 1, which finished the cell" in message, message
+    assert "namespaces were lost" in message and time.monotonic() - started < 60
+    assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")
+    # A rank working alone (no collective) is left alone, however long the others wait.
+    printed = k.ok("%%ddp\nimport time\nif rank == 0:\n    time.sleep(8)\nrank")
+    assert "[rank 0] Out: 0\n" in printed and "[rank 1] Out: 1\n" in printed, printed
+
+
+def test_an_interrupt_while_a_rank_waits_in_a_collective_forms_the_session_again(kernel, tmp_path):
+    k, _ = kernel
+    marker = str(tmp_path / "in-cell")
+    k.ok("%%ddp\nx = 1")
+    msg_id = k.kc.execute(f"%%ddp\nimport time\nopen({marker!r} + str(rank), 'w').close()\nif rank == 0:\n"
+                          "    dist.all_reduce(torch.ones(1))\nelse:\n    for i in range(6000):\n        time.sleep(0.01)")
+    wait_until(lambda: os.path.exists(marker + "0") and os.path.exists(marker + "1"), timeout=60)
+    k.km.interrupt_kernel()
+    name, message, _ = _error(k.reply_to(msg_id))
+    assert name == "SessionInterrupted", message
+    assert "rank 0 was left waiting in all_reduce" in message and "formed again" in message, message
+    assert "[rank 1] Out: False\n" in k.ok("%%ddp\n'x' in globals()")
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_an_interrupt_landing_while_large_replies_are_read_never_ends_the_session(kernel, trial):
+    k, _ = kernel
+    rng = random.Random(trial)
+    for _ in range(4):
+        # (stop_on_error=False: the kernel would abort the next request, sent right after an error)
+        msg_id = k.kc.execute("_ = _ddp_session.run('torch.zeros(5_000_000)')", stop_on_error=False)
+        time.sleep(rng.uniform(0.0, 0.4))  # anywhere: before, while or after the ranks reply
+        k.km.interrupt_kernel()
+        content = k.reply_to(msg_id)
+        assert content["status"] == "ok" or content["ename"] in ("SessionInterrupted", "KeyboardInterrupt"), content
+        assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank", timeout=60)  # usable, and not formed again
+        assert "[rank 0] Out: True\n" in k.ok("%%ddp\n'double' in globals() or True", timeout=60)
+
+
+def test_an_interrupted_push_leaves_the_session_usable(kernel):
+    k, _ = kernel
+    k.ok("big = torch.zeros(40_000_000)")
+    for delay in (0.05, 0.2, 0.5, 1.0):
+        msg_id = k.kc.execute("_ddp_session.push(big=big)", stop_on_error=False)
+        time.sleep(delay)
+        k.km.interrupt_kernel()
+        content = k.reply_to(msg_id)
+        if content["status"] == "error":
+            assert content["ename"] in ("SessionInterrupted", "KeyboardInterrupt"), content
+            assert "interrupted" in content["evalue"].lower(), content
+        printed = k.ok("%%ddp\n'big' in globals(), rank", timeout=60)  # never hangs
+        assert "[rank 1] Out: (" in printed, printed
+
+
+def test_thousands_of_printed_lines_are_batched_bounded_and_the_values_shown(kernel):
+    k, _ = kernel
+    started = time.monotonic()
+    printed = k.ok("%%ddp\nfor i in range(20000):\n    print('line', i)\nrank + 7")
+    assert time.monotonic() - started < 60
+    assert "[rank 0] Out: 7\n" in printed and "[rank 1] Out: 8\n" in printed, printed[-500:]
+    assert re.search(r"\[rank 0\] \d+ more lines not shown \(session\.current_run\.output\(0\) has them\)", printed)
+    assert len(printed.splitlines()) < 2100 and k.stream_messages < 400, (len(printed.splitlines()), k.stream_messages)
+    assert "[rank 0] line 0\n" in printed  # the first lines are those shown
+
+
+def test_user_mistakes_in_a_cell(kernel):
+    k, _ = kernel
+    k.ok("data = [1, 2, 3]")
+    content, _ = k.execute("%%ddp\nlen(data)")  # notebook data is not on the ranks
+    name, message, _ = _error(content)
+    assert "NameError" in message and "session.push(data=data) sends it to every rank" in message, message
+    cell = int(re.search(r"^cell (\d+) failed", message).group(1))
+    content, _ = k.execute("%%ddp\nx = = 1")  # a syntax error: said as Python says it, nothing sent
+    name, message, tb = _error(content)
+    assert name == "UsageError" and "not valid Python" in message and "SyntaxError" in message, message
+    assert "ddp_notebook" not in tb and "site-packages" not in tb, tb
+    content, _ = k.execute("%%ddp\n1 / 0")  # and it used up no cell number
+    assert re.search(rf"^cell {cell + 1} failed on every rank", _error(content)[1]), content
+    content, _ = k.execute("_ddp_session.push(torch=3)")
+    assert "push() cannot replace 'torch'" in _error(content)[1], content
+    content, _ = k.execute("_ddp_session.pull('nope')")
+    name, message, _ = _error(content)
+    assert "pull 'nope' failed on every rank (cpu:0, cpu:1) the same way: NameError" in message, message

@@ -41,6 +41,10 @@ def test_push_and_pull(kernel):
     printed = k.ok("_ddp_session.push(w=torch.arange(3.0), lr=0.5)\n"
                    "print(_ddp_session.run('(w * lr + rank).tolist()'), _ddp_session.pull('lr'))")
     assert "[[0.0, 0.5, 1.0], [1.0, 1.5, 2.0]] [0.5, 0.5]" in printed, printed
+    # A large tensor is mapped by each rank from shared memory, copy-on-write: a rank's write is its own.
+    printed = k.ok("big = torch.arange(4_000_000.0)\n_ddp_session.push(big=big)\n"
+                   "print(_ddp_session.run('big[0] = rank + 7; (float(big[0]), float(big[-1]))'), float(big[0]))")
+    assert "[(7.0, 3999999.0), (8.0, 3999999.0)] 0.0" in printed, printed
 
 
 def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):

@@ -50,7 +50,7 @@ from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.state import RunStatus
 from ..core.validation import InvalidDevicesError
-from ..transfer import pickling
+from ..transfer import packing, pickling
 from ..worker.session_loop import FrameReader, cell_file_name, send_frame, serve_session
 from .call import first_unpicklable
 from .cell_names import RANK_NAMES, notebook_names
@@ -366,7 +366,9 @@ class Session:
             why = f"{ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
         note = self._form_again(f"{where} was cut: {why}")
         raised = [r for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")]
-        if raised or (outcome.left_waiting and not outcome.interrupted):  # each failure says where its rank was left: the note says what became of the session
+        # A rank raised, or one skipped a collective: a failed cell (each failure says where its
+        # rank was left; the note, what became of the session). Otherwise the user interrupted it.
+        if raised or (outcome.left_waiting and not outcome.interrupted):
             raise self._error(cell, failures, values, note=note, formed_again=True)
         raise SessionInterrupted(f"{where.capitalize()} interrupted; {why} {note}")
 
@@ -504,7 +506,9 @@ class Session:
         Parameters
         ----------
         **values
-            Names and the values they take on every rank (pickled once, sent to each).
+            Names and the values they take on every rank. Tensors and arrays of 64 kB or more
+            are placed once in shared memory and mapped by each rank (copy-on-write: what a
+            rank writes stays its own), as a launch sends its data; the rest is pickled.
 
         Raises
         ------
@@ -522,14 +526,31 @@ class Session:
         self._check_alive()
         with self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
             try:
-                packed = self._dumps(values, "the value of {!r}")
+                data, placed = self._pack(values)
             except KeyboardInterrupt:
-                raise SessionInterrupted("Push interrupted while its values were being pickled: nothing was sent, "
+                raise SessionInterrupted("Push interrupted while its values were being packed: nothing was sent, "
                                          "the ranks' namespaces are as they were") from None
-            message = {"op": "push", "values": packed}
-            replies = self._request(list(range(self.world_size)), message).replies
+            try:
+                message = {"op": "push", "values": data, "table": placed.table if placed is not None else None}
+                replies = self._request(list(range(self.world_size)), message).replies
+            finally:
+                if placed is not None:  # the ranks that mapped the pieces keep them
+                    placed.release()
             if any(m["op"] == "error" for m in replies.values()):
                 raise self._error(None, *self._failures(None, Gathered(replies)), what="push")
+
+    def _pack(self, values: dict[str, Any]) -> tuple[bytes, Optional[packing.Placement]]:
+        """The values to push: their large tensors and arrays placed once in shared memory, each
+        rank mapping them (copy-on-write), as a launch sends its data; pickled whole where memory
+        cannot be shared."""
+        if not packing.supported():
+            return self._dumps(values, "the value of {!r}"), None
+        try:
+            packed = packing.pack(values)
+        except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
+            found = first_unpicklable([(f"the value of {k!r}", v) for k, v in values.items()])
+            raise (found or NotPicklableError("the values", "dict", str(whole))) from None
+        return packed.data, packed.place()
 
     def pull(self, name: str) -> list[Any]:
         """The value ``name`` holds on every rank, as a list by rank.

@@ -11,7 +11,8 @@ carries the session's token), then serves requests until the notebook says ``clo
   goes to the notebook live (and to the rank's own output, which the run records); the reply is
   the value of the cell's last expression, or the error event a launch would send (traceback with
   the cell's lines, the failed frame's locals);
-- ``push`` / ``pull``: values into, and out of, the namespace;
+- ``push`` / ``pull``: values into, and out of, the namespace (a push's large tensors and arrays
+  are mapped from the notebook's shared memory, as a launch's are);
 - ``interrupt``: a SIGINT to this rank's main thread while that cell runs (a cell sleeping or
   in a Python loop gets a ``KeyboardInterrupt``; one blocked in native code, a collective, is not
   interrupted);
@@ -41,6 +42,7 @@ from typing import IO, Any, Optional
 
 from ..core.failures import Phase
 from ..transfer import pickling
+from ..transfer.loading import load
 from .context import WorkerContext
 from .execute import error_event
 
@@ -225,7 +227,7 @@ class _Rank:
         if op == "run":
             self.run_cell(message)
         elif op == "push":
-            self.reply(message, lambda: self.namespace.update(pickling.loads(message["values"])))
+            self.reply(message, lambda: self.namespace.update(load(message["values"], message.get("table"))))
         elif op == "pull":
             self.reply(message, lambda: self.pull(message["name"]))
 

@@ -1,4 +1,5 @@
 """Tutorial 2 in real JupyterLab and headless Chromium: the failure card, then one-click retry."""
+import contextlib
 import json
 import os
 import re
@@ -83,6 +84,30 @@ def shot(locator, name, tries=5):
                 raise
 
 
+@contextlib.contextmanager
+def open_notebook(lab, tmp_path, name):
+    """JupyterLab in headless Chromium with notebook ``name`` (in the server's root) open and its
+    kernel idle: yields the page; Chromium is closed after."""
+    base, token, _ = lab
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = chromium(p, tmp_path)
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/lab/tree/{name}?token={token}")
+            page.wait_for_function(KERNEL_READY, timeout=120_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def run_cell(page, index, wait=True):
+    """Run cell ``index``; with ``wait``, until its execution is done (for a cell that does not block)."""
+    page.evaluate("""async ([i, wait]) => { const nb = window.jupyterapp.shell.currentWidget.content;
+        nb.activeCellIndex = i; const done = window.jupyterapp.commands.execute('notebook:run-cell');
+        if (wait) { await done; } }""", [index, wait])
+
+
 def chromium(p, tmp_path):
     return p.chromium.launch_persistent_context(
         str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
@@ -92,32 +117,23 @@ def chromium(p, tmp_path):
 
 
 def test_failure_card_and_one_click_retry_in_jupyterlab(lab, tmp_path):
-    base, token, _ = lab
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_playwright() as p:
-        browser = chromium(p, tmp_path)
-        try:
-            page = browser.new_page()
-            page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}")
-            page.wait_for_function(KERNEL_READY, timeout=120_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            card = page.locator(".ddp-failure").first
-            expect(card).to_contain_text(
-                "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 5", timeout=120_000)
-            expect(page.locator(".ddp-failed-row").first).to_be_visible()
-            expect(card).to_contain_text('raise ValueError(f"boom at step {step}")')
-            page.wait_for_function(KERNEL_READY, timeout=120_000)  # clicks are handled once the cells ran
-            panel = page.locator(".jp-OutputArea-output", has=page.locator(".ddp-failure")).first
-            panel.scroll_into_view_if_needed()
-            panel.screenshot(path=os.path.join(ARTIFACTS, "panel-failure.png"))
-            page.get_by_role("button", name="Retry on single device").first.click()
-            retried = page.get_by_text(re.compile(r"retry of \S+ on cpu:0 succeeded"))
-            expect(retried).to_be_visible(timeout=120_000)
-            retried.scroll_into_view_if_needed()
-            panel.screenshot(path=os.path.join(ARTIFACTS, "panel-retry.png"))
-            page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab.png"))
-        finally:
-            browser.close()
+    with open_notebook(lab, tmp_path, NOTEBOOK) as page:
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        card = page.locator(".ddp-failure").first
+        expect(card).to_contain_text(
+            "Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom at step 5", timeout=120_000)
+        expect(page.locator(".ddp-failed-row").first).to_be_visible()
+        expect(card).to_contain_text('raise ValueError(f"boom at step {step}")')
+        page.wait_for_function(KERNEL_READY, timeout=120_000)  # clicks are handled once the cells ran
+        panel = page.locator(".jp-OutputArea-output", has=page.locator(".ddp-failure")).first
+        panel.scroll_into_view_if_needed()
+        panel.screenshot(path=os.path.join(ARTIFACTS, "panel-failure.png"))
+        page.get_by_role("button", name="Retry on single device").first.click()
+        retried = page.get_by_text(re.compile(r"retry of \S+ on cpu:0 succeeded"))
+        expect(retried).to_be_visible(timeout=120_000)
+        retried.scroll_into_view_if_needed()
+        panel.screenshot(path=os.path.join(ARTIFACTS, "panel-retry.png"))
+        page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab.png"))
 
 
 LONG = '''HOSTILE = '<img src=x onerror="window.__xss = 1">'   # what a run may send: shown as text, never run
@@ -146,56 +162,48 @@ def readme_notebook(root):
 
 
 def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, tmp_path):
-    base, token, root = lab
+    root = lab[2]
     name = readme_notebook(root)
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_playwright() as p:
-        browser = chromium(p, tmp_path)
-        try:
-            page = browser.new_page()
-            page.goto(f"{base}/lab/tree/{name}?token={token}")
-            page.wait_for_function(KERNEL_READY, timeout=120_000)
-            # Not awaited: the last cell blocks until it is interrupted.
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            # The README's blocks ran: the fit block's value, its last validation loss, near 0 (it learned).
-            expect(page.locator(".jp-OutputArea-output").get_by_text(re.compile(r"^\d\.\d+e-\d+$|^0\.0\d*$")).first
-                   ).to_be_visible(timeout=180_000)
-            # The long run trains; the last cell waits for it: interrupt the kernel.
-            long_panel = page.locator(".jp-OutputArea-output", has=page.get_by_role("button", name="Launch")).last
-            expect(long_panel).to_contain_text("running", timeout=120_000)
-            # A metric and a printed line hold markup: it shows as text and no script ran.
-            expect(long_panel).to_contain_text('sample <img src=x onerror="window.__xss = 1">', timeout=60_000)
-            assert page.evaluate("() => window.__xss") is None
-            assert long_panel.locator("img[src=x]").count() == 0
-            launch = long_panel.get_by_role("button", name="Launch")
-            expect(launch).to_be_disabled()  # one run at a time in a panel
-            page.evaluate("() => { window.jupyterapp.commands.execute('kernelmenu:interrupt'); }")
-            # One line, once the run has stopped: no KeyboardInterrupt traceback.
-            expect(page.get_by_text(re.compile(r"Run \S+ stopped: interrupted in the notebook"))).to_be_visible(
-                timeout=60_000)
-            expect(page.get_by_text("KeyboardInterrupt")).to_have_count(0)
-            expect(long_panel).to_contain_text("stopped", timeout=60_000)
-            expect(long_panel).to_contain_text("interrupted in the notebook")
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            long_panel.scroll_into_view_if_needed()
-            long_panel.screenshot(path=os.path.join(ARTIFACTS, "interrupted.png"))
-            # Relaunch from the panel (a double click starts one run), then stop it with its button.
-            expect(launch).to_be_enabled(timeout=60_000)
-            launch.dblclick()
-            stop = long_panel.get_by_role("button", name="Stop")  # the new run's: a stopped run's is hidden
-            expect(stop).to_have_count(1, timeout=60_000)
-            # The double click's second click is the same click sequence: ignored, not refused aloud.
-            expect(long_panel.get_by_text(re.compile(r"stop it before launching"))).to_have_count(0)
-            stop.click()
-            # Forked ranks see the stop at once: "Stopping (stopped by the user)" may be gone before a
-            # look; the outcome must say who stopped it, and nothing may still say "Stopping".
-            expect(long_panel.get_by_text(re.compile(r"Stopped: stopped by the user"))).to_be_visible(timeout=60_000)
-            expect(long_panel.get_by_text("Stopping")).to_have_count(0, timeout=60_000)
-            expect(launch).to_be_enabled(timeout=60_000)
-            expect(long_panel.get_by_text("stop it before launching")).to_have_count(0)  # no longer true
-            long_panel.screenshot(path=os.path.join(ARTIFACTS, "relaunched-and-stopped.png"))
-            long_panel.get_by_text("Output per device").first.click()  # the printed markup, as text
-            expect(long_panel).to_contain_text('<img src=x onerror="window.__xss = 1">')
-            assert page.evaluate("() => window.__xss") is None and long_panel.locator("img[src=x]").count() == 0
-        finally:
-            browser.close()
+    with open_notebook(lab, tmp_path, name) as page:
+        # Not awaited: the last cell blocks until it is interrupted.
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        # The README's blocks ran: the fit block's value, its last validation loss, near 0 (it learned).
+        expect(page.locator(".jp-OutputArea-output").get_by_text(re.compile(r"^\d\.\d+e-\d+$|^0\.0\d*$")).first
+               ).to_be_visible(timeout=180_000)
+        # The long run trains; the last cell waits for it: interrupt the kernel.
+        long_panel = page.locator(".jp-OutputArea-output", has=page.get_by_role("button", name="Launch")).last
+        expect(long_panel).to_contain_text("running", timeout=120_000)
+        # A metric and a printed line hold markup: it shows as text and no script ran.
+        expect(long_panel).to_contain_text('sample <img src=x onerror="window.__xss = 1">', timeout=60_000)
+        assert page.evaluate("() => window.__xss") is None
+        assert long_panel.locator("img[src=x]").count() == 0
+        launch = long_panel.get_by_role("button", name="Launch")
+        expect(launch).to_be_disabled()  # one run at a time in a panel
+        page.evaluate("() => { window.jupyterapp.commands.execute('kernelmenu:interrupt'); }")
+        # One line, once the run has stopped: no KeyboardInterrupt traceback.
+        expect(page.get_by_text(re.compile(r"Run \S+ stopped: interrupted in the notebook"))).to_be_visible(
+            timeout=60_000)
+        expect(page.get_by_text("KeyboardInterrupt")).to_have_count(0)
+        expect(long_panel).to_contain_text("stopped", timeout=60_000)
+        expect(long_panel).to_contain_text("interrupted in the notebook")
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        long_panel.scroll_into_view_if_needed()
+        long_panel.screenshot(path=os.path.join(ARTIFACTS, "interrupted.png"))
+        # Relaunch from the panel (a double click starts one run), then stop it with its button.
+        expect(launch).to_be_enabled(timeout=60_000)
+        launch.dblclick()
+        stop = long_panel.get_by_role("button", name="Stop")  # the new run's: a stopped run's is hidden
+        expect(stop).to_have_count(1, timeout=60_000)
+        # The double click's second click is the same click sequence: ignored, not refused aloud.
+        expect(long_panel.get_by_text(re.compile(r"stop it before launching"))).to_have_count(0)
+        stop.click()
+        # Forked ranks see the stop at once: "Stopping (stopped by the user)" may be gone before a
+        # look; the outcome must say who stopped it, and nothing may still say "Stopping".
+        expect(long_panel.get_by_text(re.compile(r"Stopped: stopped by the user"))).to_be_visible(timeout=60_000)
+        expect(long_panel.get_by_text("Stopping")).to_have_count(0, timeout=60_000)
+        expect(launch).to_be_enabled(timeout=60_000)
+        expect(long_panel.get_by_text("stop it before launching")).to_have_count(0)  # no longer true
+        long_panel.screenshot(path=os.path.join(ARTIFACTS, "relaunched-and-stopped.png"))
+        long_panel.get_by_text("Output per device").first.click()  # the printed markup, as text
+        expect(long_panel).to_contain_text('<img src=x onerror="window.__xss = 1">')
+        assert page.evaluate("() => window.__xss") is None and long_panel.locator("img[src=x]").count() == 0

@@ -6,8 +6,8 @@ import os
 import re
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
-from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab  # noqa: F401 - lab is a fixture
+from playwright.sync_api import expect
+from test_browser import ARTIFACTS, KERNEL_READY, lab, open_notebook, run_cell  # noqa: F401 - lab is a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -62,61 +62,47 @@ def notebook(root):
     nbformat.write(nb, str(root / NAME))
 
 
-def run_cell(page, index):
-    """Run cell ``index`` and wait until its execution is done (none of these cells blocks)."""
-    page.evaluate(f"""async () => {{ const nb = window.jupyterapp.shell.currentWidget.content;
-        nb.activeCellIndex = {index}; await window.jupyterapp.commands.execute('notebook:run-cell'); }}""")
-
-
 def test_no_ctx_a_spinning_rank_and_a_restart_mid_run_in_jupyterlab(lab, tmp_path):  # noqa: F811
-    base, token, root = lab
+    root = lab[2]
     notebook(root)
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_playwright() as p:
-        browser = chromium(p, tmp_path)
-        try:
-            page = browser.new_page()
-            page.goto(f"{base}/lab/tree/{NAME}?token={token}")
-            page.wait_for_function(KERNEL_READY, timeout=120_000)
-            cells = page.locator(".jp-Notebook .jp-CodeCell")
-            output = lambda i: cells.nth(i).locator(".jp-OutputArea")  # noqa: E731
-            for i in (0, 1, 2, 3):
-                run_cell(page, i)
-            # 1. A function without ctx: one line that says what to write, before anything starts.
-            expect(output(1)).to_contain_text(
-                "no_ctx(steps) does not take the worker context: write def no_ctx(ctx, steps)", timeout=120_000)
-            expect(output(1)).not_to_contain_text("Traceback")
-            # 2. A spinning rank: the panel says who holds the other up, with the true last step.
-            spin = output(2)
-            # (the cell's lines, named as IPython names the cell)
-            expect(spin).to_contain_text(re.compile(r"rank 0 waits in all_reduce \(cell In\[\d+\]:13\) for rank 1"),
-                                         timeout=120_000)
-            expect(spin).to_contain_text(re.compile(r"rank 1 runs at cell In\[\d+\]:1[12], \d+ % CPU"))  # (while True: pass)
-            expect(spin.locator(".ddp-progress").nth(0)).to_contain_text("step 2/1000")
-            expect(spin.locator(".ddp-progress").nth(1)).to_contain_text("step 2/1000")
-            spin.scroll_into_view_if_needed()
-            spin.screenshot(path=os.path.join(ARTIFACTS, "first-hour-spinning-rank.png"))
-            # 3. A kernel restart while a run trains and checkpoints.
-            long = output(3)
-            expect(long).to_contain_text(re.compile(r"epoch [4-7]/20"), timeout=120_000)
-            run_id = (root / "long_id.txt").read_text()
-            page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart(); }")
-            page.wait_for_function(KERNEL_READY, timeout=120_000)
-            run_cell(page, 4)
-            listing = output(4)
-            expect(listing).to_contain_text(run_id, timeout=120_000)
-            # (Kernel -> Restart shuts the kernel down: the notebook process said so as it exited.)
-            expect(listing).to_contain_text(re.compile(
-                rf"{run_id}  stopped .* the notebook process exited \(kernel restart or shutdown\) at epoch "
-                r"[5-7]/20"))
-            listing.scroll_into_view_if_needed()
-            listing.screenshot(path=os.path.join(ARTIFACTS, "first-hour-runs-all.png"))
-            run_cell(page, 5)
-            resumed = output(5)
-            expect(resumed).to_contain_text("succeeded", timeout=120_000)
-            resumed.get_by_text("Output per device").first.click()
-            expect(resumed).to_contain_text(re.compile(r"resumed after epoch ([3-9]|\d\d)"))
-            resumed.scroll_into_view_if_needed()
-            resumed.screenshot(path=os.path.join(ARTIFACTS, "first-hour-resumed.png"))
-        finally:
-            browser.close()
+    with open_notebook(lab, tmp_path, NAME) as page:
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        output = lambda i: cells.nth(i).locator(".jp-OutputArea")  # noqa: E731
+        for i in (0, 1, 2, 3):
+            run_cell(page, i)
+        # 1. A function without ctx: one line that says what to write, before anything starts.
+        expect(output(1)).to_contain_text(
+            "no_ctx(steps) does not take the worker context: write def no_ctx(ctx, steps)", timeout=120_000)
+        expect(output(1)).not_to_contain_text("Traceback")
+        # 2. A spinning rank: the panel says who holds the other up, with the true last step.
+        spin = output(2)
+        # (the cell's lines, named as IPython names the cell)
+        expect(spin).to_contain_text(re.compile(r"rank 0 waits in all_reduce \(cell In\[\d+\]:13\) for rank 1"),
+                                     timeout=120_000)
+        expect(spin).to_contain_text(re.compile(r"rank 1 runs at cell In\[\d+\]:1[12], \d+ % CPU"))  # (while True: pass)
+        expect(spin.locator(".ddp-progress").nth(0)).to_contain_text("step 2/1000")
+        expect(spin.locator(".ddp-progress").nth(1)).to_contain_text("step 2/1000")
+        spin.scroll_into_view_if_needed()
+        spin.screenshot(path=os.path.join(ARTIFACTS, "first-hour-spinning-rank.png"))
+        # 3. A kernel restart while a run trains and checkpoints.
+        long = output(3)
+        expect(long).to_contain_text(re.compile(r"epoch [4-7]/20"), timeout=120_000)
+        run_id = (root / "long_id.txt").read_text()
+        page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart(); }")
+        page.wait_for_function(KERNEL_READY, timeout=120_000)
+        run_cell(page, 4)
+        listing = output(4)
+        expect(listing).to_contain_text(run_id, timeout=120_000)
+        # (Kernel -> Restart shuts the kernel down: the notebook process said so as it exited.)
+        expect(listing).to_contain_text(re.compile(
+            rf"{run_id}  stopped .* the notebook process exited \(kernel restart or shutdown\) at epoch "
+            r"[5-7]/20"))
+        listing.scroll_into_view_if_needed()
+        listing.screenshot(path=os.path.join(ARTIFACTS, "first-hour-runs-all.png"))
+        run_cell(page, 5)
+        resumed = output(5)
+        expect(resumed).to_contain_text("succeeded", timeout=120_000)
+        resumed.get_by_text("Output per device").first.click()
+        expect(resumed).to_contain_text(re.compile(r"resumed after epoch ([3-9]|\d\d)"))
+        resumed.scroll_into_view_if_needed()
+        resumed.screenshot(path=os.path.join(ARTIFACTS, "first-hour-resumed.png"))

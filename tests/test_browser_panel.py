@@ -8,8 +8,8 @@ import re
 import time
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
-from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab, shot  # noqa: F401 - lab is a fixture
+from playwright.sync_api import expect
+from test_browser import ARTIFACTS, KERNEL_READY, lab, open_notebook, shot  # noqa: F401 - lab is a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -87,69 +87,61 @@ def saved_outputs(path, deadline):
 
 
 def test_panel_fits_at_1400px_shows_epochs_retries_once_and_says_when_it_is_stale(lab, tmp_path):  # noqa: F811
-    base, token, root = lab
+    root = lab[2]
     notebook(root)
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_playwright() as p:
-        browser = chromium(p, tmp_path)
-        try:
-            page = browser.new_page()
-            page.goto(f"{base}/lab/tree/{NAME}?token={token}")
-            page.wait_for_function(KERNEL_READY, timeout=120_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            # The fit: an epoch table of 6 epochs with valid loss and acc, and the per-epoch plot.
-            cells = page.locator(".jp-Notebook .jp-CodeCell")
-            fit_panel, fail_panel, long_panel = (cells.nth(i).locator(".jp-OutputArea-output").first for i in (1, 2, 3))
-            expect(fit_panel).to_contain_text("succeeded", timeout=180_000)
-            table = fit_panel.locator(".ddp-epochs")
-            expect(table).to_contain_text("valid loss")
-            expect(table).to_contain_text("acc")
-            expect(table.locator("tr")).to_have_count(7)  # the header and 6 epochs
-            expect(table).to_contain_text("6/6")
-            # The failing launch: its card, then a double click on Retry.
-            card = page.locator(".ddp-failure").first
-            expect(card).to_contain_text("ValueError: boom at step 5", timeout=120_000)
-            page.wait_for_function(KERNEL_READY, timeout=120_000)  # clicks are handled once the cells ran
-            expect(fail_panel.locator(".ddp-last").nth(0)).to_contain_text("step ")  # not the FutureWarning
-            expect(fail_panel.locator(".ddp-detail").first).to_contain_text("1 warning")
-            # Nothing cut or wrapped in the rows at 1400 px.
-            assert page.evaluate(CUT) == []
-            assert page.evaluate(WRAPPED) == 0
-            assert page.evaluate(PAST_EDGE) == []  # a long metric name wraps onto a line of its own
-            expect(fit_panel.locator(".ddp-detail").first).to_contain_text(
-                "accuracy_of_the_held_out_validation_split_per_epoch")
-            fit_panel.scroll_into_view_if_needed()
-            shot(fit_panel, "panel-fit-1400.png")
-            fail_panel.scroll_into_view_if_needed()
-            shot(fail_panel, "panel-failed-1400.png")
-            fail_panel.get_by_role("button", name="Retry on single device").dblclick()
-            retried = fail_panel.get_by_text(re.compile(r"retry of \S+ on cpu:0"))
-            expect(fail_panel.get_by_text(re.compile(r"retry of \S+ on cpu:0 succeeded"))).to_be_visible(
-                timeout=120_000)
-            page.wait_for_function(KERNEL_READY, timeout=60_000)  # both clicks handled by now
-            expect(retried).to_have_count(1)  # one retry for a double click
-            shot(fail_panel, "panel-retried-once.png")
-            # The fallback of every display says the outcome once saved (not "starting").
-            page.evaluate("() => { window.jupyterapp.commands.execute('docmanager:save'); }")
-            deadline = time.monotonic() + 60
-            while True:
-                outputs = saved_outputs(root / NAME, deadline)
-                if any("succeeded" in t for t in outputs[1]) and any("failed" in t for t in outputs[2]):
-                    break
-                assert time.monotonic() < deadline, outputs
-                time.sleep(0.2)
-            assert outputs[2][0].count("Run ") == 2 and "starting" not in outputs[1][0]  # the run and its retry
-            # Kernel restart while the long run goes on: its panel says it is no longer updated.
-            expect(long_panel).to_contain_text("running", timeout=60_000)
-            note = long_panel.locator(".ddp-stale-note")
-            assert note.evaluate("e => getComputedStyle(e).visibility") == "hidden"
-            # Kernel -> Restart, without its confirmation dialog.
-            page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart(); }")
-            expect(note).to_be_visible(timeout=60_000)
-            stop = long_panel.get_by_role("button", name="Stop")
-            assert float(stop.evaluate("e => getComputedStyle(e).opacity")) < 0.5
-            long_panel.scroll_into_view_if_needed()
-            shot(long_panel, "panel-after-restart.png")
-            page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab-1400.png"), full_page=True)
-        finally:
-            browser.close()
+    with open_notebook(lab, tmp_path, NAME) as page:
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        # The fit: an epoch table of 6 epochs with valid loss and acc, and the per-epoch plot.
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        fit_panel, fail_panel, long_panel = (cells.nth(i).locator(".jp-OutputArea-output").first for i in (1, 2, 3))
+        expect(fit_panel).to_contain_text("succeeded", timeout=180_000)
+        table = fit_panel.locator(".ddp-epochs")
+        expect(table).to_contain_text("valid loss")
+        expect(table).to_contain_text("acc")
+        expect(table.locator("tr")).to_have_count(7)  # the header and 6 epochs
+        expect(table).to_contain_text("6/6")
+        # The failing launch: its card, then a double click on Retry.
+        card = page.locator(".ddp-failure").first
+        expect(card).to_contain_text("ValueError: boom at step 5", timeout=120_000)
+        page.wait_for_function(KERNEL_READY, timeout=120_000)  # clicks are handled once the cells ran
+        expect(fail_panel.locator(".ddp-last").nth(0)).to_contain_text("step ")  # not the FutureWarning
+        expect(fail_panel.locator(".ddp-detail").first).to_contain_text("1 warning")
+        # Nothing cut or wrapped in the rows at 1400 px.
+        assert page.evaluate(CUT) == []
+        assert page.evaluate(WRAPPED) == 0
+        assert page.evaluate(PAST_EDGE) == []  # a long metric name wraps onto a line of its own
+        expect(fit_panel.locator(".ddp-detail").first).to_contain_text(
+            "accuracy_of_the_held_out_validation_split_per_epoch")
+        fit_panel.scroll_into_view_if_needed()
+        shot(fit_panel, "panel-fit-1400.png")
+        fail_panel.scroll_into_view_if_needed()
+        shot(fail_panel, "panel-failed-1400.png")
+        fail_panel.get_by_role("button", name="Retry on single device").dblclick()
+        retried = fail_panel.get_by_text(re.compile(r"retry of \S+ on cpu:0"))
+        expect(fail_panel.get_by_text(re.compile(r"retry of \S+ on cpu:0 succeeded"))).to_be_visible(
+            timeout=120_000)
+        page.wait_for_function(KERNEL_READY, timeout=60_000)  # both clicks handled by now
+        expect(retried).to_have_count(1)  # one retry for a double click
+        shot(fail_panel, "panel-retried-once.png")
+        # The fallback of every display says the outcome once saved (not "starting").
+        page.evaluate("() => { window.jupyterapp.commands.execute('docmanager:save'); }")
+        deadline = time.monotonic() + 60
+        while True:
+            outputs = saved_outputs(root / NAME, deadline)
+            if any("succeeded" in t for t in outputs[1]) and any("failed" in t for t in outputs[2]):
+                break
+            assert time.monotonic() < deadline, outputs
+            time.sleep(0.2)
+        assert outputs[2][0].count("Run ") == 2 and "starting" not in outputs[1][0]  # the run and its retry
+        # Kernel restart while the long run goes on: its panel says it is no longer updated.
+        expect(long_panel).to_contain_text("running", timeout=60_000)
+        note = long_panel.locator(".ddp-stale-note")
+        assert note.evaluate("e => getComputedStyle(e).visibility") == "hidden"
+        # Kernel -> Restart, without its confirmation dialog.
+        page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart(); }")
+        expect(note).to_be_visible(timeout=60_000)
+        stop = long_panel.get_by_role("button", name="Stop")
+        assert float(stop.evaluate("e => getComputedStyle(e).opacity")) < 0.5
+        long_panel.scroll_into_view_if_needed()
+        shot(long_panel, "panel-after-restart.png")
+        page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab-1400.png"), full_page=True)

@@ -6,8 +6,8 @@ import os
 import re
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
-from test_browser import ARTIFACTS, KERNEL_READY, chromium, lab, shot  # noqa: F401 - lab is a fixture
+from playwright.sync_api import expect
+from test_browser import ARTIFACTS, KERNEL_READY, lab, open_notebook, run_cell, shot  # noqa: F401 - lab is a fixture
 
 from helpers import wait_until
 
@@ -33,103 +33,89 @@ def notebook(root):
     nbformat.write(nb, str(root / NAME))
 
 
-def run_cell(page, index):
-    """Run cell ``index`` (not waiting for it to finish)."""
-    page.evaluate("""(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
-        nb.activeCellIndex = i; window.jupyterapp.commands.execute('notebook:run-cell'); }""", index)
-
-
 def test_a_session_in_jupyterlab_cells_failure_card_interrupt_kill_and_re_form(lab, tmp_path):  # noqa: F811
     import psutil
 
-    base, token, root = lab
+    root = lab[2]
     notebook(root)
-    os.makedirs(ARTIFACTS, exist_ok=True)
     ranks_seen = set()
-    with sync_playwright() as p:
-        browser = chromium(p, tmp_path)
-        try:
-            page = browser.new_page()
-            page.goto(f"{base}/lab/tree/{NAME}?token={token}")
-            page.wait_for_function(KERNEL_READY, timeout=120_000)
-            cells = page.locator(".jp-Notebook .jp-CodeCell")
-            out = lambda i: cells.nth(i).locator(".jp-OutputArea")  # noqa: E731
-            view = page.locator(".ddp-session-view")
-            # The session forms: its view, a row per rank, idle.
-            run_cell(page, 0)
-            expect(out(0)).to_contain_text("Session ready: 2 ranks on cpu:0, cpu:1", timeout=120_000)
-            expect(view).to_have_count(1, timeout=60_000)
-            expect(view.locator(".ddp-session-rank")).to_have_count(2)
-            expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("idle", timeout=30_000)
-            ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(view.locator(".ddp-doing").all_inner_texts())))
-            # A cell on every rank: each rank's output, and the outcome in the view.
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            run_cell(page, 1)
-            expect(out(1)).to_contain_text("[rank 0] rank 0 holds [0.0, 1.0, 2.0]", timeout=60_000)
-            expect(out(1)).to_contain_text("[rank 1] rank 1 holds [1.0, 2.0, 3.0]")
-            expect(view.locator(".ddp-activity")).to_contain_text("Last: cell 1 on ranks 0, 1: ok in", timeout=30_000)
-            expect(view.locator(".ddp-last").nth(1)).to_contain_text("rank 1 holds [1.0, 2.0, 3.0]", timeout=30_000)
-            shot(view, "session-cell.png")
-            # A cell that fails on rank 1: the error names it; the view shows the card with its locals.
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            run_cell(page, 2)
-            expect(out(2)).to_contain_text("CellError: cell 2 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3)",
-                                           timeout=60_000)
-            card = view.locator(".ddp-failure")
-            expect(card).to_contain_text("worker 1 (cpu:1) failed: ValueError: bad shape (3, 3)", timeout=30_000)
-            expect(card).to_contain_text("Locals in <module>")
-            expect(card.locator(".ddp-locals")).to_contain_text("Tensor[3, 3] float32 cpu")
-            expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("failed")
-            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("idle")
-            shot(view, "session-failed-cell.png")
-            # Kernel → Interrupt while a cell runs (the view says so): every rank leaves it, the session goes on.
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            run_cell(page, 3)
-            expect(view.locator(".ddp-activity")).to_contain_text("Kernel → Interrupt stops it on every rank",
-                                                                  timeout=60_000)
-            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("running")
-            expect(view.locator(".ddp-doing").nth(0)).to_contain_text(re.compile(r"cell 3 · [1-9]\.\d s"),
-                                                                      timeout=30_000)  # the clock ticks
-            shot(view, "session-running.png")
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
-            expect(out(3)).to_contain_text("Cell 3 interrupted on ranks 0, 1; the session goes on", timeout=30_000)
-            expect(view.locator(".ddp-activity")).to_contain_text("interrupted")
-            # The failed cell's card, folded under a line that names it, once another cell has run.
-            expect(view.locator(".ddp-last-failure > summary")).to_contain_text("Last failure: cell 2 failed on rank 1")
-            expect(view.locator(".ddp-failure")).to_be_hidden()
-            shot(view, "session-interrupted.png")
-            # A rank killed from a cell: the view says the session ended and offers Re-form.
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            run_cell(page, 4)
-            expect(out(4)).to_contain_text("killed", timeout=30_000)
-            expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("failed", timeout=60_000)
-            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("ended", timeout=60_000)
-            expect(view.locator(".ddp-failure")).to_contain_text("killed by signal SIGKILL")
-            reform = view.get_by_role("button", name="Re-form")
-            expect(reform).to_be_visible()
-            expect(view).to_contain_text("the ranks' namespaces are lost")
-            shot(view, "session-ended.png")
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            reform.dblclick()  # one session formed for a double click
-            expect(view.locator(".ddp-reformed")).to_contain_text("namespaces were lost", timeout=120_000)
-            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("idle", timeout=60_000)
-            expect(reform).to_be_hidden()
-            page.wait_for_function(KERNEL_READY, timeout=60_000)  # both clicks handled by now
-            expect(view.locator(".ddp-reformed")).to_have_count(1)
-            texts = view.locator(".ddp-doing").all_inner_texts()
-            ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(texts)))
-            shot(view, "session-re-formed.png")
-            # The new ranks run cells, with fresh namespaces.
-            run_cell(page, 5)
-            expect(out(5)).to_contain_text("[rank 1] Out: (False, 1)", timeout=60_000)
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            run_cell(page, 6)
-            expect(out(6)).to_contain_text("Session closed", timeout=60_000)
-            expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("closed", timeout=30_000)
-            shot(view, "session-closed.png")
-            page.screenshot(path=os.path.join(ARTIFACTS, "session-jupyterlab.png"), full_page=True)
-        finally:
-            browser.close()
+    with open_notebook(lab, tmp_path, NAME) as page:
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        out = lambda i: cells.nth(i).locator(".jp-OutputArea")  # noqa: E731
+        view = page.locator(".ddp-session-view")
+        # The session forms: its view, a row per rank, idle.
+        run_cell(page, 0, wait=False)
+        expect(out(0)).to_contain_text("Session ready: 2 ranks on cpu:0, cpu:1", timeout=120_000)
+        expect(view).to_have_count(1, timeout=60_000)
+        expect(view.locator(".ddp-session-rank")).to_have_count(2)
+        expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("idle", timeout=30_000)
+        ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(view.locator(".ddp-doing").all_inner_texts())))
+        # A cell on every rank: each rank's output, and the outcome in the view.
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        run_cell(page, 1, wait=False)
+        expect(out(1)).to_contain_text("[rank 0] rank 0 holds [0.0, 1.0, 2.0]", timeout=60_000)
+        expect(out(1)).to_contain_text("[rank 1] rank 1 holds [1.0, 2.0, 3.0]")
+        expect(view.locator(".ddp-activity")).to_contain_text("Last: cell 1 on ranks 0, 1: ok in", timeout=30_000)
+        expect(view.locator(".ddp-last").nth(1)).to_contain_text("rank 1 holds [1.0, 2.0, 3.0]", timeout=30_000)
+        shot(view, "session-cell.png")
+        # A cell that fails on rank 1: the error names it; the view shows the card with its locals.
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        run_cell(page, 2, wait=False)
+        expect(out(2)).to_contain_text("CellError: cell 2 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3)",
+                                       timeout=60_000)
+        card = view.locator(".ddp-failure")
+        expect(card).to_contain_text("worker 1 (cpu:1) failed: ValueError: bad shape (3, 3)", timeout=30_000)
+        expect(card).to_contain_text("Locals in <module>")
+        expect(card.locator(".ddp-locals")).to_contain_text("Tensor[3, 3] float32 cpu")
+        expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("failed")
+        expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("idle")
+        shot(view, "session-failed-cell.png")
+        # Kernel → Interrupt while a cell runs (the view says so): every rank leaves it, the session goes on.
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        run_cell(page, 3, wait=False)
+        expect(view.locator(".ddp-activity")).to_contain_text("Kernel → Interrupt stops it on every rank",
+                                                              timeout=60_000)
+        expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("running")
+        expect(view.locator(".ddp-doing").nth(0)).to_contain_text(re.compile(r"cell 3 · [1-9]\.\d s"),
+                                                                  timeout=30_000)  # the clock ticks
+        shot(view, "session-running.png")
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+        expect(out(3)).to_contain_text("Cell 3 interrupted on ranks 0, 1; the session goes on", timeout=30_000)
+        expect(view.locator(".ddp-activity")).to_contain_text("interrupted")
+        # The failed cell's card, folded under a line that names it, once another cell has run.
+        expect(view.locator(".ddp-last-failure > summary")).to_contain_text("Last failure: cell 2 failed on rank 1")
+        expect(view.locator(".ddp-failure")).to_be_hidden()
+        shot(view, "session-interrupted.png")
+        # A rank killed from a cell: the view says the session ended and offers Re-form.
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        run_cell(page, 4, wait=False)
+        expect(out(4)).to_contain_text("killed", timeout=30_000)
+        expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("failed", timeout=60_000)
+        expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("ended", timeout=60_000)
+        expect(view.locator(".ddp-failure")).to_contain_text("killed by signal SIGKILL")
+        reform = view.get_by_role("button", name="Re-form")
+        expect(reform).to_be_visible()
+        expect(view).to_contain_text("the ranks' namespaces are lost")
+        shot(view, "session-ended.png")
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        reform.dblclick()  # one session formed for a double click
+        expect(view.locator(".ddp-reformed")).to_contain_text("namespaces were lost", timeout=120_000)
+        expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("idle", timeout=60_000)
+        expect(reform).to_be_hidden()
+        page.wait_for_function(KERNEL_READY, timeout=60_000)  # both clicks handled by now
+        expect(view.locator(".ddp-reformed")).to_have_count(1)
+        texts = view.locator(".ddp-doing").all_inner_texts()
+        ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(texts)))
+        shot(view, "session-re-formed.png")
+        # The new ranks run cells, with fresh namespaces.
+        run_cell(page, 5, wait=False)
+        expect(out(5)).to_contain_text("[rank 1] Out: (False, 1)", timeout=60_000)
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        run_cell(page, 6, wait=False)
+        expect(out(6)).to_contain_text("Session closed", timeout=60_000)
+        expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("closed", timeout=30_000)
+        shot(view, "session-closed.png")
+        page.screenshot(path=os.path.join(ARTIFACTS, "session-jupyterlab.png"), full_page=True)
 
     def ended(pid):
         try:

@@ -13,8 +13,9 @@ session's API; ``worker.session_loop`` the ranks' side).
 - **A rank left waiting in a collective that cannot complete** (a peer raised, finished the
   cell or is not in it): ranks still in the cell are asked where they are (``where``); one whose
   main thread waits in torch.distributed, DDP or autograd, at the same place in two looks in a
-  row (for ``SKIPPED_AFTER`` seconds when nobody asked it to leave), while some rank is out of
-  the cell, is ``left_waiting``. Its process group cannot be trusted: the session forms it again.
+  row, using almost no CPU between them (for ``SKIPPED_AFTER`` seconds when nobody asked it to
+  leave), while some rank is out of the cell, is ``left_waiting``. Its process group cannot be
+  trusted: the session forms it again.
 - **A rank that does not leave an interrupted cell** within ``INTERRUPT_GRACE`` is ``stuck``
   (native code); the session forms it again too.
 """
@@ -37,7 +38,7 @@ from ..worker.session_loop import HEADER, FrameReader
 from .stall import collective_name, is_waiting_in_collective, user_site
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
-           "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER"]
+           "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
 SHOWN_LINES = 2000
@@ -54,6 +55,9 @@ PROBE_EVERY = 1.0
 #: Seconds a rank nobody asked to leave must wait in a collective that a rank out of the cell
 #: would have to join before it is judged left waiting (a collective of a subgroup may be slow).
 SKIPPED_AFTER = 5.0
+#: Share of a core a rank may use between two looks and still be judged waiting (a rank blocked
+#: in a collective uses next to none; one computing, a whole core).
+IDLE_CPU = 0.2
 _POLL = 0.1
 _SEND_CHUNK = 1 << 20
 
@@ -200,7 +204,8 @@ class Exchange:
         self._out_since: Optional[float] = None  # since when some rank is out of the cell
         self._next_probe = 0.0
         self._probes = 0
-        self._samples: dict[int, list[tuple[int, float, tuple]]] = {}  # rank → (probe, when, place) newest last
+        # rank → (probe, when, place, cpu seconds), the newest last
+        self._samples: dict[int, list[tuple[int, float, tuple, Optional[float]]]] = {}
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> Gathered:
@@ -307,7 +312,8 @@ class Exchange:
         elif op == "where" and reply.get("cell") == self.cell and self.cell is not None:
             frames = [tuple(f) for f in reply.get("frames") or []]
             place = (collective_name(frames), user_site(frames)) if is_waiting_in_collective(frames) else ()
-            self._samples.setdefault(rank, []).append((self._probes, time.monotonic(), place))
+            cpu = reply.get("cpu") if isinstance(reply.get("cpu"), (int, float)) else None
+            self._samples.setdefault(rank, []).append((self._probes, time.monotonic(), place, cpu))
             del self._samples[rank][:-2]
         elif op in ("done", "error") and reply.get("id") == self.message["id"]:
             self.outcome.replies[rank] = reply
@@ -363,11 +369,14 @@ class Exchange:
             last = self._samples.get(rank, [])
             if len(last) < 2 or last[-1][0] != self._probes or not last[-1][2] or last[-1][2] != last[-2][2]:
                 return False
-            places[rank] = last[-1]
+            (_, then, _, cpu_then), (_, when, place, cpu_now) = last[-2:]
+            if cpu_then is None or cpu_now is None or cpu_now - cpu_then > IDLE_CPU * max(when - then, 0.1):
+                return False  # it works (a long backward alone, say): not waiting
+            places[rank] = place
         out = sorted(set(range(self.world_size)) - set(waiting))
-        for rank, (_, _, (name, site)) in places.items():
+        for rank, (name, site) in places.items():
             self.outcome.left_waiting[rank] = f"{name} ({site})" + _for_whom(out, self.outcome.replies, self.ranks)
-            first = next(when for _, when, place in self._samples[rank] if place == places[rank][2])
+            first = next(when for _, when, place, _ in self._samples[rank] if place == places[rank])
             self.outcome.waited[rank] = max(now - first, now - self._out_since)
         return True
 

@@ -17,8 +17,9 @@ carries the session's token), then serves requests until the notebook says ``clo
   in a Python loop gets a ``KeyboardInterrupt``; one blocked in native code, a collective, is not
   interrupted);
 - ``where``: while that cell runs, the main thread's frames (file, line, function), innermost
-  first, read by the reader thread (a rank blocked in a collective has released the GIL): the
-  notebook tells from them a rank left waiting in a collective that can no longer complete;
+  first, read by the reader thread (a rank blocked in a collective has released the GIL), and
+  the process's CPU time: the notebook tells from them a rank left waiting in a collective that
+  can no longer complete;
 - ``idle``: every rank has finished the last cell: with a strict ``stall_timeout`` the rank
   reports progress while idle, so that the watchdog judges cells, not the time between them.
 
@@ -188,7 +189,7 @@ class _Rank:
             frame = frame.f_back
         if cell == self.cell:  # still in it (not a frame of the loop between cells)
             try:
-                self.send({"op": "where", "cell": cell, "frames": frames})
+                self.send({"op": "where", "cell": cell, "frames": frames, "cpu": time.process_time()})
             except OSError:
                 pass
 

@@ -29,6 +29,7 @@ True
     ├── QueueUseError (RuntimeError)          a worker's end of a queue was read (raised in a worker)
     ├── CellError (RuntimeError)              a session's cell raised on some ranks; the session goes on
     ├── SessionEndedError (RuntimeError)      a session's run ended: restart() forms a new one
+    ├── SessionBusyError (RuntimeError)       a session's cell runs without blocking: wait for it or stop it
     └── ProcessGroupMismatchError (ValueError) a function's own init_process_group cannot meet
 
     KeyboardInterrupt
@@ -57,6 +58,7 @@ from .core.errors import (
     RunInterrupted,
     RunLoadError,
     RunStoppedError,
+    SessionBusyError,
     SessionEndedError,
     SessionInterrupted,
     SharedDataError,
@@ -72,7 +74,7 @@ __all__ = [
     "EngineUnavailableError", "PreflightError", "NonFiniteLossError", "WorkerFailedError", "SupervisionError",
     "RunStoppedError", "WaitTimeoutError", "NoResultError", "NoCheckpointError", "UnsafeRunDirError",
     "QueueUseError", "ProcessGroupMismatchError", "RunInterrupted", "CellError", "SessionEndedError",
-    "SessionInterrupted",
+    "SessionBusyError", "SessionInterrupted",
 ]
 
 # Tracebacks, reprs and the documentation name each class by its public home. (Pickles name it

@@ -1,7 +1,7 @@
 """A session in real JupyterLab and headless Chromium: its live view, a %%ddp cell on every rank
 (output by rank), a cell that fails on rank 1 (the card and its locals in the view), Kernel → Interrupt while
-a cell runs, a rank killed from a cell (the view says the session ended) and Re-form clicked
-(once). Screenshots go to $DDP_NOTEBOOK_ARTIFACTS (default artifacts/)."""
+a cell runs, a rank killed from a cell (the view says the session ended), Re-form clicked
+(once), and a cell run without blocking stopped from the view. Screenshots go to $DDP_NOTEBOOK_ARTIFACTS (default artifacts/)."""
 import os
 import re
 
@@ -21,6 +21,7 @@ CELLS = [
     "%%ddp\nimport time\nfor i in range(6000):\n    time.sleep(0.01)",
     "pids = _ddp_session.current_run.pids()\nos.kill(pids[1], signal.SIGKILL)\nprint('killed', pids[1])",
     "%%ddp\n'x' in globals(), rank",
+    "%%ddp --noblock\nimport time\nfor i in range(6000):\n    time.sleep(0.01)",
     "%ddp_session --stop",
 ]
 
@@ -42,11 +43,11 @@ def test_a_session_in_jupyterlab_cells_failure_card_interrupt_kill_and_re_form(l
     with open_notebook(lab, tmp_path, NAME) as page:
         cells = page.locator(".jp-Notebook .jp-CodeCell")
         out = lambda i: cells.nth(i).locator(".jp-OutputArea")  # noqa: E731
-        view = page.locator(".ddp-session-view")
+        view = page.locator(".ddp-session-view").first  # the session's first view (a --noblock cell shows another)
         # The session forms: its view, a row per rank, idle.
         run_cell(page, 0, wait=False)
         expect(out(0)).to_contain_text("Session ready: 2 ranks on cpu:0, cpu:1", timeout=120_000)
-        expect(view).to_have_count(1, timeout=60_000)
+        expect(page.locator(".ddp-session-view")).to_have_count(1, timeout=60_000)
         expect(view.locator(".ddp-session-rank")).to_have_count(2)
         expect(view.locator(".ddp-rank-status").nth(1)).to_have_text("idle", timeout=30_000)
         ranks_seen.update(int(v) for v in re.findall(r"pid (\d+)", " ".join(view.locator(".ddp-doing").all_inner_texts())))
@@ -110,9 +111,22 @@ def test_a_session_in_jupyterlab_cells_failure_card_interrupt_kill_and_re_form(l
         # The new ranks run cells, with fresh namespaces.
         run_cell(page, 5, wait=False)
         expect(out(5)).to_contain_text("[rank 1] Out: (False, 1)", timeout=60_000)
+        # A cell run without blocking: the kernel is free at once, and Stop in the view interrupts it.
         page.wait_for_function(KERNEL_READY, timeout=60_000)
         run_cell(page, 6, wait=False)
-        expect(out(6)).to_contain_text("Session closed", timeout=60_000)
+        expect(out(6)).to_contain_text("without blocking", timeout=60_000)
+        page.wait_for_function(KERNEL_READY, timeout=60_000)  # the cell has returned; the ranks run it
+        stop = out(6).locator(".ddp-session-stop")
+        expect(stop).to_be_visible(timeout=30_000)
+        expect(out(6).locator(".ddp-activity")).to_contain_text("Stop interrupts it on every rank")
+        shot(out(6).locator(".ddp-session-view"), "session-noblock-stop.png")
+        stop.click()
+        expect(out(6)).to_contain_text(re.compile(r"Cell \d+ interrupted on ranks 0, 1; the session goes on"),
+                                       timeout=30_000)
+        expect(stop).to_be_hidden()
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        run_cell(page, 7, wait=False)
+        expect(out(7)).to_contain_text("Session closed", timeout=60_000)
         expect(view.locator(".ddp-rank-status").nth(0)).to_have_text("closed", timeout=30_000)
         shot(view, "session-closed.png")
         page.screenshot(path=os.path.join(ARTIFACTS, "session-jupyterlab.png"), full_page=True)

@@ -126,3 +126,35 @@ def test_a_killed_kernel_leaves_no_rank_behind():
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
+
+
+def test_a_cell_run_without_blocking_frees_the_kernel_prints_into_its_own_cell_and_stops(kernel):
+    k, _ = kernel
+    msg_id = k.kc.execute("%%ddp --noblock\nimport time\nfor i in range(3):\n    print('tick', i)\n    time.sleep(0.5)\n"
+                          "rank + 100")
+    content = k.reply_to(msg_id)
+    assert content["status"] == "ok", content  # the cell returned while the ranks run it
+    # Another cell meanwhile: the notebook is free, and a second request is refused by name.
+    busy, _ = k.execute("%%ddp\n1")
+    assert busy["status"] == "error" and "the session is still running cell" in busy["evalue"], busy
+    # What the ranks print, and their values, come to the cell that ran it, as they arrive (the
+    # kernel client reads every message: what came before the last cell was read by it).
+    seen = []
+    deadline = time.monotonic() + 60
+    while "[rank 1] Out: 101\n" not in "".join(seen) and time.monotonic() < deadline:
+        try:
+            msg = k.kc.get_iopub_msg(timeout=5)
+        except Exception:  # noqa: BLE001 - queue.Empty: look again until the deadline
+            continue
+        if msg["msg_type"] == "stream" and msg["parent_header"].get("msg_id") == msg_id:
+            seen.append(msg["content"]["text"])
+    text = "".join(seen)
+    assert "[rank 0] tick 2\n" in text and "[rank 1] Out: 101\n" in text, text
+    assert "[100, 101]" in k.ok("print(_ddp_cell.result(30))")
+    # Stopped from code (the view's Stop calls the same): interrupted on every rank, namespaces kept.
+    k.ok("%%ddp --noblock\nimport time\nfor i in range(6000):\n    time.sleep(0.01)")
+    printed = k.ok("import time\nwhile _ddp_session.state.current is None or not _ddp_session.state.current.background:\n"
+                   "    time.sleep(0.05)\nprint(_ddp_session.interrupt())\ntry:\n    _ddp_cell.result(30)\n"
+                   "except KeyboardInterrupt as e:\n    print(type(e).__name__, e)")
+    assert "True\nSessionInterrupted Cell" in printed and "interrupted on ranks 0, 1" in printed, printed
+    assert "[rank 0] Out: True\n" in k.ok("%%ddp\ni > 0")

@@ -208,9 +208,15 @@ class SessionEndedError(DDPNotebookError, RuntimeError):
         return lines[:-1] + [f"SessionEndedError: {self}"]
 
 
+class SessionBusyError(DDPNotebookError, RuntimeError):
+    """A session was asked for a request while a cell it runs without blocking
+    (``run(..., block=False)``, ``%%ddp --noblock``) has not ended: wait for that cell
+    (``future.result()``) or stop it (the view's Stop, ``session.interrupt()``)."""
+
+
 class SessionInterrupted(KeyboardInterrupt):
-    """An interrupt (Kernel → Interrupt, Ctrl-C) while the notebook waited for a session's cell:
-    the cell was interrupted on every rank and the session goes on. One line, no traceback."""
+    """An interrupt (Kernel → Interrupt, Ctrl-C, the view's Stop) of a session's cell: the cell
+    was interrupted on every rank and the session goes on. One line, no traceback."""
 
     def _render_traceback_(self) -> list[str]:
         return [str(self)]

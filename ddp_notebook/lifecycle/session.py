@@ -23,6 +23,8 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import linecache
 import os
@@ -32,8 +34,10 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec
@@ -43,6 +47,7 @@ from ..core.errors import (
     DDPNotebookError,
     LaunchOptionError,
     NotPicklableError,
+    SessionBusyError,
     SessionEndedError,
     SessionInterrupted,
 )
@@ -61,8 +66,8 @@ from .session_exchange import INTERRUPT_GRACE, Exchange, Gathered, RankGone
 from .session_failures import cell_error, failures_of, push_hint, ranks_text
 from .session_state import SessionRecord, SessionState, format_session, value_text
 
-__all__ = ["Session", "session", "current_session", "set_current_session", "show_sessions_with", "RANK_NAMES",
-           "INTERRUPT_GRACE"]
+__all__ = ["Session", "CellFuture", "session", "current_session", "set_current_session", "show_sessions_with",
+           "RANK_NAMES", "INTERRUPT_GRACE"]
 
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
@@ -104,6 +109,17 @@ def _close_all(connections: dict[int, socket.socket]) -> None:
     connections.clear()
 
 
+class CellFuture(Future):
+    """A cell run without blocking (``Session.run(code, block=False)``, ``%%ddp --noblock``), a
+    :class:`concurrent.futures.Future`: ``result(timeout)`` waits for the ranks' values (a list by
+    rank) or raises what the cell raised (``CellError``, ``SessionInterrupted``...); ``done()``
+    says whether it ended. ``cell`` is the session's number for the cell."""
+
+    def __init__(self, cell: int) -> None:
+        super().__init__()
+        self.cell = cell
+
+
 class Session:
     """Ranks that stay: each with a namespace of its own, kept across cells, holding ``rank``,
     ``world_size``, ``ctx`` (its ``WorkerContext``), ``torch`` and ``dist`` (the process group is
@@ -137,6 +153,8 @@ class Session:
         self._ended: Optional[SessionEndedError] = None
         self._pending_lines: dict[tuple[int, str], str] = {}
         self._asked: list[int] = []  # the ranks of the request in flight
+        self._busy = threading.Lock()  # held while a request is in flight (one at a time)
+        self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
         self._record = SessionRecord(self)  # what the view reads: state, subscribe, interrupt
         weakref.finalize(self, _close_all, self._connections)
         self._start()
@@ -439,21 +457,46 @@ class Session:
 
     # ---- the API ---------------------------------------------------------------------------------
     def run_cell(self, code: str, ranks: Union[None, int, Iterable[int]] = None,
-                 namespace: Optional[dict[str, Any]] = None) -> list[Any]:
+                 namespace: Optional[dict[str, Any]] = None, block: bool = True) -> Union[list[Any], CellFuture]:
         """:meth:`run`, with the notebook's namespace given (the magics pass the shell's)."""
         if not isinstance(code, str):
             raise ArgumentsError(f"run() takes the cell's code as a string, not {type(code).__name__}")
+        if not isinstance(block, bool):
+            raise ArgumentsError(f"block is True or False, not {block!r}")
         chosen = self._ranks(ranks)
         self._check_alive()
+        self._check_free()
         cell = self._cells_run + 1  # numbered once it is sent: a syntax error uses no number
         compile(code, cell_file_name(cell), "exec")  # a syntax error is the same on every rank: said here
-        self._cells_run = cell
         if namespace is None:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
-        with self._record.tracking(f"cell {cell}", chosen, cell, code) as said:
-            message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
-                       "sources": self._new_sources()}
+        message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
+                   "sources": self._new_sources()}
+        self._cells_run = cell
+        if block:
+            with self._claimed():
+                return self._cell(cell, chosen, code, message, namespace, background=False)
+        future = CellFuture(cell)
+        with self._claimed(keep=True):
+            def work() -> None:
+                try:
+                    future.set_result(self._cell(cell, chosen, code, message, namespace, background=True))
+                except BaseException as e:  # noqa: BLE001 - the cell's outcome: future.result() raises it
+                    future.set_exception(e)
+                finally:
+                    self._busy.release()
+
+            # In a copy of this context: in a notebook, what the request prints goes to this cell.
+            context = contextvars.copy_context()
+            self._background = threading.Thread(target=context.run, args=(work,), name=f"ddp-session-cell-{cell}",
+                                                daemon=True)
+            self._background.start()
+        return future
+
+    def _cell(self, cell: int, chosen: list[int], code: str, message: dict[str, Any], namespace: dict[str, Any],
+              background: bool) -> list[Any]:
+        with self._record.tracking(f"cell {cell}", chosen, cell, code, background=background) as said:
             outcome = self._request(chosen, message, cell)
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):
@@ -463,7 +506,31 @@ class Session:
             said += [f"[rank {r}] {value_text(v)}" for r, v in zip(chosen, values) if v is not None]
         return values
 
-    def run(self, code: str, ranks: Union[None, int, Iterable[int]] = None) -> list[Any]:
+    def _check_free(self) -> None:
+        if self._busy.locked():
+            raise self._busy_error()
+
+    def _busy_error(self) -> SessionBusyError:
+        doing = self._record.state().current
+        what = doing.what if doing is not None else "a request"
+        return SessionBusyError(f"the session is still running {what} (run without blocking): wait for it "
+                                "(future.result()), or stop it (Stop in the session's view, or session.interrupt())")
+
+    @contextlib.contextmanager
+    def _claimed(self, keep: bool = False) -> Iterator[None]:
+        """One request at a time: held while it runs (``keep``: the request's thread releases it)."""
+        if not self._busy.acquire(blocking=False):
+            raise self._busy_error()
+        handed_over = False
+        try:
+            yield
+            handed_over = keep
+        finally:
+            if not handed_over:
+                self._busy.release()
+
+    def run(self, code: str, ranks: Union[None, int, Iterable[int]] = None,
+            block: bool = True) -> Union[list[Any], CellFuture]:
         """Run ``code`` on the chosen ranks, each in its own namespace (kept across cells).
 
         The functions, classes and modules of the notebook (``__main__``) that the code names are
@@ -477,12 +544,17 @@ class Session:
             The cell: statements, ending with an expression whose value is returned (or not).
         ranks : int or list of int, optional
             The ranks to run it on (default: every rank).
+        block : bool, default True
+            False: return at once a :class:`CellFuture` while the ranks run the cell (the
+            notebook stays free; what the ranks print goes to the cell that ran it; Stop in the
+            session's view, or ``session.interrupt()``, interrupts it). One request at a time:
+            until it ends, another raises ``SessionBusyError``.
 
         Returns
         -------
-        list
+        list or CellFuture
             The value of the cell's last expression on each chosen rank, in rank order (None
-            where the cell ends with a statement).
+            where the cell ends with a statement); with ``block=False``, the future of that list.
 
         Raises
         ------
@@ -497,8 +569,10 @@ class Session:
             A function or class of the notebook that the cell uses cannot be sent.
         SyntaxError
             The code is not Python (nothing was sent).
+        SessionBusyError
+            A cell run with ``block=False`` has not ended.
         """
-        return self.run_cell(code, ranks)
+        return self.run_cell(code, ranks, block=block)
 
     def push(self, **values: Any) -> None:
         """Put values into every rank's namespace: ``session.push(lr=0.1, data=tensor)``.
@@ -524,7 +598,7 @@ class Session:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank has its own "
                                  f"({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
-        with self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
+        with self._claimed(), self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
             try:
                 data, placed = self._pack(values)
             except KeyboardInterrupt:
@@ -573,7 +647,7 @@ class Session:
         if not isinstance(name, str) or not name.isidentifier():
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
         self._check_alive()
-        with self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
+        with self._claimed(), self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
             replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
             if any(m["op"] == "error" for m in replies.values()):
                 raise self._error(None, *self._failures(None, Gathered(replies)), what=f"pull {name!r}")
@@ -587,6 +661,10 @@ class Session:
         run = self._run
         if self._closed or run is None:
             return
+        background = self._background
+        if background is not None and background.is_alive() and background is not threading.current_thread():
+            self.interrupt()  # a cell run without blocking: stopped first, as Stop would
+            background.join(INTERRUPT_GRACE + END_WAIT)
         self._closed = True
         for conn in self._connections.values():
             try:

@@ -98,7 +98,8 @@ class RankState:
 class Request:
     """What the ranks run now: ``what`` (``cell 3``, ``push``, ``pull 'x'``), on ``ranks``, since
     ``started_at``; ``first_line`` is the cell's first line of code; ``interrupting`` is True once
-    an interrupt was sent (Stop, Kernel → Interrupt)."""
+    an interrupt was sent (Stop, Kernel → Interrupt); ``background`` is True for a cell run
+    without blocking (``%%ddp --noblock``: the kernel is free, and the view's Stop stops it)."""
 
     what: str
     ranks: tuple[int, ...]
@@ -106,6 +107,7 @@ class Request:
     cell: Optional[int] = None
     first_line: str = ""
     interrupting: bool = False
+    background: bool = False
 
 
 @dataclass(frozen=True)
@@ -315,13 +317,13 @@ class SessionRecord:
 
     @contextlib.contextmanager
     def tracking(self, what: str, ranks: list[int], cell: Optional[int] = None,
-                  code: str = "") -> Iterator[list[str]]:
+                  code: str = "", background: bool = False) -> Iterator[list[str]]:
         """A request, as ``state`` shows it: running, then its outcome (the caller adds the ranks'
         values in words to the list it is given)."""
         started = time.time()
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
         with self._state_lock:
-            self._doing = Request(what, tuple(ranks), started, cell, first[:120])
+            self._doing = Request(what, tuple(ranks), started, cell, first[:120], background=background)
             self._replied = {}
             self._interrupt.clear()
         self.changed()

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import traceback
+from concurrent.futures import Future
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..core.errors import ArgumentsError, DeviceSpecError, LaunchOptionError, SessionEndedError
+from ..core.errors import ArgumentsError, DeviceSpecError, LaunchOptionError, SessionBusyError, SessionEndedError
 from ..core.validation import InvalidDevicesError
-from ..lifecycle.session import Session, current_session, session, set_current_session, show_sessions_with
+from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import in_notebook
 from .magics import _device_list, _parse, _stall_setting
 
@@ -129,6 +131,9 @@ class SessionMagics(Magics):
 
     @magic_arguments()
     @argument("--ranks", type=_rank_list, metavar="R[,R...]", help="run on these ranks only (default: every rank)")
+    @argument("--noblock", action="store_true",
+              help="return at once and let the ranks run the cell: the notebook stays free, the output and values "
+                   "come below as they arrive, and Stop in the session's view interrupts it")
     @cell_magic
     def ddp(self, line: str, cell: str) -> None:
         """Run the cell on every rank of the current session (each in its own namespace, kept across
@@ -144,15 +149,42 @@ class SessionMagics(Magics):
                 raise UsageError(f"%%ddp: {e} (or %ddp_session --restart)") from None
         ranks = args.ranks if args.ranks is not None else list(range(current.world_size))
         try:
-            values = current.run_cell(cell, ranks=ranks, namespace=self.user_ns)
-        except ArgumentsError as e:
+            done = current.run_cell(cell, ranks=ranks, namespace=self.user_ns, block=not args.noblock)
+        except (ArgumentsError, SessionBusyError) as e:
             raise UsageError(f"%%ddp: {e}") from None
         except SyntaxError as e:  # the cell's, said as Python says it (no frame of this package)
             raise UsageError("%%ddp: the cell is not valid Python (nothing was sent to the ranks):\n"
                              + "".join(traceback.format_exception_only(e)).rstrip()) from None
-        for rank, value in zip(ranks, values):
-            if value is not None:
-                print(f"[rank {rank}] Out: {value!r}")
+        if isinstance(done, CellFuture):
+            print(f"Cell {done.cell} runs on {_rank_words(ranks)} without blocking: its output and values come below; "
+                  "Stop in the session's view interrupts it. _ddp_cell.result() waits for it.")
+            self.user_ns["_ddp_cell"] = done
+            show_session_view(current)
+            done.add_done_callback(lambda future: _say_outcome(future, ranks))
+            return
+        _print_values(ranks, done)
+
+
+def _print_values(ranks: list[int], values: list[Any]) -> None:
+    for rank, value in zip(ranks, values):
+        if value is not None:
+            print(f"[rank {rank}] Out: {value!r}")
+
+
+def _say_outcome(future: Future[Any], ranks: list[int]) -> None:
+    """A cell run without blocking has ended: its values, or its error as the notebook shows one
+    (the failure report, without this package's frames)."""
+    error = future.exception()
+    if error is None:
+        _print_values(ranks, future.result())
+        return
+    render = getattr(error, "_render_traceback_", None)
+    lines = render() if callable(render) else [f"{type(error).__name__}: {error}"]
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _rank_words(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _ranks(n: int) -> str:

@@ -7,10 +7,12 @@ request ended, the failure card of a failed cell (the same as a run's, with the 
 locals) or of the rank failure that ended the session, Re-form once it has ended, and each rank's
 output.
 
-There is no Stop button: a ``%%ddp`` cell holds the kernel's main thread, where a widget's click
-is handled only once the cell has ended, so while a cell runs the view says what stops it
-(Kernel → Interrupt, which reaches every rank). Re-form runs ``session.restart()`` in the click's
-handler, once the cell that saw the session end has returned.
+Stop shows while a cell runs without blocking (``%%ddp --noblock``): the kernel is free, so the
+click is handled at once and interrupts the cell on every rank. A blocking ``%%ddp`` cell holds
+the kernel's main thread, where a click would be handled only once the cell had ended: while one
+runs, the view says what stops it (Kernel → Interrupt, which reaches every rank). Re-form runs
+``session.restart()`` in the click's handler, once the cell that saw the session end has
+returned.
 """
 from __future__ import annotations
 
@@ -126,6 +128,12 @@ class SessionView(FullText, widgets.VBox):
         self.reform_note = widgets.HTML(layout=widgets.Layout(min_width="0", flex="1 1 auto"))
         self.reform_box = widgets.HBox([self.reform_button, self.reform_note],
                                        layout=widgets.Layout(align_items="center", display="none"))
+        # Stop: for a cell run without blocking (a blocking cell holds the kernel, so a click would
+        # reach it only once the cell had ended: Kernel → Interrupt stops that one).
+        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="danger",
+                                          tooltip="interrupt the cell on every rank (the session goes on)",
+                                          layout=widgets.Layout(width="90px", display="none"))
+        self.stop_button.add_class("ddp-session-stop")
         self.message = widgets.HTML()  # the outcome of the user's last action here, until the next request
         self._message_at = 0.0
         self.outputs = widgets.Tab()
@@ -135,8 +143,8 @@ class SessionView(FullText, widgets.VBox):
                               layout=widgets.Layout(align_items="center", flex_flow="row nowrap"))
         for dimmed in (self.title, self.rows_box):
             dimmed.add_class("ddp-dims")  # what a view no longer updated dims (liveness_html)
-        self.children = [header, self.rows_box, self.activity, self.card, self.reform_box, self.message,
-                         self.output_box]
+        self.children = [header, self.rows_box, self.activity, self.stop_button, self.card, self.reform_box,
+                         self.message, self.output_box]
         self._lock = threading.Lock()
         self._dirty = threading.Event()
         self._tick = 0
@@ -144,6 +152,7 @@ class SessionView(FullText, widgets.VBox):
         self._shown_key: Any = None
         self._update_lock = threading.Lock()
         self.reform_button.on_click(lambda _: self.reform())
+        self.stop_button.on_click(lambda _: self.stop())
         session.subscribe(self._dirty.set)
         self.refresh()
         if live:
@@ -191,6 +200,10 @@ class SessionView(FullText, widgets.VBox):
                 self.message.value = ""  # it spoke of what came before this request
             self.activity.value = activity_html(state, now)
             self.card.value = card_html(state)
+            current = state.current
+            stoppable = current is not None and current.background and state.status == "running"
+            self.stop_button.layout.display = "" if stoppable else "none"
+            self.stop_button.disabled = not stoppable or bool(current and current.interrupting)
             self.reform_box.layout.display = "" if state.can_reform else "none"
             self.reform_button.disabled = not state.can_reform
             self.reform_note.value = (f"forms the session again on <code>{escape(', '.join(state.devices))}</code>: "
@@ -236,6 +249,12 @@ class SessionView(FullText, widgets.VBox):
         self.message.value = html
         self._message_at = time.time()
 
+    def stop(self) -> None:
+        """Interrupt the cell running without blocking on every rank (``session.interrupt()``)."""
+        if not self.session.interrupt():
+            self._say("<i>Nothing to stop: no cell is running.</i>")
+        self.refresh()
+
     def reform(self) -> None:
         """Form the session again on its devices (``session.restart()``): one per click sequence."""
         said = io.StringIO()
@@ -270,7 +289,8 @@ def activity_html(state: SessionState, now: float) -> str:
     if current is not None and state.status == "running":
         code = f": <code>{escape(tail_of(current.first_line, 100))}</code>" if current.first_line else ""
         stopping = (f' · <b style="color:{ORANGE}">interrupting on every rank…</b>' if current.interrupting else "")
-        how = "" if current.cell is None else " · <i>Kernel → Interrupt stops it on every rank</i>"
+        how = "" if current.cell is None else " · <i>Stop interrupts it on every rank</i>" if current.background \
+            else " · <i>Kernel → Interrupt stops it on every rank</i>"
         parts.append(f"<b>Running</b> {escape(current.what)} on {escape(ranks_text(current.ranks))} for "
                      f"{seconds_text(now - current.started_at)}{stopping}{code}{how}")
     elif state.last is not None:

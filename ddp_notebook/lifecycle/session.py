@@ -27,13 +27,8 @@ import contextlib
 import contextvars
 import itertools
 import linecache
-import os
-import secrets
-import select
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -64,6 +59,7 @@ from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_la
 from .run import Run
 from .session_exchange import INTERRUPT_GRACE, Exchange, Gathered, RankGone
 from .session_failures import cell_error, failures_of, push_hint, ranks_text
+from .session_listener import RankListener, close_all
 from .session_state import SessionRecord, SessionState, format_session, value_text
 
 __all__ = ["Session", "CellFuture", "session", "current_session", "set_current_session", "show_sessions_with",
@@ -96,17 +92,6 @@ def set_current_session(value: Optional[Session]) -> None:
     """Make ``value`` the kernel's current session (what ``%%ddp`` runs cells on)."""
     global _current
     _current = value
-
-
-def _close_all(connections: dict[int, socket.socket]) -> None:
-    # A session no longer held: its ranks read the end of their socket and return, and the run
-    # ends (succeeded).
-    for conn in connections.values():
-        try:
-            conn.close()
-        except OSError:
-            pass
-    connections.clear()
 
 
 class CellFuture(Future):
@@ -156,7 +141,7 @@ class Session:
         self._busy = threading.Lock()  # held while a request is in flight (one at a time)
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
         self._record = SessionRecord(self)  # what the view reads: state, subscribe, interrupt
-        weakref.finalize(self, _close_all, self._connections)
+        weakref.finalize(self, close_all, self._connections)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
@@ -168,66 +153,27 @@ class Session:
             self._record.set_forming(False)
 
     def _form(self) -> None:
-        folder = tempfile.mkdtemp(prefix="ddp-session-")  # owner-only: only this user's processes connect
-        address = os.path.join(folder, "s")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = RankListener()
         try:
-            listener.bind(address)
-            listener.listen(64)
-            token = secrets.token_hex(16)
             strict = self.options.stall_timeout
             is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
             heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
-            self._run = launch_with(serve_session, self._spec, (address, token, heartbeat), {}, self.options,
-                                   probe=self._probe)
+            self._run = run = launch_with(serve_session, self._spec, (listener.address, listener.token, heartbeat), {},
+                                          self.options, probe=self._probe)
             mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
-            self._run.subscribe(lambda _event: (lambda s: s._record.changed() if s is not None else None)(mine()))
+            run.subscribe(lambda _event: (lambda s: s._record.changed() if s is not None else None)(mine()))
             self._ended, self._closed = None, False
-            self._accept(listener, token)
+            self._readers = {}
+            # Every rank connects once the run has started (the fork server, the process group).
+            if not listener.accept(len(run.devices), lambda: run.done, self._connections, self._readers, self._pids):
+                raise self._end_error("the session could not start")
         except BaseException:
             if self._run is not None and not self._run.done:
                 self._run.stop(grace=0.0)
-            _close_all(self._connections)
+            close_all(self._connections)
             raise
         finally:
             listener.close()
-            shutil.rmtree(folder, ignore_errors=True)
-
-    def _accept(self, listener: socket.socket, token: str) -> None:
-        """Wait for every rank to connect (the run's start: the fork server, the process group),
-        or for the run to end first."""
-        assert self._run is not None
-        world = len(self._run.devices)
-        self._readers = {}
-        while len(self._connections) < world:
-            if self._run.done:
-                raise self._end_error("the session could not start")
-            ready, _, _ = select.select([listener], [], [], _POLL)
-            if not ready:
-                continue
-            conn, _ = listener.accept()
-            reader = FrameReader()
-            conn.settimeout(30.0)
-            hello: dict[str, Any] = {}
-            try:
-                while not hello:
-                    data = conn.recv(1 << 16)
-                    if not data:
-                        break
-                    reader.feed(data)
-                    frames = reader.frames()
-                    if frames:
-                        hello = pickling.loads(frames[0]) if len(frames[0]) < 4096 else {}
-            except OSError:
-                hello = {}
-            if hello.get("op") != "hello" or hello.get("token") != token or not isinstance(hello.get("rank"), int):
-                conn.close()  # not one of this session's ranks
-                continue
-            conn.settimeout(None)
-            rank = hello["rank"]
-            self._connections[rank] = conn
-            self._readers[rank] = reader
-            self._pids[rank] = hello.get("pid", 0)
 
     # ---- what it is ------------------------------------------------------------------------------
     @property
@@ -397,7 +343,7 @@ class Session:
         old = self._run
         old._request_stop(0.0, reason)
         self._wait_end(END_WAIT)
-        _close_all(self._connections)
+        close_all(self._connections)
         try:
             self._run = None
             self._start()
@@ -451,7 +397,7 @@ class Session:
         assert self._run is not None
         error = SessionEndedError(self._end_text(what, extra), self._run.root_failure, self._run.failures)
         self._ended = error
-        _close_all(self._connections)
+        close_all(self._connections)
         self._record.changed()
         return error
 
@@ -676,7 +622,7 @@ class Session:
             if not run.done:
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
-        _close_all(self._connections)
+        close_all(self._connections)
         self._record.changed()
 
     def restart(self, devices: Optional[DeviceSpec] = None, without_failed: bool = False) -> Session:

@@ -242,8 +242,8 @@ class Session:
 
     def interrupt(self) -> bool:
         """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell
-        raises ``SessionInterrupted`` and the session goes on. Safe to call from any thread (the
-        view's Stop calls it while the notebook waits for the cell).
+        raises ``SessionInterrupted`` and the session goes on. Safe to call from any thread: the
+        view's Stop calls it for a cell run without blocking (``run(..., block=False)``).
 
         Returns
         -------

@@ -229,7 +229,8 @@ def format_session(state: SessionState, now: Optional[float] = None) -> str:
         stopping = " (interrupting)" if c.interrupting else ""
         code = f": {c.first_line}" if c.first_line else ""
         clock = seconds_text(now - c.started_at)
-        lines.append(f"Running {c.what} on {ranks_text(c.ranks)} for {clock}{stopping}{code}")
+        how = " (without blocking: session.interrupt() stops it)" if c.background and not c.interrupting else ""
+        lines.append(f"Running {c.what} on {ranks_text(c.ranks)} for {clock}{stopping}{how}{code}")
     if state.last is not None:
         lines.append(f"Last: {state.last.text()}")
     if state.last_failure is not None and state.last_failure is not state.last:

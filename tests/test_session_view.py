@@ -284,7 +284,7 @@ def test_outside_a_notebook_a_session_shows_its_text():
 @pytest.mark.processes
 def test_a_real_session_in_a_kernel_shows_its_view_and_its_state_follows_the_cells():
     from jupyter_client.manager import start_new_kernel
-    from test_sessions import Kernel, _all_ended
+    from session_kernel import Kernel, _all_ended
 
     from helpers import wait_until
 

@@ -52,11 +52,16 @@ def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
     assert "[rank 0] 1 more line not shown" in "".join(t for _, t in writes)
 
 
-def test_a_line_without_end_is_cut_and_shown_not_held_forever():
+def test_a_line_without_end_is_cut_and_shown_not_held_forever_and_its_rest_is_not_a_line_of_its_own():
     writes, out = _writes()
     out.add(0, "stdout", "z" * (5 * LINE_CHARS))
     out.flush()
-    assert len(writes) == 1 and "more characters not kept" in writes[0][1] and len(writes[0][1]) < LINE_CHARS + 100
+    assert len(writes) == 1 and len(writes[0][1]) < LINE_CHARS + 100, writes
+    assert writes[0][1].endswith("… [cut at 2000 characters: the run's output has the whole line]\n"), writes
+    out.add(0, "stdout", "z" * 100)
+    out.add(0, "stdout", "zz\nnext\n")  # the end of the long line, then a line of its own
+    out.close()
+    assert writes[1:] == [("stdout", "[rank 0] next\n")], writes
 
 
 def test_an_interrupt_inside_is_counted_and_outside_raises():
@@ -94,33 +99,33 @@ def test_the_first_rank_to_raise_is_the_cause_and_those_interrupted_after_are_kn
     devices = ["cpu:0", "cpu:1", "cpu:2"]
     gathered = Gathered({0: _reply("error", 0, when=5.0, message="late"), 1: _reply("error", 1, when=1.0),
                          2: _reply("error", 2, interrupted=True)}, knocked_on=[2])
-    failures, values = failures_of(3, gathered, devices, {})
-    error = cell_error(3, failures, values, world_size=3)
-    assert [f.rank for f in error.failures] == [1, 0, 2] and values == {}
-    assert str(error).startswith("cell 3 failed on rank 1 (cpu:1) and rank 0: ValueError: boom (rank 2, still in it, "
-                                 "was interrupted) (the session goes on"), str(error)
-    assert error.failures[2].knock_on and error.failures[2].message == "interrupted: rank 1 had raised"
+    failures, values, interrupted = failures_of(3, gathered, devices, {})
+    error = cell_error(3, failures, values, world_size=3, interrupted=interrupted)
+    assert [f.rank for f in error.failures] == [1, 0] and values == {} and error.interrupted == (2,)
+    assert str(error) == ("cell 3 failed on rank 1 (cpu:1): ValueError: boom. Also raised: rank 0, ValueError: late. "
+                          "Rank 2, still in it, was interrupted. The session goes on: its namespaces are kept."), str(error)
+    assert not error.failures[1].consequence  # it raised on its own: "as well"
 
 
 def test_a_rank_left_waiting_is_a_stall_the_cause_when_no_rank_raised():
     gathered = Gathered({1: _reply("done", 1)}, left_waiting={0: "all_reduce (<ddp cell 4>:2) for rank 1, which "
                                                                "finished the cell"}, waited={0: 5.0})
-    failures, values = failures_of(4, gathered, ["cpu:0", "cpu:1"], {0: 123})
+    failures, values, _ = failures_of(4, gathered, ["cpu:0", "cpu:1"], {0: 123})
     assert values == {1: 10}
     (failure,) = failures
     assert failure.kind == FailureKind.STALL and not failure.knock_on and failure.pid == 123
-    error = cell_error(4, failures, values, 2, note="(formed again)", formed_again=True)
+    error = cell_error(4, failures, values, 2, note="Formed again.", formed_again=True)
     assert str(error) == ("cell 4 failed on rank 0 (cpu:0): stalled: no progress for 5.0 s: waits in all_reduce "
-                          "(<ddp cell 4>:2) for rank 1, which finished the cell (formed again)")
+                          "(<ddp cell 4>:2) for rank 1, which finished the cell. Formed again.")
 
 
 def test_the_same_error_on_every_rank_is_said_once_and_a_notebook_name_gets_its_push():
     gathered = Gathered({r: _reply("error", r, when=r, message="name 'data' is not defined", name="data")
                          for r in (0, 1)})
-    failures, values = failures_of(None, gathered, ["cpu:0", "cpu:1"], {})
+    failures, values, _ = failures_of(None, gathered, ["cpu:0", "cpu:1"], {})
     hint = push_hint(gathered.replies, {"data": [1, 2]})
     assert hint == "'data' is the notebook's, not the ranks': session.push(data=data) sends it to every rank"
     assert push_hint(gathered.replies, {}) == ""
     error = cell_error(None, failures, values, 2, note=hint, what="pull 'data'")
     assert str(error).startswith("pull 'data' failed on every rank (cpu:0, cpu:1) the same way: ValueError")
-    assert str(error).endswith("(the session goes on: its namespaces are kept); " + hint)
+    assert str(error).endswith("The session goes on: its namespaces are kept. " + hint + ".")

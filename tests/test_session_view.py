@@ -56,8 +56,8 @@ def cell_failure():
 def failed_cell():
     f = cell_failure()
     last = Outcome("cell 4", (0, 1), "failed", T0, T0 + 0.2, 4,
-                   "cell 4 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3) (the session goes on: its "
-                   "namespaces are kept)", (f,))
+                   "cell 4 failed on rank 1 (cpu:1): ValueError: bad shape (3, 3). The session goes on: its "
+                   "namespaces are kept.", (f,))
     return ready(cells=4, last=last, last_failure=last, ranks=(
         RankState(0, "cpu:0", "idle", pid=100, doing="cell 4", since=T0, until=T0 + 0.1),
         RankState(1, "cpu:1", "failed", pid=101, doing="cell 4", since=T0, until=T0 + 0.2, note=f.summary())))
@@ -156,7 +156,7 @@ def test_a_failed_cell_shows_the_runs_failure_card_with_the_failed_ranks_locals(
     assert text_of(view.rows[1].badge.value) == "failed" and "2px solid" in view.rows[1].box.layout.border
     assert "ValueError: bad shape (3, 3)" in text_of(view.rows[1].note.value)
     assert text_of(view.rows[0].badge.value) == "idle"
-    assert "the session goes on" in text_of(view.activity.value)
+    assert "The session goes on" in text_of(view.activity.value)
     assert view.reform_box.layout.display == "none"  # the session goes on: nothing to re-form
     assert card == card_html(failed_cell())
     # The hint is a session's (fix the cell, run it again), not a run's (retry on other devices).

@@ -177,12 +177,15 @@ class CellError(DDPNotebookError, RuntimeError):
 
     ``failures`` holds one ``WorkerFailure`` per rank that raised (traceback with the cell's
     lines, the failed frame's ``locals``), the first the cause; ``values`` the values of the ranks
-    that did not raise (rank → value)."""
+    that did not raise (rank → value); ``interrupted`` the ranks still in the cell when the first
+    raised, interrupted then (they did not fail)."""
 
-    def __init__(self, message: str, failures: Sequence[WorkerFailure], values: Optional[dict] = None) -> None:
+    def __init__(self, message: str, failures: Sequence[WorkerFailure], values: Optional[dict] = None,
+                 interrupted: Sequence[int] = ()) -> None:
         self.failures = tuple(failures)
         self.failure = self.failures[0]
         self.values = dict(values or {})
+        self.interrupted = tuple(interrupted)
         super().__init__(message)
 
     def _render_traceback_(self) -> list[str]:

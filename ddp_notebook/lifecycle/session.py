@@ -319,7 +319,7 @@ class Session:
         failure (or the interrupt) raised with a word on it."""
         assert self._run is not None
         where = f"cell {cell}" if cell is not None else message.get("op", "the request")
-        failures, values = self._failures(cell, outcome)
+        failures, values, interrupted = self._failures(cell, outcome)
         left = sorted(set(outcome.left_waiting) | set(outcome.stuck))
         if outcome.abandoned:
             why = f"{where} was interrupted twice while it was being sent, so its ranks could not go on"
@@ -333,8 +333,8 @@ class Session:
         # A rank raised, or one skipped a collective: a failed cell (each failure says where its
         # rank was left; the note, what became of the session). Otherwise the user interrupted it.
         if raised or (outcome.left_waiting and not outcome.interrupted):
-            raise self._error(cell, failures, values, note=note, formed_again=True)
-        raise SessionInterrupted(f"{where.capitalize()} interrupted; {why} {note}")
+            raise self._error(cell, failures, values, interrupted=interrupted, note=note, formed_again=True)
+        raise SessionInterrupted(f"{where.capitalize()} interrupted; {why}. {note}")
 
     def _form_again(self, reason: str) -> str:
         """End the session's run now (its ranks are left in a request) and form it anew; the
@@ -353,10 +353,10 @@ class Session:
             self._ended = SessionEndedError(f"{reason}; forming the session again failed: {e}. session.restart() tries "
                                             "again")
             self._record.changed()
-            return f"(forming the session again failed: {e}; session.restart() tries again)"
+            return f"Forming the session again failed: {e}. session.restart() tries again."
         new = self._run.id if self._run is not None else "-"
-        return (f"(the session was formed again on {', '.join(self.devices)} as run {new}, after run {old.id}: the "
-                "ranks' namespaces were lost)")
+        return (f"The session was formed again on {', '.join(self.devices)} as run {new} (after run {old.id}): the "
+                "ranks' namespaces were lost.")
 
     def _gone(self, cell: Optional[int], replies: dict[int, dict]) -> None:
         """A rank's socket closed, or the run ended: wait for the run's verdict and raise it."""
@@ -446,8 +446,8 @@ class Session:
             outcome = self._request(chosen, message, cell)
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):
-                failures, done = self._failures(cell, outcome)
-                raise self._error(cell, failures, done, note=push_hint(replies, namespace))
+                failures, done, interrupted = self._failures(cell, outcome)
+                raise self._error(cell, failures, done, interrupted=interrupted, note=push_hint(replies, namespace))
             values = [replies[r].get("value") for r in chosen]
             said += [f"[rank {r}] {value_text(v)}" for r, v in zip(chosen, values) if v is not None]
         return values
@@ -684,12 +684,13 @@ class Session:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _failures(self, cell: Optional[int], outcome: Gathered) -> tuple[list[WorkerFailure], dict[int, Any]]:
+    def _failures(self, cell: Optional[int],
+                  outcome: Gathered) -> tuple[list[WorkerFailure], dict[int, Any], list[int]]:
         return failures_of(cell, outcome, self.devices, self._pids)
 
     def _error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
-               **how: Any) -> CellError:
-        return cell_error(cell, failures, values, self.world_size, **how)
+               interrupted: Iterable[int] = (), **how: Any) -> CellError:
+        return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _dumps(self, values: dict[str, Any], what: str) -> bytes:

@@ -4,7 +4,8 @@ session's API; ``worker.session_loop`` the ranks' side).
 
 - **Output** (``CellOutput``): each line named by its rank, written in batches (one write per
   stream per look, a few a second, under Jupyter's output rate limit) and bounded per request;
-  the lines not shown are counted and said at the end (the run's output has them all).
+  the lines not shown are counted and said at the end (the run's output has them all). What a
+  thread of the cell prints after the cell has ended is in the run's output only.
 - **Interrupts**: while the request is in flight, Kernel → Interrupt (SIGINT) only counts
   (``interrupts_counted``), so it never lands between reading a rank's bytes and keeping them,
   nor in the middle of a frame sent; the exchange asks the ranks still in the cell to leave it.
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core.bounds import LINE_CHARS, cut
+from ..core.bounds import LINE_CHARS
 from ..transfer import pickling
 from ..worker.session_loop import HEADER, FrameReader
 from .stall import collective_name, is_waiting_in_collective, user_site
@@ -55,9 +56,9 @@ PROBE_EVERY = 1.0
 #: Seconds a rank nobody asked to leave must wait in a collective that a rank out of the cell
 #: would have to join before it is judged left waiting (a collective of a subgroup may be slow).
 SKIPPED_AFTER = 5.0
-#: Share of a core a rank may use between two looks and still be judged waiting (a rank blocked
-#: in a collective uses next to none; one computing, a whole core).
-IDLE_CPU = 0.2
+#: Share of a core a rank may use between two looks and still be judged waiting: a rank blocked
+#: in a collective uses none (0.000 measured); one computing gets far more, even on a busy machine.
+IDLE_CPU = 0.02
 _POLL = 0.1
 _SEND_CHUNK = 1 << 20
 
@@ -111,6 +112,7 @@ class CellOutput:
         self._write = write or _write_std
         self._lines_left, self._chars_left = lines, chars
         self._partial: dict[tuple[int, str], str] = {}
+        self._skipping: dict[tuple[int, str], int] = {}  # a cut line's characters not shown, until its end
         self._ready: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._hidden: dict[int, int] = {}
 
@@ -118,17 +120,27 @@ class CellOutput:
         """Take what ``rank`` printed on ``stream`` (any piece of text)."""
         stream = "stderr" if stream == "stderr" else "stdout"
         key = (rank, stream)
+        if key in self._skipping:  # the rest of a line already shown cut: up to its end
+            end = text.find("\n")
+            self._skipping[key] += len(text) if end < 0 else end
+            if end < 0:
+                return
+            text = text[end + 1:]
+            self._skipping.pop(key)
         lines = (self._partial.pop(key, "") + text).split("\n")
+        if len(lines[-1]) > LINE_CHARS:  # a line without end yet, already too long: show it now, cut
+            self._line(rank, stream, lines[-1])
+            self._skipping[key] = 0
+            lines[-1] = ""
         if lines[-1]:
-            if len(lines[-1]) > 4 * LINE_CHARS:  # a line without end: show what there is
-                lines.append("")
-            else:
-                self._partial[key] = lines[-1]
+            self._partial[key] = lines[-1]
         for line in lines[:-1]:
             self._line(rank, stream, line)
 
     def _line(self, rank: int, stream: str, line: str) -> None:
-        text = f"[rank {rank}] {cut(line, LINE_CHARS)}\n"
+        shown = line if len(line) <= LINE_CHARS else \
+            f"{line[:LINE_CHARS]}… [cut at {LINE_CHARS} characters: the run's output has the whole line]"
+        text = f"[rank {rank}] {shown}\n"
         if self._lines_left <= 0 or self._chars_left < len(text):
             self._hidden[rank] = self._hidden.get(rank, 0) + 1
             self._lines_left = 0
@@ -179,6 +191,8 @@ class Gathered:
     waited: dict[int, float] = field(default_factory=dict)
     #: Ranks that did not leave an interrupted cell within ``INTERRUPT_GRACE``.
     stuck: list[int] = field(default_factory=list)
+    #: Where each rank still in the cell was last seen waiting in a collective (``all_reduce (<ddp cell 3>:2)``).
+    places: dict[int, str] = field(default_factory=dict)
 
     @property
     def cut(self) -> bool:
@@ -315,6 +329,10 @@ class Exchange:
             cpu = reply.get("cpu") if isinstance(reply.get("cpu"), (int, float)) else None
             self._samples.setdefault(rank, []).append((self._probes, time.monotonic(), place, cpu))
             del self._samples[rank][:-2]
+            if place:
+                self.outcome.places[rank] = f"{place[0]} ({place[1]})"
+            else:
+                self.outcome.places.pop(rank, None)
         elif op in ("done", "error") and reply.get("id") == self.message["id"]:
             self.outcome.replies[rank] = reply
             self.record.mark_replied(rank, op)
@@ -377,7 +395,7 @@ class Exchange:
         for rank, (name, site) in places.items():
             self.outcome.left_waiting[rank] = f"{name} ({site})" + _for_whom(out, self.outcome.replies, self.ranks)
             first = next(when for _, when, place, _ in self._samples[rank] if place == places[rank])
-            self.outcome.waited[rank] = max(now - first, now - self._out_since)
+            self.outcome.waited[rank] = now - first  # seen waiting there at least this long
         return True
 
 

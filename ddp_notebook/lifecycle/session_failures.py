@@ -27,58 +27,81 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
-                pids: dict[int, int]) -> tuple[list[WorkerFailure], dict[int, Any]]:
-    """The request's failures (a rank that raised, one interrupted because another had, one
-    left waiting or stuck in the cell) and the values of the ranks that finished (rank → value)."""
+                pids: dict[int, int]) -> tuple[list[WorkerFailure], dict[int, Any], list[int]]:
+    """The request's failures (a rank that raised, one left waiting or stuck in the cell), the
+    values of the ranks that finished (rank → value), and the ranks interrupted because another
+    had raised (they did not fail)."""
     def device(rank: int) -> str:
         return devices[rank] if rank < len(devices) else f"rank {rank}"
 
     now = time.time()
     failures: list[WorkerFailure] = []
     values: dict[int, Any] = {}
+    interrupted: list[int] = []
     errors = {r: m["error"] for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")}
     first = min(errors, key=lambda r: errors[r].get("time") or now) if errors else None
     for rank, reply in sorted(outcome.replies.items()):
         if reply["op"] != "error":
             values[rank] = reply.get("value")
-            continue
-        failure = failure_from_error(dict(reply.get("error") or {}, rank=rank), device(rank), pids.get(rank), None)
-        if reply.get("interrupted") and rank in outcome.knocked_on and first is not None:
-            failure.knock_on = True
-            failure.message = f"interrupted: rank {first} had raised"
-            failure.locals, failure.locals_frames = {}, []
-        failures.append(failure)
+        elif reply.get("interrupted") and rank in outcome.knocked_on and first is not None:
+            interrupted.append(rank)
+        else:
+            failures.append(failure_from_error(dict(reply.get("error") or {}, rank=rank), device(rank),
+                                               pids.get(rank), None))
     where = f"cell {cell}" if cell is not None else "the request"
-    left = {r: f"did not leave {where} when interrupted (native code)" for r in outcome.stuck}
+    left = {r: f"did not leave {where} when interrupted, " + (f"waiting in {outcome.places[r]}" if r in outcome.places
+                                                             else "in native code")
+            for r in outcome.stuck}
     left.update({r: f"waits in {w}" for r, w in outcome.left_waiting.items()})
     for rank, why in sorted(left.items()):
         failures.append(WorkerFailure(rank=rank, device=device(rank), kind=FailureKind.STALL, time=now,
                                       pid=pids.get(rank), message=why, knock_on=first is not None,
                                       stalled_for=outcome.waited.get(rank, INTERRUPT_GRACE)))
-    return failures, values
+    return failures, values, interrupted
 
 
 def cell_error(cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any], world_size: int,
-               note: str = "", formed_again: bool = False, what: str = "the request") -> CellError:
-    """The one error a failed request raises: the cause named first, the ranks interrupted or
-    left in it after, then what became of the session (it goes on; or ``note`` says it was formed
-    again)."""
+               interrupted: Sequence[int] = (), note: str = "", formed_again: bool = False,
+               what: str = "the request") -> CellError:
+    """The one error a failed request raises, in sentences: the cause first (the first rank to
+    raise), what other ranks raised, the ranks left in it or interrupted, then what became of the
+    session (it goes on; or ``note``, with ``formed_again``, says it was formed again)."""
     ordered = order_failures(failures, world_size=len(failures) if len(failures) == world_size else 0)
     root = ordered[0]
+    # A session's rank raises on its own: a peer's error never reaches it (only a rank left in a
+    # collective after one raised is a consequence), so the others raised as well.
+    for f in ordered[1:]:
+        f.consequence = f.knock_on
     where = f"cell {cell}" if cell is not None else what
-    knocked = [f for f in ordered[1:] if f.knock_on]  # interrupted, or left in it, after the root raised
-    also = [f.rank for f in ordered[1:] if f not in knocked]
     if root.same_on:
-        who = f"every rank ({', '.join(root.same_on)}) the same way"
+        sentences = [f"{where} failed on every rank ({', '.join(root.same_on)}) the same way: {root.summary()}"]
     else:
-        who = f"rank {root.rank} ({root.device})" + (f" and {ranks_text(also)}" if also else "")
-    after = note if formed_again else "(the session goes on: its namespaces are kept)"
-    if note and not formed_again:
-        after += f"; {note}"
-    if knocked:
-        after = "(" + "; ".join(f"rank {f.rank}, still in it, was interrupted" if f.kind == FailureKind.EXCEPTION
-                                else f"rank {f.rank} was left in it: {f.message}" for f in knocked) + ") " + after
-    return CellError(f"{where} failed on {who}: {root.summary()} {after}", ordered, values)
+        sentences = [f"{where} failed on rank {root.rank} ({root.device}): {root.summary()}"]
+    also = [f for f in ordered[1:] if not f.knock_on and not root.covers(f)]
+    if also:
+        sentences.append("Also raised: " + "; ".join(f"rank {f.rank}, {_short(f.summary())}"
+                                                     for f in sorted(also, key=lambda f: f.rank)))
+    for f in sorted((f for f in ordered[1:] if f.knock_on), key=lambda f: f.rank):
+        sentences.append(f"Rank {f.rank} was left in it: {f.message}")
+    if interrupted:
+        sentences.append(f"{ranks_text(sorted(interrupted)).capitalize()}, still in it, "
+                         f"{'was' if len(interrupted) == 1 else 'were'} interrupted")
+    if formed_again:
+        sentences.append(note)
+    else:
+        sentences.append("The session goes on: its namespaces are kept")
+        if note:
+            sentences.append(note)
+    return CellError(" ".join(_sentence(s) for s in sentences), ordered, values, interrupted)
+
+
+def _sentence(text: str) -> str:
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?", ":")) else text + "."
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def push_hint(replies: dict[int, dict], namespace: dict[str, Any]) -> str:

@@ -146,7 +146,7 @@ class Outcome:
             return f"{self.what} on {ranks_text(self.ranks)}: ok in {took}{values}"
         if self.outcome == "ended" or not self.message:  # why it ended is said once, by the session
             return f"{self.what} on {ranks_text(self.ranks)}: {self.outcome} after {took}"
-        return f"{self.message} (after {took})"
+        return f"{self.message} It took {took}." if self.message.endswith(".") else f"{self.message} (after {took})"
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,8 @@ class SessionState:
     rank order; ``current`` the request running now (None when none); ``last`` the outcome of the
     last one, ``last_failure`` that of the last one that failed on some ranks (it may be ``last``);
     ``ended`` why the session ended, in words, with the rank ``failure`` that ended it
-    (and the run's ``failures``); ``healthy`` the devices whose rank did not cause that.
+    (and the run's ``failures``); ``healthy`` the devices whose rank did not cause that;
+    ``cells`` how many cells the session has run (numbered 1, 2, ... across its forms).
     """
 
     status: str
@@ -294,7 +295,7 @@ class SessionRecord:
         with self._state_lock:
             self._forming = forming
             if forming:
-                self._doing, self._last, self._last_failure, self._after, self._cells_run = None, None, None, {}, 0
+                self._doing, self._last, self._last_failure, self._after = None, None, None, {}
             else:
                 self._formed_at = time.time()
         self.changed()
@@ -340,9 +341,11 @@ class SessionRecord:
             ended_at = time.time()
             with self._state_lock:
                 failed = {f.rank: f for f in failures}
+                stopped = set(error.interrupted) if isinstance(error, CellError) else set()
                 for r in ranks:
                     f = failed.get(r)
-                    note = f.summary() if f is not None else "interrupted" if outcome == "interrupted" else ""
+                    note = f.summary() if f is not None else \
+                        "interrupted" if outcome == "interrupted" or r in stopped else ""
                     self._after[r] = RankState(r, "", "failed" if f is not None and outcome != "ended" else "idle",
                                                doing=what, since=started,
                                                until=self._replied.get(r, ("", ended_at))[1], note=note)

@@ -38,3 +38,18 @@ def test_a_skipped_collective_ends_the_session_named_and_idle_time_does_not_coun
     finally:
         s.close()
     assert s.current_run.status == "succeeded"
+
+
+def test_ranks_looping_on_collectives_of_a_subgroup_are_never_judged_left_waiting():
+    # Rank 2 is out of the cell at once; rank 0 waits in each all_reduce for a slow rank 1 (idle,
+    # at the same line, look after look). When rank 1 finishes, rank 0 is about to: the looks
+    # taken before rank 1 left judge nothing.
+    s = ddp_notebook.session("cpu*3")
+    try:
+        code = ("import time\nif 'g01' not in dir():\n    g01 = dist.new_group([0, 1])\nn = 0\nif rank in (0, 1):\n"
+                "    t = torch.ones(10)\n    for i in range(60):\n        if rank == 1:\n            time.sleep(0.1)\n"
+                "        dist.all_reduce(t, group=g01)\n        n += 1\nn")
+        for _ in range(2):
+            assert s.run(code) == [60, 60, 0]
+    finally:
+        s.close()

@@ -14,9 +14,9 @@ session's API; ``worker.session_loop`` the ranks' side).
 - **A rank left waiting in a collective that cannot complete** (a peer raised, finished the
   cell or is not in it): ranks still in the cell are asked where they are (``where``); one whose
   main thread waits in torch.distributed, DDP or autograd, at the same place in two looks in a
-  row, using almost no CPU between them (for ``SKIPPED_AFTER`` seconds when nobody asked it to
-  leave), while some rank is out of the cell, is ``left_waiting``. Its process group cannot be
-  trusted: the session forms it again.
+  row taken after the last rank left the cell, using almost no CPU between them (for
+  ``SKIPPED_AFTER`` seconds when nobody asked it to leave), is ``left_waiting``. Its process
+  group cannot be trusted: the session forms it again.
 - **A rank that does not leave an interrupted cell** within ``INTERRUPT_GRACE`` is ``stuck``
   (native code); the session forms it again too.
 """
@@ -216,6 +216,7 @@ class Exchange:
         self._interrupt_sent: Optional[float] = None
         self._first_error: Optional[float] = None
         self._out_since: Optional[float] = None  # since when some rank is out of the cell
+        self._left_at = 0.0  # when the last rank left it (replied)
         self._next_probe = 0.0
         self._probes = 0
         # rank → (probe, when, place, cpu seconds), the newest last
@@ -334,6 +335,10 @@ class Exchange:
             else:
                 self.outcome.places.pop(rank, None)
         elif op in ("done", "error") and reply.get("id") == self.message["id"]:
+            # Looks before this moment judge nothing: the ranks still in the cell may have waited
+            # for this one, and be about to leave too.
+            self._left_at = time.monotonic()
+            self._next_probe = min(self._next_probe, self._left_at + PROBE_AFTER) if self._out_since else 0.0
             self.outcome.replies[rank] = reply
             self.record.mark_replied(rank, op)
             if op == "error" and not reply.get("interrupted") and self._first_error is None:
@@ -388,6 +393,8 @@ class Exchange:
             if len(last) < 2 or last[-1][0] != self._probes or not last[-1][2] or last[-1][2] != last[-2][2]:
                 return False
             (_, then, _, cpu_then), (_, when, place, cpu_now) = last[-2:]
+            if then <= self._left_at:  # seen before the last rank left the cell: it may have waited for that one
+                return False
             if cpu_then is None or cpu_now is None or cpu_now - cpu_then > IDLE_CPU * max(when - then, 0.1):
                 return False  # it works (a long backward alone, say): not waiting
             places[rank] = place

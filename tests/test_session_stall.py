@@ -51,5 +51,11 @@ def test_ranks_looping_on_collectives_of_a_subgroup_are_never_judged_left_waitin
                 "        dist.all_reduce(t, group=g01)\n        n += 1\nn")
         for _ in range(2):
             assert s.run(code) == [60, 60, 0]
+        # Rank 0 waits in recv for rank 1, still in the cell for longer than a skipped collective
+        # takes to be named, then works a little after rank 1 has left: no look from before
+        # rank 1 left judges it.
+        code = ("import time\nt = torch.zeros(1)\nif rank == 0:\n    dist.recv(t, src=1)\n    time.sleep(0.3)\n"
+                "elif rank == 1:\n    time.sleep(6)\n    dist.send(torch.ones(1), dst=0)\nt.item()")
+        assert s.run(code) == [1.0, 0.0, 0.0]
     finally:
         s.close()

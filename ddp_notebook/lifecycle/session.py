@@ -140,12 +140,14 @@ class Session:
         self._asked: list[int] = []  # the ranks of the request in flight
         self._busy = threading.Lock()  # held while a request is in flight (one at a time)
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
+        self._closing = False  # close() is stopping a cell run without blocking
         self._record = SessionRecord(self)  # what the view reads: state, subscribe, interrupt
         weakref.finalize(self, close_all, self._connections)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
     def _start(self) -> None:
+        self._closing = False
         self._record.set_forming(True)
         try:
             self._form()
@@ -300,7 +302,8 @@ class Session:
             stopped = [r for r, m in outcome.replies.items() if m.get("interrupted")]
             how = f"interrupted on {ranks_text(stopped)}" if stopped else \
                 "interrupted as every rank finished it (its values are dropped)"
-            raise SessionInterrupted(f"Cell {cell} {how}; the session goes on (its namespaces are kept)")
+            after = "the session is being closed" if self._closing else "the session goes on (its namespaces are kept)"
+            raise SessionInterrupted(f"Cell {cell} {how}; {after}")
         if len(ranks) == self.world_size and all(m["op"] == "done" for m in outcome.replies.values()):
             self._tell_idle()
         return outcome
@@ -328,6 +331,11 @@ class Session:
             why += " (a collective every rank must join)"
         else:
             why = f"{ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
+        if self._closing:  # the session is being closed: its run ends, nothing is formed again
+            self._run._request_stop(0.0, f"{where} was cut as the session was closed: {why}")
+            self._wait_end(END_WAIT)
+            close_all(self._connections)
+            raise SessionInterrupted(f"{where.capitalize()} interrupted as the session was closed; {why}")
         note = self._form_again(f"{where} was cut: {why}")
         raised = [r for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")]
         # A rank raised, or one skipped a collective: a failed cell (each failure says where its
@@ -424,14 +432,21 @@ class Session:
             with self._claimed():
                 return self._cell(cell, chosen, code, message, namespace, background=False)
         future = CellFuture(cell)
+        future.set_running_or_notify_cancel()  # running: cancel() cannot take it back (interrupt() stops it)
         with self._claimed(keep=True):
             def work() -> None:
+                values: list[Any] = []
+                error: Optional[BaseException] = None
                 try:
-                    future.set_result(self._cell(cell, chosen, code, message, namespace, background=True))
+                    values = self._cell(cell, chosen, code, message, namespace, background=True)
                 except BaseException as e:  # noqa: BLE001 - the cell's outcome: future.result() raises it
-                    future.set_exception(e)
+                    error = e
                 finally:
-                    self._busy.release()
+                    self._busy.release()  # free before anyone waiting on the future hears of its end
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(values)
 
             # In a copy of this context: in a notebook, what the request prints goes to this cell.
             context = contextvars.copy_context()
@@ -458,7 +473,7 @@ class Session:
 
     def _busy_error(self) -> SessionBusyError:
         doing = self._record.state().current
-        what = doing.what if doing is not None else "a request"
+        what = doing.what if doing is not None else "a cell"
         return SessionBusyError(f"the session is still running {what} (run without blocking): wait for it "
                                 "(future.result()), or stop it (Stop in the session's view, or session.interrupt())")
 
@@ -544,6 +559,7 @@ class Session:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank has its own "
                                  f"({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
+        self._check_free()
         with self._claimed(), self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
             try:
                 data, placed = self._pack(values)
@@ -593,6 +609,7 @@ class Session:
         if not isinstance(name, str) or not name.isidentifier():
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
         self._check_alive()
+        self._check_free()
         with self._claimed(), self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
             replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
             if any(m["op"] == "error" for m in replies.values()):
@@ -609,6 +626,7 @@ class Session:
             return
         background = self._background
         if background is not None and background.is_alive() and background is not threading.current_thread():
+            self._closing = True  # a cell cut now ends with the session: it is not formed again
             self.interrupt()  # a cell run without blocking: stopped first, as Stop would
             background.join(INTERRUPT_GRACE + END_WAIT)
         self._closed = True

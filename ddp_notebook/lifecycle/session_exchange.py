@@ -60,6 +60,7 @@ SKIPPED_AFTER = 5.0
 #: in a collective uses none (0.000 measured); one computing gets far more, even on a busy machine.
 IDLE_CPU = 0.02
 _POLL = 0.1
+_SAMPLES_KEPT = 600  # looks kept per rank (10 minutes of them): since when it waits there
 _SEND_CHUNK = 1 << 20
 
 
@@ -329,7 +330,7 @@ class Exchange:
             place = (collective_name(frames), user_site(frames)) if is_waiting_in_collective(frames) else ()
             cpu = reply.get("cpu") if isinstance(reply.get("cpu"), (int, float)) else None
             self._samples.setdefault(rank, []).append((self._probes, time.monotonic(), place, cpu))
-            del self._samples[rank][:-2]
+            del self._samples[rank][:-_SAMPLES_KEPT]
             if place:
                 self.outcome.places[rank] = f"{place[0]} ({place[1]})"
             else:
@@ -401,25 +402,39 @@ class Exchange:
         out = sorted(set(range(self.world_size)) - set(waiting))
         for rank, (name, site) in places.items():
             self.outcome.left_waiting[rank] = f"{name} ({site})" + _for_whom(out, self.outcome.replies, self.ranks)
-            first = next(when for _, when, place, _ in self._samples[rank] if place == places[rank])
-            self.outcome.waited[rank] = now - first  # seen waiting there at least this long
+            since = now
+            for _, when, place, _ in reversed(self._samples[rank]):  # the looks at that place, in a row
+                if place != places[rank]:
+                    break
+                since = when
+            self.outcome.waited[rank] = now - since  # seen waiting there at least this long
         return True
 
 
 def _for_whom(out: list[int], replies: dict[int, dict], asked: list[int]) -> str:
-    """`` for rank 1, which raised`` and so on: why the ranks out of the cell will not join.
+    """`` while rank 1 had raised``: what the ranks out of the cell did (which of them the
+    collective waits for, its group says, not the notebook).
 
-    >>> _for_whom([1, 2], {1: {"op": "error"}, 2: {"op": "done"}}, [0, 1, 2])
-    ' for rank 1, which raised, and rank 2, which finished the cell'
+    >>> _for_whom([1, 2, 3], {1: {"op": "error"}, 2: {"op": "done"}, 3: {"op": "done"}}, [0, 1, 2, 3])
+    ' while rank 1 had raised and ranks 2, 3 had finished the cell'
     >>> _for_whom([1, 2], {1: {"op": "error", "interrupted": True}}, [0, 1])
-    ' for rank 1, which was interrupted, and rank 2, which does not run the cell'
+    ' while rank 1 had been interrupted and rank 2 does not run the cell'
     """
-    def which(rank: int) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank in out:
         reply = replies.get(rank)
         if reply is None:
-            return "does not run the cell" if rank not in asked else "is still in the cell"
-        if reply["op"] == "done":
-            return "finished the cell"
-        return "was interrupted" if reply.get("interrupted") else "raised"
-
-    return " for " + ", and ".join(f"rank {r}, which {which(r)}" for r in out) if out else ""
+            what = "do not run the cell" if rank not in asked else "are still in the cell"
+        elif reply["op"] == "done":
+            what = "had finished the cell"
+        else:
+            what = "had been interrupted" if reply.get("interrupted") else "had raised"
+        groups.setdefault(what, []).append(rank)
+    parts = []
+    for what, ranks in groups.items():
+        if len(ranks) == 1:
+            what = what.replace("do not", "does not").replace("are still", "is still")
+            parts.append(f"rank {ranks[0]} {what}")
+        else:
+            parts.append(f"ranks {', '.join(map(str, ranks))} {what}")
+    return " while " + " and ".join(parts) if parts else ""

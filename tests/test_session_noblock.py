@@ -1,0 +1,43 @@
+"""Cells run without blocking, in this process with real ranks: the future runs from the start
+(``cancel()`` cannot take it back), the session is free when its waiters hear of its end, and
+``close()`` with a cell stuck in native code ends the session without forming it again."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ddp_notebook
+from ddp_notebook.errors import SessionBusyError, SessionInterrupted
+
+pytestmark = pytest.mark.processes
+
+
+def test_a_cell_without_blocking_cannot_be_cancelled_and_frees_the_session_before_its_waiters_hear():
+    s = ddp_notebook.session("cpu*2")
+    try:
+        f = s.run("import time\ntime.sleep(1)\nrank", block=False)
+        assert not f.cancel() and f.running()
+        with pytest.raises(SessionBusyError, match=r"still running cell 1 \(run without blocking\)"):
+            s.pull("rank")
+        assert f.result(60) == [0, 1]
+        for i in range(40):  # the next request, as soon as a waiter hears: never busy
+            f = s.run(f"{i}", block=False)
+            f.add_done_callback(lambda done: print("done", flush=True))  # a callback, as the magic adds
+            assert f.result(60) == [i, i]
+            assert s.run("1") == [1, 1]
+    finally:
+        s.close()
+
+
+def test_close_with_a_cell_stuck_in_native_code_ends_the_session_without_forming_it_again():
+    s = ddp_notebook.session("cpu*2")
+    run = s.current_run
+    f = s.run("import os\nos.system('sleep 30')", block=False)
+    time.sleep(1)
+    started = time.monotonic()
+    s.close()
+    assert time.monotonic() - started < 40
+    with pytest.raises(SessionInterrupted, match="as the session was closed"):
+        f.result(5)
+    assert s.current_run is run and run.done and not s.alive  # nothing formed again

@@ -319,3 +319,17 @@ def test_a_real_session_in_a_kernel_shows_its_view_and_its_state_follows_the_cel
         km.shutdown_kernel(now=True)
     wait_until(lambda: _all_ended(pids), timeout=30)
     assert time.monotonic() - started < 60
+
+
+def test_the_fallback_says_since_when_a_cell_runs_not_a_clock_that_would_stop():
+    from ddp_notebook.lifecycle.session_state import Request, format_session
+
+    state = ready(status="running", current=Request("cell 5", (0, 1), T0, 5, "import time"), ranks=(
+        RankState(0, "cpu:0", "running", pid=100, doing="cell 5", since=T0),
+        RankState(1, "cpu:1", "running", pid=101, doing="cell 5", since=T0)))
+    view = SessionView(FakeSession(state), live=False)
+    fallback = text_of(view.fallback_html())
+    at = time.strftime("%H:%M:%S", time.localtime(T0))
+    assert f"Running cell 5 on ranks 0, 1 since {at}" in fallback and f"running cell 5 since {at}" in fallback
+    assert " for " not in fallback.split("\n", 1)[1], fallback
+    assert "Running cell 5 on ranks 0, 1 for 2.0 s" in format_session(state, now=T0 + 2)  # print(session): now

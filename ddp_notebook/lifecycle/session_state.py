@@ -193,12 +193,13 @@ class SessionState:
         return f"Session of {ranks} on {', '.join(self.devices) or '-'}{run}: {self.status}{cells}"
 
 
-def rank_line(rank: RankState, now: Optional[float] = None) -> str:
-    """A rank's row in words: ``rank 1 (cpu:1, pid 42): running cell 3 for 2.1 s``."""
+def rank_line(rank: RankState, now: Optional[float] = None, frozen: bool = False) -> str:
+    """A rank's row in words: ``rank 1 (cpu:1, pid 42): running cell 3 for 2.1 s`` (``frozen``:
+    ``since 08:21:40``, for a text that is not redrawn as time passes)."""
     pid = f", pid {rank.pid}" if rank.pid else ""
     clock = rank.clock(now)
     if rank.status == "running" and rank.doing:
-        what = f"running {rank.doing} for {clock}"
+        what = f"running {rank.doing} " + (f"since {_time_of_day(rank.since)}" if frozen else f"for {clock}")
     elif rank.status == "finished" and rank.doing:
         what = f"finished {rank.doing} in {clock}, waits for the other ranks"
     elif rank.status == "failed" and rank.doing:
@@ -211,9 +212,14 @@ def rank_line(rank: RankState, now: Optional[float] = None) -> str:
     return f"rank {rank.rank} ({rank.device}{pid}): {what}{note}"
 
 
-def format_session(state: SessionState, now: Optional[float] = None) -> str:
+def _time_of_day(when: Optional[float]) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when)) if when is not None else "-"
+
+
+def format_session(state: SessionState, now: Optional[float] = None, frozen: bool = False) -> str:
     """The session in words, as its view shows it: a header, a line per rank, what runs now, the
-    last outcome and why it ended.
+    last outcome and why it ended. ``frozen``: for a text that is not redrawn as time passes (a
+    notebook without widgets), what runs says since when, not for how long.
 
     >>> s = SessionState("ready", ("cpu:0", "cpu:1"), (RankState(0, "cpu:0", "idle"), RankState(1, "cpu:1", "idle")),
     ...                  run_id="r1")
@@ -224,14 +230,14 @@ def format_session(state: SessionState, now: Optional[float] = None) -> str:
     """
     now = now if now is not None else time.time()
     lines = [state.header()]
-    lines += [f"  {rank_line(r, now)}" for r in state.ranks]
+    lines += [f"  {rank_line(r, now, frozen)}" for r in state.ranks]
     if state.current is not None:
         c = state.current
         stopping = " (interrupting)" if c.interrupting else ""
         code = f": {c.first_line}" if c.first_line else ""
-        clock = seconds_text(now - c.started_at)
+        clock = f"since {_time_of_day(c.started_at)}" if frozen else f"for {seconds_text(now - c.started_at)}"
         how = " (without blocking: session.interrupt() stops it)" if c.background and not c.interrupting else ""
-        lines.append(f"Running {c.what} on {ranks_text(c.ranks)} for {clock}{stopping}{how}{code}")
+        lines.append(f"Running {c.what} on {ranks_text(c.ranks)} {clock}{stopping}{how}{code}")
     if state.last is not None:
         lines.append(f"Last: {state.last.text()}")
     if state.last_failure is not None and state.last_failure is not state.last:

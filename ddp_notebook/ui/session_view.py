@@ -213,9 +213,11 @@ class SessionView(FullText, widgets.VBox):
         return state
 
     def fallback_html(self) -> str:
-        """The session as static HTML: its text, and the failure card when there is one."""
+        """The session as static HTML (redrawn at each status change, not as time passes): its
+        text, and the failure card when there is one."""
         state = self.session.state
-        return f'<div class="ddp-fallback"><pre>{escape(format_session(state))}</pre>{card_html(state)}</div>'
+        text = format_session(state, frozen=True)  # not redrawn as time passes: since when, not how long
+        return f'<div class="ddp-fallback"><pre>{escape(text)}</pre>{card_html(state)}</div>'
 
     def __repr__(self) -> str:
         return format_session(self.session.state)

@@ -208,6 +208,10 @@ class _Server:
             if sock in ready:
                 try:
                     message = self.sock.recv(1 << 16)
+                except ConnectionResetError:
+                    # The server exited with a request of ours unread: Linux reports that first,
+                    # then what the server sent before it went (why it could not start) is read.
+                    continue
                 except OSError:
                     message = b""
                 if not message:

@@ -2,6 +2,7 @@
 session tests: run cells, read what they printed, check that no rank outlives the kernel."""
 from __future__ import annotations
 
+import os
 import re
 
 import psutil
@@ -42,6 +43,14 @@ class Kernel:
         content, printed = self.execute(code, timeout)
         assert content["status"] == "ok", (content, printed)
         return printed
+
+    def start_in_cell(self, body, folder):
+        """Send a ``%%ddp`` cell running ``body`` and return its msg_id once every rank is in it
+        (each rank touches a file in ``folder`` first)."""
+        marker = os.path.join(str(folder), "in-cell")
+        msg_id = self.kc.execute(f"%%ddp\nopen({marker!r} + str(rank), 'w').close()\n{body}")
+        wait_until(lambda: os.path.exists(marker + "0") and os.path.exists(marker + "1"), timeout=60)
+        return msg_id
 
     def reply_to(self, msg_id, timeout=60):
         """The shell reply to the request ``msg_id`` (sent with ``kc.execute``)."""

@@ -5,15 +5,12 @@ short, and output by the thousand lines. Each fault ends with the session usable
 right rank; every kernel checks that no rank outlives it."""
 from __future__ import annotations
 
-import os
 import random
 import re
 import time
 
 import pytest
 from session_kernel import kernel_fixture, strip_ansi  # noqa: F401 - a fixture
-
-from helpers import wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.processes]
 
@@ -76,11 +73,9 @@ def test_a_collective_one_rank_skips_is_named_within_seconds_without_a_stall_tim
 
 def test_an_interrupt_while_a_rank_waits_in_a_collective_forms_the_session_again(kernel, tmp_path):
     k, _ = kernel
-    marker = str(tmp_path / "in-cell")
     k.ok("%%ddp\nx = 1")
-    msg_id = k.kc.execute(f"%%ddp\nimport time\nopen({marker!r} + str(rank), 'w').close()\nif rank == 0:\n"
-                          "    dist.all_reduce(torch.ones(1))\nelse:\n    for i in range(6000):\n        time.sleep(0.01)")
-    wait_until(lambda: os.path.exists(marker + "0") and os.path.exists(marker + "1"), timeout=60)
+    msg_id = k.start_in_cell("import time\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n"
+                             "    for i in range(6000):\n        time.sleep(0.01)", tmp_path)
     k.km.interrupt_kernel()
     name, message, _ = _error(k.reply_to(msg_id))
     assert name == "SessionInterrupted", message

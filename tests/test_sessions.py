@@ -68,17 +68,11 @@ def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):
 
 def test_an_interrupt_mid_cell_reaches_every_rank_and_the_session_goes_on(kernel, tmp_path):
     k, _ = kernel
-    marker = str(tmp_path / "in-cell")
     k.ok("%%ddp\nx = rank * 10")
-    msg_id = k.kc.execute(f"%%ddp\nimport time, os\nopen({marker!r} + str(rank), 'w').close()\n"
-                          "for i in range(6000):\n    time.sleep(0.01)\n'not interrupted'")
-    wait_until(lambda: os.path.exists(marker + "0") and os.path.exists(marker + "1"), timeout=60)
+    msg_id = k.start_in_cell("import time\nfor i in range(6000):\n    time.sleep(0.01)\n'not interrupted'", tmp_path)
     started = time.monotonic()
     k.km.interrupt_kernel()
-    reply = k.kc.get_shell_msg(timeout=60)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = k.kc.get_shell_msg(timeout=60)
-    content = reply["content"]
+    content = k.reply_to(msg_id)
     assert content["status"] == "error" and content["ename"] == "SessionInterrupted", content
     assert "interrupted on ranks 0, 1; the session goes on" in content["evalue"], content
     assert time.monotonic() - started < 30  # not the 60 s the cell would have taken

@@ -58,9 +58,9 @@ from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
 from .run import Run
 from .session_exchange import INTERRUPT_GRACE, Exchange, Gathered, RankGone
-from .session_failures import cell_error, failures_of, push_hint, ranks_text
+from .session_failures import cell_error, failures_of, push_hint
 from .session_listener import RankListener, close_all
-from .session_state import SessionRecord, SessionState, format_session, value_text
+from .session_state import SessionRecord, SessionState, format_session, ranks_text, value_text
 
 __all__ = ["Session", "CellFuture", "session", "current_session", "set_current_session", "show_sessions_with",
            "RANK_NAMES", "INTERRUPT_GRACE"]

@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS
 from ..transfer import pickling
-from ..worker.session_loop import HEADER, FrameReader
+from ..worker.session_loop import FrameReader, encode_frame, send_frame
 from .stall import collective_name, is_waiting_in_collective, user_site
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
@@ -278,8 +278,7 @@ class Exchange:
 
     def _send(self, presses: _Presses) -> None:
         """Send the frame to each rank whole; a second interrupt while it is sent abandons it."""
-        data = pickling.dumps(self.message)
-        frame = memoryview(HEADER.pack(len(data)) + data)
+        frame = memoryview(encode_frame(self.message))
         left = {r: 0 for r in self.ranks}
         try:
             while left:
@@ -356,7 +355,7 @@ class Exchange:
 
     def _tell(self, rank: int, message: dict[str, Any]) -> None:
         try:  # a small frame: sent whole, or the socket is gone (the pump says so)
-            self.connections[rank].sendall(HEADER.pack(len(data := pickling.dumps(message))) + data)
+            send_frame(self.connections[rank], message)
         except OSError:
             pass
 

@@ -15,15 +15,9 @@ from typing import Any, Optional
 from ..core.errors import CellError
 from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures
 from .session_exchange import INTERRUPT_GRACE, Gathered
+from .session_state import ranks_text
 
-__all__ = ["failures_of", "cell_error", "push_hint", "ranks_text"]
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """``rank 1``, ``ranks 0, 1``, ``no rank``."""
-    if not ranks:
-        return "no rank"
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, sorted(ranks)))
+__all__ = ["failures_of", "cell_error", "push_hint"]
 
 
 def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],

@@ -47,17 +47,23 @@ from ..transfer.loading import load
 from .context import WorkerContext
 from .execute import error_event
 
-__all__ = ["serve_session", "send_frame", "FrameReader", "HEADER", "cell_file_name", "compile_cell"]
+__all__ = ["serve_session", "send_frame", "encode_frame", "FrameReader", "HEADER", "cell_file_name", "compile_cell"]
 
 HEADER = struct.Struct("!Q")  # each frame: its length, then a pickle
 _READ = 1 << 16
 _FRAMES_SENT = 64  # innermost frames a ``where`` reply carries
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send ``message`` as one frame (cloudpickle, code objects with their file names)."""
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """``message`` as one frame: its length, then its pickle (cloudpickle, code objects with
+    their file names)."""
     data = pickling.dumps(message)
-    sock.sendall(HEADER.pack(len(data)) + data)
+    return HEADER.pack(len(data)) + data
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Send ``message`` as one frame."""
+    sock.sendall(encode_frame(message))
 
 
 class FrameReader:

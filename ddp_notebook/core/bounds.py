@@ -104,4 +104,6 @@ def event_weight(event: dict[str, Any]) -> int:
     if isinstance(metrics, dict):
         weight += sum(120 + len(str(k)) + (len(v) if isinstance(v, str) else 32) for k, v in metrics.items())
     text = event.get("text")
+    points = event.get("points")
+    weight += 150 * len(points) if isinstance(points, list) else 0  # rank 0's logged values since its last report
     return weight + (len(text) if isinstance(text, str) else 0)

@@ -34,8 +34,11 @@ class EventKind(TextEnum):
 
     WARM = "warm"  # a worker interpreter has imported torch and waits for its assignment
     STARTED = "started"  # the rank was assigned (pid, main thread id)
-    READY = "ready"  # device and process group set up: the function is called now
-    PROGRESS = "progress"  # ctx.log: step, total, epoch, metrics
+    READY = "ready"  # device and process group set up: the function is called now (rank 0: torch's version)
+    # ctx.log: step, total, epoch, metrics (the latest values); rank 0's also every value logged
+    # since its last report (points: [time, step, epoch, {name: number}] each), and every rank's
+    # peak memory (memory: rss, cuda)
+    PROGRESS = "progress"
     CHECKPOINT = "checkpoint"  # the main worker saved a checkpoint (epoch, path)
     RETURNED = "returned"  # the function returned; the rank waits for its peers
     DONE = "done"  # the rank's outcome: success (rank 0 attaches its pickled return value)
@@ -45,7 +48,12 @@ class EventKind(TextEnum):
     ALIVE = "alive"  # a rank on an engine is alive (every second; its host's link is up)
     STACKS = "stacks"  # a rank on an engine dumped its stacks (text), for the stall watchdog
 
-    RUN_STARTED = "run_started"  # run id, devices, backend, directory, parent, places
+    # run id, devices, backend, directory, parent, places; what the run was: name, tags, config,
+    # origin, cwd, monitor, monitor_mode, code, versions, report_to (core.experiment)
+    RUN_STARTED = "run_started"
+    PROVENANCE = "provenance"  # what reproduces the run, looked up after its start (git_commit, git_dirty)
+    TRACKER = "tracker"  # a tracker of report_to is missing, failed or fell behind (tracker, message)
+    CELL = "cell"  # a session's cell ended (cell, ranks, status)
     DATA = "data"  # the call's tensors and arrays being placed for the ranks: bytes sent of total, files
     OUTPUT = "output"  # text a rank printed (stream: stdout or stderr)
     EXITED = "exited"  # a rank ended (exit code, signal, whether the supervisor ended it)

@@ -209,6 +209,7 @@ class RunDir:
     LATEST = "latest"
     BEST = "best"
     NOTEBOOK = "notebook.json"
+    PINNED = "pinned"  # present: the run is kept whatever the runs folder's limits (Run.pin)
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(os.path.expanduser(path))
@@ -370,3 +371,14 @@ class RunDir:
 
     def latest_checkpoint(self) -> Optional[str]:
         return latest_checkpoint(self.checkpoint_dir)
+
+    def first_event(self) -> Optional[dict[str, Any]]:
+        """The first event of the log (the run's start: what the run is), read alone; None when
+        there is none that reads as an event."""
+        try:
+            with open(self.events_path, "rb") as f:
+                line = f.readline(4 * 2**20)
+            event = json.loads(line) if line.endswith(b"\n") else None
+        except (OSError, ValueError):
+            return None
+        return event if isinstance(event, dict) else None

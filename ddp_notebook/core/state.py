@@ -12,6 +12,7 @@ feeding events. No torch, no IPython, no threads here.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -22,7 +23,8 @@ from .console import ConsoleLines
 from .events import EventKind
 from .failures import WorkerFailure
 
-__all__ = ["DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT"]
+__all__ = ["DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT", "SERIES_KEPT",
+           "train_loss_of", "valid_loss_of", "epoch_row"]
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
 LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
@@ -32,6 +34,42 @@ EPOCHS_KEPT = 1000  # per rank, the epoch records of the epoch table (the first 
 SILENCE_FLOOR = 30.0
 RATE_WINDOW = 1.0  # seconds: a rank's step rate is measured over windows at least this long
 SILENCE_FACTOR = 10.0
+SERIES_KEPT = 2000  # points per metric of rank 0's record (every value logged; past this, every other one)
+TRACKER_NOTES_KEPT = 20  # lines about the run's trackers (one per tracker that fails, falls behind...)
+TRAIN_LOSS = ("train_loss",)
+VALID_LOSS = ("valid_loss", "val_loss")
+
+
+def train_loss_of(record: dict[str, Any]) -> Optional[float]:
+    """An epoch's train loss: the one logged (``train_loss``, fit's cross-rank mean), else the mean
+    of the step losses logged in it."""
+    metrics = record.get("metrics") or {}
+    for name in TRAIN_LOSS:
+        if name in metrics:
+            return metrics[name]
+    return record.get("loss_mean")
+
+
+def valid_loss_of(record: dict[str, Any]) -> Optional[float]:
+    """An epoch's validation loss (``valid_loss`` or ``val_loss``), when one was logged."""
+    metrics = record.get("metrics") or {}
+    return next((metrics[name] for name in VALID_LOSS if name in metrics), None)
+
+
+def epoch_row(record: dict[str, Any]) -> dict[str, Any]:
+    """An epoch record as a row of ``Run.history``: ``epoch`` (from 0), ``train_loss`` (logged, or
+    the mean of the epoch's step losses), every number logged in the epoch, ``seconds``.
+
+    >>> epoch_row({"epoch": 0, "seconds": 2.5, "metrics": {"valid_loss": 0.4}, "loss_mean": 0.5, "losses": 10})
+    {'epoch': 0, 'train_loss': 0.5, 'valid_loss': 0.4, 'seconds': 2.5}
+    """
+    row: dict[str, Any] = {"epoch": record.get("epoch")}
+    train = train_loss_of(record)
+    if train is not None:
+        row["train_loss"] = train
+    row.update((k, v) for k, v in (record.get("metrics") or {}).items() if k not in row)
+    row["seconds"] = record.get("seconds")
+    return row
 
 
 class RunStatus(TextEnum):
@@ -113,6 +151,8 @@ class WorkerState:
     # One record per epoch, in order: {"epoch", "seconds", "metrics": {name: last value logged in
     # the epoch}, "loss_mean": mean step loss, "losses": how many}; the latest may still be open.
     epoch_history: list[dict[str, Any]] = field(default_factory=list)
+    peak_rss: Optional[int] = None  # the rank's largest resident memory so far (bytes)
+    peak_cuda: Optional[int] = None  # on a GPU: torch.cuda.max_memory_allocated (bytes)
 
     @property
     def loss_points(self) -> list[tuple[float, float]]:
@@ -229,6 +269,28 @@ class RunState:
     data: Optional[DataState] = None  # the call's shared tensors and arrays, when it has some
     result_not_kept: Optional[int] = None  # bytes of a result too large to be kept on disk
     waiting: Optional[str] = None  # what the ranks wait for before they can start (the fork server's import)
+    # What the run was (core.experiment): given at its start.
+    name: Optional[str] = None
+    tags: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    origin: str = "launch"  # what started it: launch, fit, spawn or session
+    cwd: Optional[str] = None  # the notebook's working directory at the launch
+    monitor: Optional[str] = None  # the value whose best the run records (fit's monitor, launch's monitor=)
+    monitor_mode: str = "min"  # whether a lower or a higher monitored value is better
+    code: Optional[str] = None  # a fingerprint of the function's code (core.experiment.code_fingerprint)
+    # What reproduces it: python and ddp_notebook (at the start), torch (rank 0's ready report),
+    # git_commit and git_dirty (looked up after the start).
+    versions: dict[str, Any] = field(default_factory=dict)
+    report_to: list[str] = field(default_factory=list)  # the trackers it reports to, by name
+    # Every number rank 0 logged, by name: (step, value) points, the step being the rank's step
+    # at that log (its count of logs when it never said one); thinned past SERIES_KEPT.
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    series_epochs: dict[str, list[Optional[int]]] = field(default_factory=dict)  # each point's epoch
+    points_seen: int = 0
+    best: Optional[dict[str, Any]] = None  # the monitored value's best: {"value", "step", "epoch"}
+    tracker_notes: list[str] = field(default_factory=list)  # a tracker that is missing, failed or fell behind
+    cells: int = 0  # a session's cells run
+    pruned: bool = False  # stopped by an Optuna trial's pruner
 
     @property
     def world_size(self) -> int:
@@ -281,6 +343,41 @@ class RunState:
         causing = self.causing_ranks
         return [d for rank, d in enumerate(self.devices) if rank not in causing]
 
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Rank 0's epochs as rows (``epoch_row``), the panel's epoch table: ``Run.history``."""
+        main = self.workers.get(0)
+        return [epoch_row(r) for r in main.epoch_history] if main is not None else []
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The last value of every metric rank 0 logged; the best of the monitored one, as
+        ``valid_loss.min`` (or ``.max``); each rank's peak memory, as ``rank1.peak_rss`` (and
+        ``rank1.peak_cuda`` on a GPU), in bytes: ``Run.metrics``."""
+        main = self.workers.get(0)
+        out: dict[str, Any] = dict(main.metrics) if main is not None else {}
+        if self.best is not None and self.monitor:
+            out[f"{self.monitor}.{self.monitor_mode}"] = self.best["value"]
+        for rank, w in sorted(self.workers.items()):
+            if w.peak_rss is not None:
+                out[f"rank{rank}.peak_rss"] = w.peak_rss
+            if w.peak_cuda is not None:
+                out[f"rank{rank}.peak_cuda"] = w.peak_cuda
+        return out
+
+    @property
+    def headline_metric(self) -> Optional[tuple[str, Any]]:
+        """The one value a list of runs shows: the monitored one's best, else the last
+        ``valid_loss``, else the last ``loss``; None when rank 0 logged none of them."""
+        if self.best is not None and self.monitor:
+            return f"{self.monitor} ({self.monitor_mode})", self.best["value"]
+        main = self.workers.get(0)
+        logged = main.metrics if main is not None else {}
+        for name in (self.monitor, *VALID_LOSS, "train_loss", "loss"):
+            if name and name in logged:
+                return name, logged[name]
+        return None
+
     def apply(self, event: dict[str, Any]) -> None:
         """Fold one event into the state."""
         self.events_seen += 1
@@ -297,6 +394,23 @@ class RunState:
             places = event.get("places") or [None] * len(self.devices)
             hosts = event.get("hosts") or [None] * len(self.devices)
             self.workers = {r: WorkerState(r, d, p, h) for r, (d, p, h) in enumerate(zip(self.devices, places, hosts))}
+            self.name = event.get("name")
+            self.tags = dict(event.get("tags") or {})
+            self.config = dict(event.get("config") or {})
+            self.origin = str(event.get("origin") or "launch")
+            self.cwd = event.get("cwd")
+            self.monitor = event.get("monitor")
+            self.monitor_mode = "max" if event.get("monitor_mode") == "max" else "min"
+            self.code = event.get("code")
+            self.versions = dict(event.get("versions") or {})
+            self.report_to = [str(t) for t in event.get("report_to") or []]
+        elif kind == EventKind.PROVENANCE:
+            self.versions.update({k: v for k, v in event.items() if k not in ("kind", "time")})
+        elif kind == EventKind.TRACKER:
+            if len(self.tracker_notes) < TRACKER_NOTES_KEPT:
+                self.tracker_notes.append(cut(str(event.get("message", "")), LINE_CHARS))
+        elif kind == EventKind.CELL:
+            self.cells += 1
         elif kind == EventKind.RUN_FINISHED:
             for worker in self.workers.values():
                 worker.note = None
@@ -306,6 +420,7 @@ class RunState:
         elif kind == EventKind.STOPPING:
             self.stop_reason = event.get("reason")
             self.notebook_ended = bool(event.get("notebook_ended"))
+            self.pruned = bool(event.get("pruned"))
         elif kind == EventKind.SUPERVISOR_ERROR:
             self.supervisor_error = event.get("message")
         elif kind == EventKind.QUIET:
@@ -372,6 +487,37 @@ class RunState:
                 if len(w.epoch_history) > EPOCHS_KEPT:
                     del w.epoch_history[EPOCHS_KEPT // 2]  # the first and the latest ones stay
 
+    def _apply_points(self, points: list[Any]) -> None:
+        """Rank 0's logged values (``[time, step, epoch, {name: value}]`` each, in order): its series
+        and the best of the monitored one."""
+        for point in points:
+            if not isinstance(point, list) or len(point) != 4 or not isinstance(point[3], dict):
+                continue
+            self.points_seen += 1
+            _t, step, epoch, values = point
+            stepped = isinstance(step, (int, float)) and not isinstance(step, bool)
+            x = float(step) if stepped else float(self.points_seen)
+            epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+            for name, value in values.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    continue
+                series = self.series.get(name)
+                if series is None:
+                    if len(self.series) >= METRICS_KEPT:
+                        continue  # a new name each step must not grow it
+                    series = self.series[name] = []
+                    self.series_epochs[name] = []
+                series.append((x, float(value)))
+                self.series_epochs[name].append(epoch)
+                if len(series) > SERIES_KEPT:
+                    self.series[name] = series[::2]
+                    self.series_epochs[name] = self.series_epochs[name][::2]
+                if name == self.monitor:
+                    better = self.best is None or (value < self.best["value"] if self.monitor_mode == "min"
+                                                    else value > self.best["value"])
+                    if better:
+                        self.best = {"value": value, "step": step, "epoch": epoch}
+
     def _apply_to_worker(self, w: WorkerState, kind: str, event: dict[str, Any], t: Optional[float]) -> None:
         if kind == EventKind.STARTED:
             w.pid = event.get("pid")
@@ -379,6 +525,8 @@ class RunState:
         elif kind == EventKind.READY:
             w.status = WorkerStatus.RUNNING
             w.ready_at = t
+            if w.rank == 0 and event.get("torch"):
+                self.versions["torch"] = event["torch"]
             if self.status == RunStatus.STARTING:
                 self.status = RunStatus.RUNNING
         elif kind == EventKind.PROGRESS:
@@ -398,6 +546,13 @@ class RunState:
             if t is not None and isinstance(event.get("step"), int):
                 w._measure_rate(t, event["step"])
             self._apply_losses(w, event)
+            memory = event.get("memory")
+            if isinstance(memory, dict):
+                for key, attr in (("rss", "peak_rss"), ("cuda", "peak_cuda")):
+                    if isinstance(memory.get(key), int):
+                        setattr(w, attr, max(memory[key], getattr(w, attr) or 0))
+            if w.rank == 0 and isinstance(event.get("points"), list):
+                self._apply_points(event["points"])
         elif kind == EventKind.CHECKPOINT:
             self.checkpoints.append({"epoch": event.get("epoch"), "path": event.get("path")})
         elif kind == EventKind.OUTPUT:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from ..core.devices import DeviceSpec
-from ..core.errors import DDPNotebookError
+from ..core.errors import DDPNotebookError, LaunchOptionError
 from ..core.events import EventKind
+from ..core.experiment import call_config, check_monitor, code_fingerprint, function_name
 from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.state import RunStatus
@@ -26,8 +27,9 @@ from ..executors.local import forkserver
 from ..executors.local.executor import LocalExecutor, default_devices, set_default_devices
 from .call import Call, call_parts, check_arguments
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from .reporting import check_trial, trial_config, trial_direction
 from .resume import keep_call
-from .run import Run, restart_loaded_runs_with, validate_on
+from .run import Run, restart_loaded_runs_with, trial_turn, validate_on
 from .stored import RemovedRun, note_start, prune_folder
 
 __all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",
@@ -220,8 +222,8 @@ def launch_with(fn: Callable[..., Any], devices: Optional[DeviceSpec], args: tup
 
 @takes_launch_options
 def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: tuple[Any, ...] = (),
-           kwargs: Optional[dict[str, Any]] = None, *, probe: Optional[Probe] = None,
-           **options: Unpack[LaunchKwargs]) -> Run:
+           kwargs: Optional[dict[str, Any]] = None, *, monitor: Optional[str] = None, mode: Optional[str] = None,
+           trial: Any = None, probe: Optional[Probe] = None, **options: Unpack[LaunchKwargs]) -> Run:
     """Start ``fn(ctx, *args, **kwargs)`` on every device in background workers; return at once.
 
     Each worker is a fresh process with a torch.distributed process group already set up
@@ -247,6 +249,17 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
         Positional arguments after ``ctx``.
     kwargs : dict, optional
         Keyword arguments of ``fn``.
+    monitor : str, optional
+        A value ``fn`` logs with ``ctx.log`` (``"valid_loss"``) whose best the run records
+        (``run.metrics["valid_loss.min"]``) and reports to ``trial``.
+    mode : {"min", "max"}, optional
+        Whether a lower or a higher ``monitor`` is better (default: the trial's study's
+        direction, else ``"min"``).
+    trial : optuna.trial.Trial, optional
+        Report ``monitor`` to this trial each time rank 0 logs it (at its epoch when logged with
+        one, else its step); when the trial's pruner says so, the run stops and ``wait()`` raises
+        ``optuna.TrialPruned``. The trial's parameters go in the run's config; trials that
+        ``study.optimize(n_jobs=...)`` runs at once wait for their devices, one run per device.
     probe : Probe, optional
         Answers validation's questions about this machine (tests pass a ``StaticProbe``).
     **options
@@ -262,7 +275,9 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
     InvalidDevicesError
         The device list failed validation (``.report`` says why); no process was started.
     LaunchOptionError
-        A launch option cannot work (``timeout=0``, ``env={"X": 1}``...).
+        A launch option cannot work (``timeout=0``, ``env={"X": 1}``, ``tags`` that are not short
+        scalars, ``report_to`` naming no tracker, ``trial`` that is no Optuna trial or without
+        ``monitor``...).
     ArgumentsError
         ``fn`` cannot be called with ``ctx`` and the arguments given.
     NotPicklableError
@@ -281,4 +296,15 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
     2
     """
     args, kwargs = call_parts("launch", fn, args, kwargs)
-    return launch_with(fn, devices, args, kwargs, options_from("launch", dict(options)), probe=probe)
+    gathered = options_from("launch", dict(options))
+    check_monitor(monitor, mode, "launch")
+    check_trial(trial, "launch")
+    if trial is not None and monitor is None:
+        raise LaunchOptionError("launch(trial=...) needs monitor=, the name of the value your function logs with "
+                                "ctx.log that the trial is told (such as monitor='valid_loss')")
+    config = {"function": function_name(fn), **call_config(fn, "ctx", args, kwargs), **trial_config(trial)}
+    settings = RunSettings(origin="launch", config=config,
+                           code=code_fingerprint([fn]), monitor=monitor,
+                           monitor_mode=mode or trial_direction(trial) or "min", trial=trial)
+    with trial_turn(devices, trial):
+        return launch_with(fn, devices, args, kwargs, gathered, settings, probe=probe)

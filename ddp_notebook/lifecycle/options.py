@@ -14,13 +14,15 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Optional, TypedDict, TypeVar, Union
 
 from ..core._text import TextEnum
 from ..core.errors import ArgumentsError, LaunchOptionError
+from ..core.experiment import check_name, check_tags
 from ..core.validation import BACKENDS
 from ..executors.ipyparallel.engines import engines_of
+from .trackers import check_report_to
 from .watchdog import auto_floor
 
 if sys.version_info >= (3, 11):
@@ -29,7 +31,7 @@ else:  # pragma: no cover
     from typing_extensions import Unpack
 
 __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
-           "Unpack", "check_seconds", "check_option_names", "check_flag", "MAX_SECONDS", "MAX_THREADS"]
+           "Unpack", "check_seconds", "check_option_names", "check_flag", "options_set", "MAX_SECONDS", "MAX_THREADS"]
 
 MAX_SECONDS = 365 * 24 * 3600  # a year: longer is a typo, and beyond what timers and timedelta take
 MAX_THREADS = 1024  # torch threads of one worker, far above any single machine
@@ -64,6 +66,15 @@ class LaunchOptions:
     """Environment variables for the workers."""
     engines: Any = field(default=None, compare=False)
     """An ipyparallel ``Client`` or ``DirectView``: one rank per engine instead of local processes."""
+    name: Optional[str] = None
+    """The run's name, shown in the panel, ``%ddp_runs``, comparisons and trackers; a named run is never
+    pruned by the runs folder's limits."""
+    tags: dict[str, Any] = field(default_factory=dict)
+    """Short labels of the run, ``{"arch": "cnn", "lr": 0.1}`` (keys to short text, numbers or True/False);
+    a tagged run is never pruned by the runs folder's limits."""
+    report_to: Any = field(default=None, compare=False)
+    """Trackers rank 0's logged values go to, from the notebook: ``"tensorboard"``, ``"mlflow"``, ``"wandb"``, a
+    list of them, or a tracker object (a ``SummaryWriter``, anything with ``log(metrics, step)``)."""
 
     def __post_init__(self) -> None:
         for name in ("timeout", "stall_timeout", "stop_grace", "kill_grace", "progress_interval"):
@@ -83,6 +94,9 @@ class LaunchOptions:
         if self.engines is not None:
             object.__setattr__(self, "engines", engines_of(self.engines))
         object.__setattr__(self, "env", _checked_env(self.env))
+        object.__setattr__(self, "name", check_name(self.name))
+        object.__setattr__(self, "tags", check_tags(self.tags))
+        object.__setattr__(self, "report_to", check_report_to(self.report_to))
 
 
 def _is_auto(value: Any) -> bool:
@@ -151,6 +165,9 @@ class LaunchKwargs(TypedDict, total=False):
     progress_interval: float
     env: dict[str, str]
     engines: Any
+    name: Optional[str]
+    tags: dict[str, Any]
+    report_to: Any
 
 
 class CallMode(TextEnum):
@@ -170,6 +187,40 @@ class RunSettings:
     # Print what the ranks print in the notebook as it comes, each line marked ``[rank1]:``, as
     # torch.multiprocessing's children print to it (spawn); otherwise it is in run.output().
     echo: bool = False
+    # What the run is, for its record (core.experiment): what started it, the call's arguments by
+    # parameter name (summarized), a fingerprint of its code, the value whose best it records and
+    # whether lower is better.
+    origin: str = "launch"
+    config: dict[str, Any] = field(default_factory=dict, compare=False)
+    code: Optional[str] = None
+    monitor: Optional[str] = None
+    monitor_mode: str = "min"
+    # An Optuna trial the monitored value is reported to, which may prune the run; notebook-only:
+    # never kept on disk, never passed on to a retry.
+    trial: Any = field(default=None, compare=False)
+
+    def kept(self) -> RunSettings:
+        """These settings as a run keeps them for a retry: without the trial."""
+        return replace(self, trial=None)
+
+
+# The options a run's config records when set (core.experiment): the others say where and how it
+# is shown or kept (run_root, name, tags, report_to), are objects (engines), or may hold secrets (env).
+NOT_IN_CONFIG = frozenset({"run_root", "name", "tags", "report_to", "engines", "env"})
+
+
+def options_set(options: LaunchOptions) -> dict[str, Any]:
+    """The launch options that differ from their defaults, as a run's config records them (env by
+    its variables' names only: values may be secrets)."""
+    out: dict[str, Any] = {}
+    for f in fields(LaunchOptions):
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        value = getattr(options, f.name)
+        if f.name not in NOT_IN_CONFIG and value != default:
+            out[f.name] = value
+    if options.env:
+        out["env"] = sorted(options.env)
+    return out
 
 
 OPTION_NAMES = frozenset(f.name for f in fields(LaunchOptions))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
 from ..core.errors import NoCheckpointError
@@ -49,7 +49,10 @@ def keep_call(directory: RunDir, payload: Packed, options: LaunchOptions, settin
     if len(payload.data) + payload.shared_bytes > KEEP_LIMIT:
         return False
     try:
-        kept = KeptCall(payload.inline(), replace(options, engines=None), settings, options.engines is not None)
+        # Neither a cluster's client, a tracker object nor an Optuna trial outlives the notebook.
+        names = tuple(t for t in options.report_to or () if isinstance(t, str)) or None
+        kept = KeptCall(payload.inline(), replace(options, engines=None, report_to=names), settings.kept(),
+                        options.engines is not None)
         data = pickling.dumps(kept)
         directory.write_private(RunDir.CALL, data)
     except Exception:  # noqa: BLE001 - a postprocess that cannot be pickled, no descriptor left: the run just
@@ -64,7 +67,16 @@ def read_call(directory: RunDir) -> Optional[KeptCall]:
     if data is None:
         return None
     kept = pickling.loads(data)
-    return kept if isinstance(kept, KeptCall) else None
+    if not isinstance(kept, KeptCall):
+        return None
+    # A call kept by an earlier version lacks the fields added since: they take their defaults.
+    return replace(kept, options=_with_defaults(kept.options), settings=_with_defaults(kept.settings))
+
+
+def _with_defaults(obj: Any) -> Any:
+    """The dataclass ``obj`` made anew, a field it lacks (pickled by an earlier version) at its default."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name in vars(obj)}
+    return type(obj)(**values)
 
 
 def checkpoint_to_resume(source: Any) -> str:

@@ -12,17 +12,18 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Optional, Union
 
-from ..core.devices import Device, DeviceSpec, format_devices
+from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
 from ..core.errors import (
     ArgumentsError,
     DDPNotebookError,
@@ -36,12 +37,14 @@ from ..core.errors import (
     WorkerTraceback,
 )
 from ..core.events import EventKind, RankConfig
+from ..core.experiment import bounded_config
 from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
 from ..core.validation import Finding, ValidationReport
+from ..core.version import __version__
 from ..executors.base import Executor, StartSpec
 from ..executors.local.executor import LocalExecutor
 from ..transfer.loading import Received, changed_files
@@ -56,18 +59,54 @@ from .options import (
     check_flag,
     check_option_names,
     check_seconds,
+    options_set,
 )
+from .provenance import git_state
+from .reporting import Reporter
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
 from .store import loopback_store
-from .stored import end_with_notebook, keep_result, load_result, output_of, read_run
+from .stored import delete_run_dir, end_with_notebook, keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .torch_compat import WorkerProcess, echo_output, process_failure
+from .trackers import RunRecord, make_trackers, tracker_labels
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
-__all__ = ["Run", "WorkerTraceback", "Restart", "validate_on", "restart_loaded_runs_with"]
+__all__ = ["Run", "WorkerTraceback", "Restart", "validate_on", "restart_loaded_runs_with", "trial_turn"]
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+# A run that ends notifies this: trials waiting for their devices look again (``trial_turn``).
+_runs_ended = threading.Condition(threading.Lock())
+# One trial run starts at a time: it waits for its devices, then starts, while the next one waits here.
+_trial_starts = threading.Lock()
+PROVENANCE_WAIT = 3.0  # seconds the end of a run waits for its git lookup (a quick run ends before it)
+
+
+@contextlib.contextmanager
+def trial_turn(devices: Optional[DeviceSpec], trial: Any) -> Iterator[None]:
+    """For a run reporting to an Optuna ``trial``: wait until no run of this process that goes on
+    uses one of ``devices``, and hold the turn while the run starts (trials that
+    ``study.optimize(n_jobs=...)`` runs at once take the devices one after the other, never two on
+    one device). Nothing for a run without a trial."""
+    if trial is None:
+        yield
+        return
+    try:
+        wanted = {str(d) for d in parse_devices(devices if devices is not None else _default_spec())}
+    except DDPNotebookError:  # validation says what is wrong with the list
+        yield
+        return
+    with _trial_starts:
+        with _runs_ended:
+            _runs_ended.wait_for(lambda: not any(wanted & {str(d) for d in run.devices}
+                                                 for run in list(_live_runs) if not run.done))
+        yield
+
+
+def _default_spec() -> DeviceSpec:
+    from ..executors.local.executor import default_devices
+
+    return default_devices()
 
 # How a run starts another with the same call: start_run with the packed call bound (a retry is a
 # new start, not a special path).
@@ -144,6 +183,10 @@ class Run:
         self._loaded: Optional[tuple[Any]] = None  # the result, unpickled once
         self._release_start: Callable[[], None] = lambda: None  # what this start holds until the run ends
         self._from_disk = False  # read back by Run.load: a retry sends the call as it was saved
+        self._reporter: Optional[Reporter] = None  # forwards rank 0's values to trackers and a trial
+        self._provenance_lock = threading.Lock()
+        self._provenance: Optional[threading.Thread] = None
+        self._ending = False  # the run's end is being written: no provenance event after it
 
     @classmethod
     def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
@@ -211,7 +254,8 @@ class Run:
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
                           "places": self._executor.places(n), "hosts": self._executor.hosts(n),
-                          "waiting": self._executor.waiting_note()})
+                          "waiting": self._executor.waiting_note(), **self._record()})
+        self._start_reporter()
         if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)
@@ -237,6 +281,9 @@ class Run:
                 functools.partial(changed_files, placement.table if placement else None))
             _live_runs.add(self)
             thread.start()
+            self._provenance = threading.Thread(target=self._look_up_provenance, name=f"ddp-provenance-{self.id}",
+                                                daemon=True)
+            self._provenance.start()
         except BaseException:
             if thread.ident is None:  # interrupted before anyone watches the ranks: end them here
                 _live_runs.discard(self)
@@ -248,6 +295,39 @@ class Run:
                 self._end(None)
             raise
         return self
+
+    def _record(self) -> dict[str, Any]:
+        """What the run is, for its ``run_started`` event (``core.experiment``): its name, tags and
+        config (the call's arguments, its devices, the options set), what started it, where, the
+        value it monitors, a fingerprint of its code and the versions known now."""
+        settings, options = self._settings, self.options
+        config = bounded_config({**settings.config, "devices": format_devices(self.devices),
+                                 **{k if k not in settings.config else f"option.{k}": v
+                                    for k, v in options_set(options).items()}})
+        return {"name": options.name, "tags": options.tags, "config": config, "origin": settings.origin,
+                "cwd": os.getcwd(), "monitor": settings.monitor, "monitor_mode": settings.monitor_mode,
+                "code": settings.code,
+                "versions": {"python": sys.version.split()[0], "ddp_notebook": __version__},
+                "report_to": tracker_labels(options.report_to)}
+
+    def _start_reporter(self) -> None:
+        """Forward rank 0's values to the run's trackers and trial, from the first report on."""
+        if not self.options.report_to and self._settings.trial is None:
+            return
+        state = self.state
+        record = RunRecord(self.id, self.run_dir, state.name, dict(state.tags), dict(state.config))
+        self._reporter = Reporter(record, make_trackers(self.options.report_to), self.stream.emit,
+                                  trial=self._settings.trial, monitor=self._settings.monitor,
+                                  prune=lambda reason: self._request_stop(self.options.stop_grace, reason, pruned=True))
+        self.stream.subscribe(self._reporter.on_event)
+
+    def _look_up_provenance(self) -> None:
+        """The git commit of the working directory, looked up after the start, in the run's events
+        unless the run has ended meanwhile (its end waits for it a moment)."""
+        found = git_state(self.state.cwd or os.getcwd())
+        with self._provenance_lock:
+            if found and not self._ending:
+                self.stream.emit({"kind": EventKind.PROVENANCE, "time": time.time(), **found})
 
     def _supervise(self) -> None:
         assert self._supervisor is not None and self._executor is not None
@@ -262,6 +342,12 @@ class Run:
                     outcome.result.release()  # nothing to load: the worker's memory is not kept
                 elif not keep_result(self.dir, outcome.result, self._loaded):
                     finished["result_not_kept"] = len(outcome.result.data) + outcome.result.shared_bytes
+            if self._reporter is not None:  # the trackers' last values and the run's status, bounded
+                self._reporter.finish(str(finished["status"]), self.state.metrics)
+            if self._provenance is not None:
+                self._provenance.join(PROVENANCE_WAIT)
+            with self._provenance_lock:
+                self._ending = True
             self.stream.emit({**finished, "time": time.time()})
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
@@ -273,6 +359,8 @@ class Run:
     def _end(self, result: Optional[Received]) -> None:
         self._result = result
         self._finished.set()
+        with _runs_ended:
+            _runs_ended.notify_all()
 
     # ---- what users read ------------------------------------------------------------------------
     @property
@@ -333,6 +421,78 @@ class Run:
     def root_failure(self) -> Optional[WorkerFailure]:
         """The failure that caused the run to fail (None unless it failed)."""
         return self.state.root_failure
+
+    # ---- what the run was, and what it gave ------------------------------------------------------
+    @property
+    def name(self) -> Optional[str]:
+        """The run's name (``name=``, ``%ddp_fit --name``; a retry keeps it), or None."""
+        return self.state.name
+
+    @property
+    def tags(self) -> dict[str, Any]:
+        """The run's tags (``tags=``, ``%ddp_fit --tag K=V``; a retry keeps them)."""
+        return dict(self.state.tags)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """What the run was called with: the function's arguments by parameter name (``fit``'s
+        own: ``epochs``, ``batch_size``...), ``devices``, and the launch options set. Numbers,
+        text, None and small lists and dicts of them as they are; a tensor or an array as
+        ``Tensor[896, 8] float32``, a module as ``Net (12.3k parameters)``, a dataset as
+        ``TensorDataset[896]``, a function by its name (a lambda by its text, with the values it
+        reads: ``lambda p: SGD(p, lr=lr) [lr=0.1]``); an Optuna trial's parameters as
+        ``trial.<name>``. A session records none (its call holds its secret)."""
+        return dict(self.state.config)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The last value of every metric rank 0 logged; the best of the monitored value
+        (``fit``'s ``monitor``, ``launch``'s ``monitor=``) as ``valid_loss.min`` or ``.max``; each
+        rank's peak memory in bytes, ``rank0.peak_rss`` (and ``rank0.peak_cuda`` on a GPU)."""
+        return self.state.metrics
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Rank 0's epochs, one dict each (what the panel's epoch table shows): ``epoch`` (from 0:
+        the panel's "epoch 3/8" is ``epoch`` 2), ``train_loss``, every number logged in the epoch,
+        ``seconds``."""
+        return self.state.history
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """What reproduces the run beyond its config: ``code`` (a fingerprint of the function's
+        source), ``python``, ``ddp_notebook`` and ``torch`` versions, ``git_commit`` and
+        ``git_dirty`` of the working directory (``cwd``) when it is in a git work tree."""
+        state = self.state
+        return {"code": state.code, **state.versions, "cwd": state.cwd}
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the run is pinned (``pin()``): the runs folder's limits never prune it."""
+        return os.path.exists(self.dir.join(RunDir.PINNED))
+
+    def pin(self) -> None:
+        """Keep the run whatever the runs folder's limits (as a named or tagged run is kept);
+        only ``delete()`` removes it."""
+        if not self.pinned:
+            self.dir.write_private(RunDir.PINNED, b"")
+
+    def unpin(self) -> None:
+        """Let the runs folder's limits prune the run again (unless it is named or tagged)."""
+        self.dir.remove(RunDir.PINNED)
+
+    def delete(self) -> None:
+        """Remove the run's directory (its log, result, call and checkpoints): how a named, tagged
+        or pinned run goes. The run object keeps what it holds in memory.
+
+        Raises
+        ------
+        DDPNotebookError
+            The run goes on (stop it first).
+        """
+        if not self.state.finished:
+            raise DDPNotebookError(f"run {self.id} is still {self.status}: stop it first (run.stop(), %ddp_stop)")
+        delete_run_dir(self.dir)
 
     def output(self, rank: int, stream: Optional[str] = None) -> str:
         """Everything rank ``rank`` printed.
@@ -449,6 +609,10 @@ class Run:
                 raise NoResultError(f"run {self.id} returned a result of {state.result_not_kept / 2**20:.0f} MB, which "
                                     f"was not kept on disk (results over {KEEP_LIMIT // 2**20} MB with tensors are "
                                     "not); it was only in the notebook process that ran it")
+            if state.status == RunStatus.STOPPED and state.pruned:
+                import optuna  # the run had a trial: optuna is imported
+
+                raise optuna.TrialPruned(f"run {self.id} was {state.stop_reason}")
             if state.status == RunStatus.STOPPED:
                 raise RunStoppedError(f"run {self.id} was stopped ({state.stop_reason}) before the main "
                                       "worker returned a result")
@@ -502,10 +666,10 @@ class Run:
             return RunInterrupted(f"Run {self.id} {self.status}: {reason}")
         return RunInterrupted(f"Run {self.id} is stopping: {reason} (its workers are being ended)")
 
-    def _request_stop(self, grace: float, reason: str) -> None:
+    def _request_stop(self, grace: float, reason: str, pruned: bool = False) -> None:
         if self._supervisor is not None and not self.done:
             self._stop_requested = True
-            self._supervisor.request_stop(grace, reason)
+            self._supervisor.request_stop(grace, reason, pruned)
 
     def retry(self, device: Any = None, resume: bool = False, devices: Any = None,
               **changes: Unpack[LaunchKwargs]) -> Run:
@@ -570,7 +734,7 @@ class Run:
                                    "engines to retry it on, retry(engines=client)")
         if devices is None:
             devices = [device if device is not None else self._retry_device()]
-        settings = self._settings
+        settings = self._settings.kept()  # (an Optuna trial is not reported to again)
         if resume:
             if self.dir.latest_checkpoint() is None:
                 raise NoCheckpointError(f"run {self.id} saved no checkpoint to resume from "

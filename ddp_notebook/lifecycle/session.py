@@ -55,7 +55,7 @@ from ..worker.session_loop import FrameReader, cell_file_name, send_frame, serve
 from .call import first_unpicklable
 from .cell_names import RANK_NAMES, notebook_names
 from .launch import launch_with, validate_for
-from .options import LaunchKwargs, LaunchOptions, Unpack, options_from, takes_launch_options
+from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .run import Run
 from .session_exchange import INTERRUPT_GRACE, Exchange, Gathered, RankGone
 from .session_failures import cell_error, failures_of, push_hint
@@ -160,8 +160,9 @@ class Session:
             strict = self.options.stall_timeout
             is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
             heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
+            # Its record names it a session, with no config: its call holds the session's secret token.
             self._run = run = launch_with(serve_session, self._spec, (listener.address, listener.token, heartbeat), {},
-                                          self.options, probe=self._probe)
+                                          self.options, RunSettings(origin="session"), probe=self._probe)
             mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
             run.subscribe(lambda _event: (lambda s: s._record.changed() if s is not None else None)(mine()))
             self._ended, self._closed = None, False

@@ -44,7 +44,7 @@ from .resume import KEEP_LIMIT, KeptCall, read_call
 
 __all__ = ["StoredRun", "read_run", "find_stored_run", "keep_result", "load_result", "output_of",
            "note_start", "notebook_of", "Notebook", "end_with_notebook", "notebook_ended_reason", "stored_runs",
-           "read_summary", "prune_folder", "RemovedRun"]
+           "read_summary", "prune_folder", "RemovedRun", "delete_run_dir", "kept_by_the_user", "launched_from"]
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +289,31 @@ def _log_ends(directory: RunDir) -> bool:
         return False
 
 
+def kept_by_the_user(directory: RunDir) -> bool:
+    """Whether the user asked to keep the run: it is pinned (``Run.pin``), named or tagged. The
+    runs folder's limits never prune it; only ``Run.delete`` removes it."""
+    if os.path.exists(directory.join(RunDir.PINNED)):
+        return True
+    start = directory.first_event() or {}
+    return bool(start.get("name") or start.get("tags"))
+
+
+def launched_from(directory: RunDir) -> Optional[str]:
+    """The working directory of the notebook that launched the run (None for a run of an earlier
+    version, which did not record it)."""
+    cwd = (directory.first_event() or {}).get("cwd")
+    return cwd if isinstance(cwd, str) else None
+
+
+def delete_run_dir(directory: RunDir) -> None:
+    """Remove a run's directory, refusing a run still going in another notebook process."""
+    if not _has_ended(directory):
+        raise DDPNotebookError(f"run {directory.id} is still going in another notebook process: stop it there first")
+    shutil.rmtree(directory.path, ignore_errors=True)
+    if os.path.lexists(directory.path):
+        raise DDPNotebookError(f"run {directory.id} could not be removed entirely: {directory.path!r} is still there")
+
+
 def _checked_limit(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise LaunchOptionError(f"{name} must be a whole number >= 0 or None (the configured limit), not {value!r}")
@@ -302,8 +327,8 @@ def prune_folder(root: Optional[str] = None, keep: Optional[int] = None, max_byt
     process's runs; each new run's start gives itself and them too).
 
     Never removed: a run still going (its notebook process lives, in this kernel or another), a
-    run a live run reads (the checkpoint it resumes from), one in ``spare``, and anything in the
-    folder not named as a run.
+    run a live run reads (the checkpoint it resumes from), a run the user keeps (named, tagged or
+    pinned: ``kept_by_the_user``), one in ``spare``, and anything in the folder not named as a run.
     """
     conf_keep, conf_bytes = runs_limits() if keep is None or max_bytes is None else (None, None)
     keep = conf_keep if keep is None else _checked_limit("keep", keep)
@@ -312,7 +337,8 @@ def prune_folder(root: Optional[str] = None, keep: Optional[int] = None, max_byt
     if not os.path.isdir(root):
         return []
     check_private_folder(root)
-    runs = stored_runs(root)[::-1]  # oldest first
+    # Oldest first; the runs the user keeps are outside the limits: neither counted nor removed.
+    runs = [d for d in stored_runs(root)[::-1] if not kept_by_the_user(d)]
     live = [d for d in runs if not _has_ended(d)]
     reads = [os.path.realpath(str(path)) for d in live for path in (_record(d) or {}).get("reads") or []]
     kept = {os.path.realpath(p) for p in [*spare, *(d.path for d in live)]}

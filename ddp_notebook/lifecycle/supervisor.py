@@ -94,7 +94,7 @@ class Supervisor:
         self.ranks = range(len(self.labels))
         self.options = options
         self._emit = emit
-        self._commands: list[tuple[float, str]] = []
+        self._commands: list[tuple[float, str, bool]] = []
         self._cmd_lock = threading.Lock()
         # what the ranks said
         self.pids: dict[int, Optional[int]] = {}
@@ -122,10 +122,11 @@ class Supervisor:
         self._notes_shown: dict[int, str] = {}  # the quiet notes last emitted
 
     # ---- requests from other threads ------------------------------------------------------------
-    def request_stop(self, grace: float, reason: str) -> None:
-        """Ask every rank to stop (``ctx.should_stop``); interrupt those still running after ``grace``."""
+    def request_stop(self, grace: float, reason: str, pruned: bool = False) -> None:
+        """Ask every rank to stop (``ctx.should_stop``); interrupt those still running after ``grace``
+        (``pruned``: the run's Optuna trial asked it, which its record says)."""
         with self._cmd_lock:
-            self._commands.append((grace, reason))
+            self._commands.append((grace, reason, pruned))
         self.transport.wake()
 
     def abandon(self) -> None:
@@ -357,11 +358,12 @@ class Supervisor:
     def _take_commands(self) -> None:
         with self._cmd_lock:
             commands, self._commands = self._commands, []
-        for grace, reason in commands:
+        for grace, reason, pruned in commands:
             alive = self._alive()
             if self.stop_reason is None and self.root is None and not self.released and alive:
                 self.stop_reason = reason
-                self._emit({"kind": EventKind.STOPPING, "time": self.clock.time(), "reason": reason})
+                self._emit({"kind": EventKind.STOPPING, "time": self.clock.time(), "reason": reason,
+                            **({"pruned": True} if pruned else {})})
                 self.transport.request_stop(alive)
                 # No worker exists yet (the fork server still imports torch): none needs a grace.
                 self._stop_deadline = self.clock.monotonic() + (grace if self.transport.started() else 0.0)

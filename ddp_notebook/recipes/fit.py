@@ -17,12 +17,14 @@ from typing import Any, Optional, Union
 
 from ..core.devices import Device, DeviceSpec
 from ..core.errors import FitConfigError, PreflightError, WorkerFailedError
+from ..core.experiment import bounded_config, code_fingerprint, summarize
 from ..core.validation import InvalidDevicesError, shard_problem
 from ..lifecycle.call import first_unpicklable
 from ..lifecycle.launch import launch_with, validate_for, wait_showing
 from ..lifecycle.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from ..lifecycle.reporting import check_trial, trial_config, trial_direction
 from ..lifecycle.resume import checkpoint_to_resume
-from ..lifecycle.run import Run
+from ..lifecycle.run import Run, trial_turn
 from .fit_loop import FitSpec, build_model, fit_worker, preflight_step
 
 __all__ = ["fit", "FitResult"]
@@ -129,7 +131,8 @@ def _preflight(spec: FitSpec, device: Device, options: LaunchOptions, resume: Op
     if device.kind != "cpu":
         # Never touch CUDA in the notebook process: run the step in a one-worker run (which names
         # the checkpoint the fit resumes from, so the runs folder's pruning keeps its run).
-        run = launch_with(preflight_step, [device], (spec,), {}, options, RunSettings(resume_from=resume))
+        run = launch_with(preflight_step, [device], (spec,), {}, options,
+                          RunSettings(resume_from=resume, origin="preflight"))
         try:
             run.wait()
         except WorkerFailedError as e:
@@ -180,6 +183,7 @@ def fit(
     seed: int = 0,
     resume_from: Any = None,
     wait: bool = True,
+    trial: Any = None,
     **launch_options: Unpack[LaunchKwargs],
 ) -> Union[FitResult, Run]:
     """Train ``model`` with DistributedDataParallel on ``devices``; return the trained model.
@@ -254,6 +258,12 @@ def fit(
     wait : bool, default True
         Block until the fit ends (showing its progress) and return the ``FitResult``; False
         returns the ``Run`` at once, whose ``wait()`` then returns the ``FitResult``.
+    trial : optuna.trial.Trial, optional
+        Report ``monitor`` to this Optuna trial each epoch (``trial.report(value, epoch)``, epochs
+        from 0); when ``trial.should_prune()``, every rank stops at the next batch (the last
+        checkpoint kept) and ``optuna.TrialPruned`` is raised here. The run records the trial's
+        parameters in its config. Trials run at once (``study.optimize(n_jobs=...)``) wait for
+        the devices: one run per device.
     **launch_options
         The launch options below, as for :func:`ddp_notebook.launch`.
 
@@ -274,6 +284,9 @@ def fit(
         The model, data, loss, optimizer or a metric cannot be sent to the workers.
     PreflightError
         The preflight step raised (the original exception is its cause); nothing was launched.
+    optuna.TrialPruned
+        ``trial``'s pruner stopped the fit (``wait=True``; with ``wait=False``, ``Run.wait()``
+        raises it).
     WorkerFailedError
         A worker failed (``wait=True``); a loss that became nan or inf fails its rank with
         ``NonFiniteLossError``.
@@ -297,6 +310,7 @@ def fit(
                 mode=mode, min_delta=min_delta, seed=seed, flags={"shuffle": shuffle, "drop_last": drop_last,
                                                                    "checkpoint": checkpoint, "preflight": preflight,
                                                                    "wait": wait}, keep_checkpoints=keep_checkpoints)
+    check_trial(trial, "fit")
     metrics = dict(metrics or {})
     train = _as_dataset(train_data, "train_data")
     valid = _as_dataset(valid_data, "valid_data")
@@ -305,30 +319,46 @@ def fit(
                              f"not {type(model).__name__}.")
     options = options_from("fit", dict(launch_options))
     resume = checkpoint_to_resume(resume_from) if resume_from is not None else None
-    report = validate_for(devices, options)
-    if not report.ok:
-        raise InvalidDevicesError(report)
-    # Data problems are named as such, once (every rank's shard has the same size).
-    empty = shard_problem(len(report.devices), len(train), batch_size, drop_last)
-    if empty is not None:
-        raise FitConfigError(empty)
-    if valid is not None and len(valid) == 0:
-        raise FitConfigError("valid_data is empty: give at least one sample, or valid_data=None.")
     monitor = monitor or ("valid_loss" if valid is not None else "train_loss")
-    allowed = {"train_loss"} | ({"valid_loss", *metrics} if valid is not None else set())
-    if monitor not in allowed:
-        raise FitConfigError(f"monitor {monitor!r} is not recorded; choose one of {', '.join(sorted(allowed))}.")
-    spec = FitSpec(model=model, train_data=train, valid_data=valid, loss=loss, optimizer=optimizer, epochs=epochs,
-                   batch_size=batch_size, valid_batch_size=valid_batch_size or batch_size, metrics=metrics,
-                   shuffle=shuffle, drop_last=drop_last, grad_accum=grad_accum, early_stopping=early_stopping,
-                   monitor=monitor, mode=mode, min_delta=min_delta, checkpoint=checkpoint, seed=seed,
-                   keep_checkpoints=keep_checkpoints)
-    unpicklable = first_unpicklable([(f"fit({name}=...)", getattr(spec, name)) for name in
-                                     ("model", "train_data", "valid_data", "loss", "optimizer", "metrics")])
-    if unpicklable is not None:
-        raise unpicklable
-    if preflight:
-        _preflight(spec, report.devices[0], options, resume)
-    settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model), resume_from=resume)
-    run = launch_with(fit_worker, list(report.devices), (spec,), {}, options, settings, report=report)
+    direction = trial_direction(trial)
+    if direction is not None and direction != mode:
+        raise FitConfigError(f"the trial's study is to {direction}imize, but fit's mode is {mode!r} (monitor "
+                             f"{monitor!r}): give mode={direction!r} with a monitor that is better "
+                             f"{'higher' if direction == 'max' else 'lower'}, or a study of that direction.")
+    config = {"function": "fit", "model": model, "train_data": train_data, "loss": loss, "optimizer": optimizer,
+              "epochs": epochs, "batch_size": batch_size, "valid_data": valid_data, "metrics": sorted(metrics),
+              "valid_batch_size": valid_batch_size, "shuffle": shuffle, "drop_last": drop_last,
+              "grad_accum": grad_accum, "early_stopping": early_stopping, "monitor": monitor, "mode": mode,
+              "min_delta": min_delta, "checkpoint": checkpoint, "keep_checkpoints": keep_checkpoints, "seed": seed,
+              "resume_from": resume}
+    with trial_turn(devices, trial):
+        report = validate_for(devices, options)
+        if not report.ok:
+            raise InvalidDevicesError(report)
+        # Data problems are named as such, once (every rank's shard has the same size).
+        empty = shard_problem(len(report.devices), len(train), batch_size, drop_last)
+        if empty is not None:
+            raise FitConfigError(empty)
+        if valid is not None and len(valid) == 0:
+            raise FitConfigError("valid_data is empty: give at least one sample, or valid_data=None.")
+        allowed = {"train_loss"} | ({"valid_loss", *metrics} if valid is not None else set())
+        if monitor not in allowed:
+            raise FitConfigError(f"monitor {monitor!r} is not recorded; choose one of {', '.join(sorted(allowed))}.")
+        spec = FitSpec(model=model, train_data=train, valid_data=valid, loss=loss, optimizer=optimizer, epochs=epochs,
+                       batch_size=batch_size, valid_batch_size=valid_batch_size or batch_size, metrics=metrics,
+                       shuffle=shuffle, drop_last=drop_last, grad_accum=grad_accum, early_stopping=early_stopping,
+                       monitor=monitor, mode=mode, min_delta=min_delta, checkpoint=checkpoint, seed=seed,
+                       keep_checkpoints=keep_checkpoints)
+        unpicklable = first_unpicklable([(f"fit({name}=...)", getattr(spec, name)) for name in
+                                         ("model", "train_data", "valid_data", "loss", "optimizer", "metrics")])
+        if unpicklable is not None:
+            raise unpicklable
+        if preflight:
+            _preflight(spec, report.devices[0], options, resume)
+        settings = RunSettings(postprocess=lambda value, run: _fit_result(value, run, model), resume_from=resume,
+                               origin="fit", config={**bounded_config({k: summarize(v) for k, v in config.items()}),
+                                                   **trial_config(trial)},
+                               code=code_fingerprint([model, loss, optimizer, *metrics.values()]), monitor=monitor,
+                               monitor_mode=mode, trial=trial)
+        run = launch_with(fit_worker, list(report.devices), (spec,), {}, options, settings, report=report)
     return wait_showing(run) if wait else run

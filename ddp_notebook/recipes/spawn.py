@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec, parse_devices
 from ..core.errors import LaunchOptionError
+from ..core.experiment import call_config, code_fingerprint, function_name
 from ..lifecycle.call import call_parts
 from ..lifecycle.launch import launch_with, wait_showing
 from ..lifecycle.options import (
@@ -131,7 +132,8 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: Optional[i
         raise LaunchOptionError(f"nprocs={nprocs} does not match the {len(parse_devices(devices))} devices "
                                 f"given ({devices!r}); give one of the two")
     options = options_from("spawn", dict(launch_options))
-    settings = RunSettings(mode=CallMode.SPAWN, echo=True)
+    config = {"function": function_name(fn), **call_config(fn, "rank", args, {})}
+    settings = RunSettings(mode=CallMode.SPAWN, echo=True, origin="spawn", config=config, code=code_fingerprint([fn]))
     run = launch_with(fn, devices, args, {}, options, settings)
     return wait_showing(run) if join else _started(run)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import threading
 import time
 import weakref
@@ -170,9 +171,10 @@ class WorkerContext:
         self.run_id = run_id
         #: The run's directory (in the notebook's runs folder).
         self.run_dir = run_dir
-        # Every step's loss and each epoch's numbers, carried by the reports that are sent.
-        self._loss_history = LossHistory()
-        self._send = self._loss_history.wrap(send)
+        # Every step's loss and each epoch's numbers (and on rank 0 every value logged), carried by
+        # the reports that are sent, with the rank's peak memory.
+        self._loss_history = LossHistory(record_points=rank == 0)
+        self._send = self._reporting(send)
         self._stop_event = stop_event
         self._interval = progress_interval
         self._last_sent = 0.0
@@ -197,6 +199,15 @@ class WorkerContext:
         self.total: Optional[int] = None
         self._epochs: Optional[int] = None
         self._first_epoch = 0
+
+    def _reporting(self, send: Callable[[dict], None]) -> Callable[[dict], None]:
+        """``send``, with what waits (``LossHistory``) and the rank's peak memory attached to each
+        progress report it sends."""
+        def send_report(event: dict[str, Any]) -> None:
+            if event.get("kind") == EventKind.PROGRESS:
+                event = dict(self._loss_history.attach(event), memory=peak_memory(self.device))
+            send(event)
+        return send_report
 
     @property
     def should_stop(self) -> bool:
@@ -227,7 +238,12 @@ class WorkerContext:
         it replaced); one held back goes out at the end of its interval even when no other report
         follows, and the last step of a run (``step == total``) is sent at once. ``epoch`` counts
         from 0; with ``epochs`` (how many) the panel shows "epoch 1/3". Inside ``ctx.epochs()`` /
-        ``ctx.batches()`` the step, total and epochs are filled in: ``ctx.log(loss=...)`` is enough.
+        ``ctx.batches()`` the step, total and epochs are filled in: ``ctx.log(loss=...)`` is enough,
+        and the epoch is always ``ctx.epochs``' own (one logged as ``epoch + 1`` is not taken).
+
+        On rank 0 every number logged is kept, whatever the throttle: it makes the run's record
+        (``Run.metrics``, ``Run.history``, the curves of :func:`ddp_notebook.compare`), and its
+        trackers (``report_to``) and Optuna trial get each value at its step.
 
         Every metric shows on the rank's row of the panel and the text view (its latest value),
         and in ``run.workers[rank].metrics``; inside ``ctx.epochs()`` the epoch table holds the
@@ -246,7 +262,8 @@ class WorkerContext:
         """
         step = self.step if step is None and self.step else step
         total = self.total if total is None else total
-        epoch = self.epoch if epoch is None else epoch
+        # Inside ctx.epochs the epoch is its own: "epoch + 1" logged by the loop would show N+1 of N.
+        epoch = self.epoch if epoch is None or (self._epochs is not None and self.epoch is not None) else epoch
         epochs = self._epochs if epochs is None else epochs
         event: dict[str, Any] = {"kind": EventKind.PROGRESS, "rank": self.rank}
         if step is not None:
@@ -267,7 +284,7 @@ class WorkerContext:
                 event = dict(self._pending, **event)
                 event["metrics"] = merged
             final = step is not None and total is not None and step >= total
-            if final or now - self._last_sent >= self._interval:
+            if final or now - self._last_sent >= self._interval or self._loss_history.full:
                 self._pending = None
                 self._last_sent = now
                 self._send(dict(event, time=time.time()))
@@ -317,9 +334,9 @@ class WorkerContext:
         """
         with self._lock:
             event, self._pending = self._pending, None
-            if not held:  # the function ended: its last loss bin and epoch go now, in a report of their own if need be
+            if not held:  # the function ended: its last loss bin, epoch and peak memory go now
                 self._loss_history.close()
-                if event is None and self._loss_history.unsent:
+                if event is None:
                     event = {"kind": EventKind.PROGRESS, "rank": self.rank, "metrics": {}}
             if event is not None:
                 self._last_sent = time.monotonic()
@@ -558,6 +575,25 @@ class WorkerContext:
     def __repr__(self) -> str:
         return (f"WorkerContext(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device_name!r}, backend={self.backend!r})")
+
+
+def peak_memory(device: Any) -> dict[str, int]:
+    """This process's peak resident memory (``rss``) and, on a GPU, torch's peak allocation there
+    (``cuda``), in bytes (what is known of them)."""
+    out: dict[str, int] = {}
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out["rss"] = int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
+    except (ImportError, OSError):  # no getrusage (Windows)
+        pass
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        if torch.cuda.is_initialized():
+            out["cuda"] = int(torch.cuda.max_memory_allocated(device))
+    return out
 
 
 def _to_device(batch: Any, device: Any) -> Any:

@@ -170,7 +170,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         ctx.resume_data = cfg.get("resume_data")
         ctx.checkpoints_to_notebook = bool(cfg.get("checkpoints_to_notebook"))
         context.set_current(ctx)
-        send({"kind": EventKind.READY})
+        send({"kind": EventKind.READY, **({"torch": torch.__version__} if rank == 0 else {})})
         where.phase = Phase.RUN
         result = fn(rank, *args, **kwargs) if spawn_mode else fn(ctx, *args, **kwargs)
         ctx.flush()

@@ -1,4 +1,4 @@
-"""What a rank keeps of its losses between two reports, so the notebook sees every step.
+"""What a rank keeps of what it logs between two reports, so the notebook sees every step.
 
 Progress reports are throttled (one every ``progress_interval``), so a loss curve drawn from them
 is a sample: a fast run's is a zigzag of a few points. ``LossHistory`` sees every ``ctx.log``
@@ -8,11 +8,15 @@ instead, throttled or not, and keeps
   each time ``BINS_PER_WIDTH`` bins of one width were closed: a run of ``n`` steps sends about
   ``BINS_PER_WIDTH * log2(n / BINS_PER_WIDTH)`` points in all, never one per step of a long run;
 - one record per epoch: the mean of the step losses logged in it, the last value of every other
-  number logged in it (``train_loss``, ``valid_loss``, ``acc``...), and its length in seconds.
+  number logged in it (``train_loss``, ``valid_loss``, ``acc``...), and its length in seconds;
+- on rank 0 (``record_points``), every number of every ``ctx.log`` with its time, step and epoch:
+  the run's record (its series, the best monitored value) and what its trackers and trial get
+  are made of these, never of the throttled reports' samples. At most ``POINTS_PER_REPORT`` wait
+  for a report: then one is sent at once (``full``), so the rank's memory stays bounded.
 
 The next report that is sent carries what was closed or changed since the previous one
 (``loss_bins``: ``[step, mean loss]`` pairs; ``loss_open``: the bin still filling, so far;
-``epoch_records``), and the state in the notebook
+``epoch_records``; ``points``: ``[time, step, epoch, {name: number}]`` each), and the state in the notebook
 (``core.state``) adds them to the rank's loss plot and epoch table.
 
 >>> h = LossHistory(clock=iter(range(100)).__next__)
@@ -34,14 +38,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..core.events import EventKind
-
-__all__ = ["LossHistory", "BINS_PER_WIDTH"]
+__all__ = ["LossHistory", "BINS_PER_WIDTH", "POINTS_PER_REPORT"]
 
 BINS_PER_WIDTH = 200
 """Bins closed at one width before the width doubles."""
 EPOCH_METRICS_KEPT = 50
 """Numbers kept per epoch record besides the loss (the first ones logged in the epoch)."""
+POINTS_PER_REPORT = 1000
+"""Logged values (``ctx.log`` calls) that wait for a report at most: then a report goes at once."""
 
 
 def _number(value: Any) -> Optional[float]:
@@ -58,10 +62,15 @@ class LossHistory:
     ----------
     clock : callable, optional
         Seconds now (``time.time``); a test gives its own.
+    record_points : bool, default False
+        Keep every number of every log for the next report (rank 0 does).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, record_points: bool = False) -> None:
         self._clock = clock
+        self._record_points = record_points
+        self._points: list[list[Any]] = []  # [time, step, epoch, {name: number}], not yet sent
+        self._last_step: Optional[int] = None  # the step a log without one is taken at
         self.width = 1
         self._closed_at_width = 0
         self._bin: Optional[list[float]] = None  # [index, step sum, loss sum, count]
@@ -83,6 +92,12 @@ class LossHistory:
     def _add(self, step: Optional[int], epoch: Optional[int], metrics: dict[str, Any]) -> None:
         self._calls += 1
         now = self._clock()
+        if step is not None:
+            self._last_step = step
+        if self._record_points:
+            numbers = {k: v for k, v in metrics.items() if _number(v) is not None}
+            if numbers:
+                self._points.append([now, self._last_step, epoch, numbers])
         loss = _number(metrics.get("loss"))
         if loss is not None:
             self.seen_loss = True
@@ -143,20 +158,19 @@ class LossHistory:
     # ---- what a report carries ------------------------------------------------------------
     @property
     def unsent(self) -> bool:
-        """Whether closed bins or changed epoch records wait for a report."""
-        return bool(self._bins or self._changed)
+        """Whether closed bins, changed epoch records or logged values wait for a report."""
+        return bool(self._bins or self._changed or self._points)
+
+    @property
+    def full(self) -> bool:
+        """Whether as many logged values wait as a report may carry: one must go now."""
+        return len(self._points) >= POINTS_PER_REPORT
 
     def attach(self, event: dict[str, Any]) -> dict[str, Any]:
         """``event`` with what was closed or changed since the last report (a new dict; the
         event itself when nothing was)."""
         with self._lock:
             return self._attach(event)
-
-    def wrap(self, send: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-        """``send``, with what waits attached to each progress report it sends."""
-        def send_with_history(event: dict[str, Any]) -> None:
-            send(self.attach(event) if event.get("kind") == EventKind.PROGRESS else event)
-        return send_with_history
 
     def _attach(self, event: dict[str, Any]) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -165,6 +179,8 @@ class LossHistory:
             if self._bin is not None:  # the bin still filling, as it is now (the next report replaces it)
                 _index, xs, losses, n = self._bin
                 extra["loss_open"] = [xs / n, losses / n]
+        if self._points:
+            extra["points"], self._points = self._points, []
         if self._changed:
             extra["epoch_records"] = [self._record(self._records[e]) for e in sorted(self._changed)]
             self._changed = set()

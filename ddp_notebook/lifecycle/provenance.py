@@ -1,0 +1,51 @@
+"""What reproduces a run beyond its call, looked up after its start (never on the launch path):
+the git commit of the notebook's working directory, and whether its tracked files had changes.
+
+>>> import tempfile
+>>> git_state(tempfile.mkdtemp())
+{}
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+__all__ = ["git_state", "GIT_TIMEOUT"]
+
+GIT_TIMEOUT = 5.0  # seconds each git command may take (a huge work tree): past it, nothing is recorded
+
+
+def _in_work_tree(path: str) -> bool:
+    """Whether ``path`` or a folder above it holds ``.git`` (found without starting git)."""
+    current = os.path.abspath(path)
+    while True:
+        if os.path.exists(os.path.join(current, ".git")):
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def git_state(cwd: str) -> dict[str, Any]:
+    """``{"git_commit": ..., "git_dirty": ...}`` for the work tree ``cwd`` is in (tracked files
+    only: an untracked notebook does not make it dirty), ``{}`` when it is in none, git is not
+    installed, or git does not answer in ``GIT_TIMEOUT`` s. It takes no lock of the repository
+    (``GIT_OPTIONAL_LOCKS=0``): the user's own git commands are never made to wait."""
+    if not _in_work_tree(cwd):
+        return {}
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
+        if head.returncode != 0:
+            return {}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, env=env,
+                                capture_output=True, text=True, timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out: dict[str, Any] = {"git_commit": head.stdout.strip()}
+    if status.returncode == 0:
+        out["git_dirty"] = bool(status.stdout.strip())
+    return out

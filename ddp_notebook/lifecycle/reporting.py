@@ -1,0 +1,209 @@
+"""What the notebook does with every value rank 0 logs, off the run's own thread: forward it to
+the run's trackers (``lifecycle.trackers``) and report the monitored one to an Optuna trial, which
+may prune the run.
+
+The ranks send every value they log (``points`` of their progress reports, see
+``worker.loss_history``); the run's event stream hands them to the ``Reporter`` on the
+supervisor's thread, which only queues them: trackers are called from the reporter's own thread,
+so one that is slow never slows the run, and one that is missing or fails is said in one line
+(a ``tracker`` event) and left out. At the end of the run its trackers are told its status, and
+the run waits for them a bounded time.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+from ..core.errors import LaunchOptionError
+from ..core.events import EventKind
+from ..core.experiment import summarize
+from .trackers import Point, RunRecord, Tracker
+
+__all__ = ["Reporter", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_POINTS"]
+
+log = logging.getLogger(__name__)
+
+FINISH_WAIT = 10.0
+"""Seconds the end of a run waits for its trackers to take the last values and its status."""
+PENDING_POINTS = 200_000
+"""Values waiting for the trackers at most; past it, new ones are not sent (and the panel says so)."""
+
+_END = object()
+
+
+def check_trial(trial: Any, caller: str) -> None:
+    """Refuse what is not an Optuna trial that takes reports (a ``Trial`` or ``FixedTrial``)."""
+    if trial is None:
+        return
+    import sys
+
+    optuna = sys.modules.get("optuna")  # a trial exists only where optuna was imported
+    trial_types = (optuna.trial.Trial, optuna.trial.FixedTrial) if optuna is not None else ()
+    if not trial_types or not isinstance(trial, trial_types):
+        raise LaunchOptionError(f"{caller}()'s trial must be the optuna.trial.Trial your objective is given (it "
+                                f"reports to it and may be pruned), not {type(trial).__name__} {trial!r:.80}")
+    study = getattr(trial, "study", None)
+    if study is not None and len(study.directions) > 1:
+        raise LaunchOptionError(f"{caller}()'s trial belongs to a study with {len(study.directions)} objectives: "
+                                "Optuna prunes only single-objective studies (leave trial= out and return the values)")
+
+
+def trial_direction(trial: Any) -> Optional[str]:
+    """``"min"`` or ``"max"``: what the trial's study counts as better (None for a ``FixedTrial``)."""
+    study = getattr(trial, "study", None)
+    if study is None:
+        return None
+    return "max" if study.direction.name == "MAXIMIZE" else "min"
+
+
+def trial_config(trial: Any) -> dict[str, Any]:
+    """What a run's config records of its trial: the study's name, the trial's number and each of
+    its parameters as ``trial.<name>`` (``{}`` without a trial)."""
+    if trial is None:
+        return {}
+    study = getattr(trial, "study", None)
+    out: dict[str, Any] = {"study": study.study_name} if study is not None else {}
+    if getattr(trial, "number", None) is not None:
+        out["trial"] = trial.number
+    out.update({f"trial.{k}": summarize(v) for k, v in dict(trial.params).items()})
+    return out
+
+
+class Reporter:
+    """Forwards rank 0's values to ``trackers`` and ``trial`` from a thread of its own.
+
+    ``on_event`` is the run stream's subscriber; ``note(tracker, message)`` says a tracker's trouble
+    in the run's events; ``prune(reason)`` stops the run when the trial's pruner says so.
+    """
+
+    def __init__(self, record: RunRecord, trackers: Sequence[Tracker], emit: Callable[[dict[str, Any]], None],
+                 trial: Any = None, monitor: Optional[str] = None,
+                 prune: Callable[[str], None] = lambda reason: None) -> None:
+        self.record = record
+        self.trackers = list(trackers)
+        self._emit = emit
+        self.trial = trial
+        self.monitor = monitor
+        self._prune = prune
+        self.pruned = False
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = 0
+        self._dropped = 0
+        self._count = 0  # rank 0's values seen: the step of one logged without a step
+        self._lock = threading.Lock()
+        self._reported: set[int] = set()  # the trial's steps reported (Optuna keeps the first value of a step)
+        self._thread = threading.Thread(target=self._run, name=f"ddp-report-{record.run_id}", daemon=True)
+        self._thread.start()
+
+    # ---- the supervisor's thread: queue only -----------------------------------------------------
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != EventKind.PROGRESS or event.get("rank") != 0:
+            return
+        raw = event.get("points")
+        if not isinstance(raw, list) or not raw:
+            return
+        points: list[tuple[Point, Optional[int]]] = []
+        with self._lock:
+            for item in raw:
+                if not isinstance(item, list) or len(item) != 4 or not isinstance(item[3], dict):
+                    continue
+                self._count += 1
+                t, step, epoch, values = item
+                at = step if isinstance(step, int) and not isinstance(step, bool) else self._count
+                points.append(((at, float(t), values), epoch if isinstance(epoch, int) else None))
+            if self._pending + len(points) > PENDING_POINTS:
+                self._dropped += len(points)
+                return
+            self._pending += len(points)
+        self._queue.put(points)
+
+    def finish(self, status: str, summary: dict[str, Any], wait: float = FINISH_WAIT) -> None:
+        """Tell the trackers the run ended (``status``, ``summary``: its final metrics), waiting at
+        most ``wait`` seconds for them; one still busy then goes on in the background, said so."""
+        self._queue.put((_END, status, summary))
+        self._thread.join(wait)
+        if self._thread.is_alive():
+            busy = ", ".join(t.label for t in self.trackers) or "the trial"
+            self._note(busy, f"{busy} still busy {wait:g} s after the run ended: it goes on in the background")
+
+    # ---- the reporter's thread ------------------------------------------------------------------
+    def _note(self, label: str, message: str) -> None:
+        self._emit({"kind": EventKind.TRACKER, "time": time.time(), "tracker": label, "message": message})
+
+    def _call(self, tracker: Tracker, what: str, *args: Any) -> None:
+        """``tracker.<what>(*args)``; a failure leaves the tracker out, said once."""
+        if tracker not in self.trackers:
+            return
+        try:
+            getattr(tracker, what)(*args)
+        except ImportError as e:
+            self.trackers.remove(tracker)
+            self._note(tracker.label, f"report_to={tracker.label!r} needs {e.name or 'a missing library'} "
+                                      f"({tracker.needs or 'install it'}): the run goes on without it")
+        except Exception as e:  # whatever a tracker raises, the run goes on
+            self.trackers.remove(tracker)
+            log.debug("tracker %s failed", tracker.label, exc_info=True)
+            self._note(tracker.label, f"{tracker.label} failed in {what}(): {type(e).__name__}: {e}"[:500]
+                       + "; nothing more is sent to it")
+
+    def _run(self) -> None:
+        for tracker in list(self.trackers):
+            self._call(tracker, "start", self.record)
+        while True:
+            item = self._queue.get()
+            batch: list[tuple[Point, Optional[int]]] = []
+            end = None
+            while True:  # whatever waits goes in one call to each tracker
+                if isinstance(item, tuple) and item and item[0] is _END:
+                    end = item
+                    break
+                batch += item
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                with self._lock:
+                    self._pending -= len(batch)
+                points = [p for p, _epoch in batch]
+                for tracker in list(self.trackers):
+                    self._call(tracker, "log", points)
+                self._report(batch)
+            if end is not None:
+                _, status, summary = end
+                if self._dropped:
+                    self._note("trackers", f"the trackers fell behind: {self._dropped} values were not sent to them")
+                for tracker in list(self.trackers):
+                    self._call(tracker, "finish", status, summary)
+                return
+
+    def _report(self, batch: list[tuple[Point, Optional[int]]]) -> None:
+        """The monitored value to the trial, at its epoch when logged in one (else its step), and
+        the run pruned when the trial's pruner says so."""
+        if self.trial is None or self.monitor is None or self.pruned:
+            return
+        for (step, _t, values), epoch in batch:
+            value = values.get(self.monitor)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            at = epoch if epoch is not None else step
+            if at in self._reported:
+                continue
+            self._reported.add(at)
+            try:
+                self.trial.report(float(value), at)
+                prune = self.trial.should_prune()
+            except Exception as e:  # noqa: BLE001 - a storage that fails: the run goes on, said once
+                self._note("trial", f"reporting to the Optuna trial failed: {type(e).__name__}: {e}"[:500])
+                self.trial = None
+                return
+            if prune:
+                self.pruned = True
+                where = f"epoch {epoch + 1}" if epoch is not None else f"step {step}"
+                self._prune(f"pruned by Optuna (trial {getattr(self.trial, 'number', '?')}, at {where}: "
+                            f"{self.monitor} {value:.4g})")
+                return

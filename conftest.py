@@ -9,7 +9,7 @@ import uuid
 import psutil
 import pytest
 
-SLOW = ("processes", "kernel", "engines", "multihost", "browser", "quality", "fuzz")
+SLOW = ("processes", "kernel", "engines", "multihost", "browser", "quality", "fuzz", "trackers")
 # Doctests of these modules start real runs; notebook cells run in a real kernel.
 DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/lifecycle/launch.py", "ddp_notebook/recipes/fit.py")
 # A doctest example that calls one of these starts processes or opens sockets, wherever it is (an

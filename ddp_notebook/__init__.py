@@ -41,6 +41,7 @@ from .recipes.spawn import spawn
 from .transfer.loading import share
 from .ui import display as _display
 from .ui import tracebacks as _tracebacks
+from .ui.comparison import Comparison, compare
 from .ui.magics import load_ipython_extension as _load
 from .ui.magics import unload_ipython_extension as _unload
 from .ui.session_magics import SESSION_MAGICS as _SESSION_MAGICS
@@ -56,8 +57,8 @@ __all__ = [
     "WorkerContext", "current_context",
     # devices
     "Device", "parse_devices", "validate_devices", "ValidationReport", "default_devices", "set_default_devices",
-    # runs of this kernel, and the runs folder
-    "last_run", "runs", "prune_runs",
+    # runs of this kernel, the runs folder, and runs side by side
+    "last_run", "runs", "prune_runs", "compare", "Comparison",
     # failures (every exception: ddp_notebook.errors)
     "WorkerFailure", "DDPNotebookError", "WorkerFailedError", "InvalidDevicesError", "NonFiniteLossError",
     "__version__",

@@ -286,6 +286,7 @@ class RunState:
     # at that log (its count of logs when it never said one); thinned past SERIES_KEPT.
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     series_epochs: dict[str, list[Optional[int]]] = field(default_factory=dict)  # each point's epoch
+    unstepped: set[str] = field(default_factory=set)  # series with a point logged before any step
     points_seen: int = 0
     best: Optional[dict[str, Any]] = None  # the monitored value's best: {"value", "step", "epoch"}
     tracker_notes: list[str] = field(default_factory=list)  # a tracker that is missing, failed or fell behind
@@ -509,6 +510,8 @@ class RunState:
                     self.series_epochs[name] = []
                 series.append((x, float(value)))
                 self.series_epochs[name].append(epoch)
+                if not stepped:
+                    self.unstepped.add(name)
                 if len(series) > SERIES_KEPT:
                     self.series[name] = series[::2]
                     self.series_epochs[name] = self.series_epochs[name][::2]
@@ -519,6 +522,11 @@ class RunState:
                         self.best = {"value": value, "step": step, "epoch": epoch}
 
     def _apply_to_worker(self, w: WorkerState, kind: str, event: dict[str, Any], t: Optional[float]) -> None:
+        memory = event.get("memory")  # (progress reports, and a rank's outcome)
+        if isinstance(memory, dict):
+            for key, attr in (("rss", "peak_rss"), ("cuda", "peak_cuda")):
+                if isinstance(memory.get(key), int):
+                    setattr(w, attr, max(memory[key], getattr(w, attr) or 0))
         if kind == EventKind.STARTED:
             w.pid = event.get("pid")
             w.started_at = t
@@ -546,11 +554,6 @@ class RunState:
             if t is not None and isinstance(event.get("step"), int):
                 w._measure_rate(t, event["step"])
             self._apply_losses(w, event)
-            memory = event.get("memory")
-            if isinstance(memory, dict):
-                for key, attr in (("rss", "peak_rss"), ("cuda", "peak_cuda")):
-                    if isinstance(memory.get(key), int):
-                        setattr(w, attr, max(memory[key], getattr(w, attr) or 0))
             if w.rank == 0 and isinstance(event.get("points"), list):
                 self._apply_points(event["points"])
         elif kind == EventKind.CHECKPOINT:

@@ -26,10 +26,11 @@ from ..executors.ipyparallel.executor import IpyparallelExecutor
 from ..executors.local import forkserver
 from ..executors.local.executor import LocalExecutor, default_devices, set_default_devices
 from .call import Call, call_parts, check_arguments
+from .live import trial_turn, validate_on
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .reporting import check_trial, trial_config, trial_direction
 from .resume import keep_call
-from .run import Run, restart_loaded_runs_with, trial_turn, validate_on
+from .run import Run, restart_loaded_runs_with
 from .stored import RemovedRun, note_start, prune_folder
 
 __all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",

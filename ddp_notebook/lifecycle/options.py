@@ -13,16 +13,17 @@ import math
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Optional, TypedDict, TypeVar, Union
 
 from ..core._text import TextEnum
 from ..core.errors import ArgumentsError, LaunchOptionError
-from ..core.experiment import check_name, check_tags
+from ..core.experiment import bounded_config, check_name, check_tags
 from ..core.validation import BACKENDS
+from ..core.version import __version__
 from ..executors.ipyparallel.engines import engines_of
-from .trackers import check_report_to
+from .trackers import check_report_to, tracker_labels
 from .watchdog import auto_floor
 
 if sys.version_info >= (3, 11):
@@ -31,7 +32,8 @@ else:  # pragma: no cover
     from typing_extensions import Unpack
 
 __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
-           "Unpack", "check_seconds", "check_option_names", "check_flag", "options_set", "MAX_SECONDS", "MAX_THREADS"]
+           "Unpack", "check_seconds", "check_option_names", "check_flag", "options_set", "record_of", "MAX_SECONDS",
+           "MAX_THREADS"]
 
 MAX_SECONDS = 365 * 24 * 3600  # a year: longer is a typo, and beyond what timers and timedelta take
 MAX_THREADS = 1024  # torch threads of one worker, far above any single machine
@@ -207,6 +209,21 @@ class RunSettings:
 # The options a run's config records when set (core.experiment): the others say where and how it
 # is shown or kept (run_root, name, tags, report_to), are objects (engines), or may hold secrets (env).
 NOT_IN_CONFIG = frozenset({"run_root", "name", "tags", "report_to", "engines", "env"})
+
+
+def record_of(options: LaunchOptions, settings: RunSettings, devices: Sequence[Any]) -> dict[str, Any]:
+    """What a run is, for its ``run_started`` event (``core.experiment``): its name, tags and config
+    (the call's arguments, its devices, the options set; an option named as an argument is
+    ``option.<name>``), what started it, where, the value it monitors, a fingerprint of its code,
+    the versions known at the start (torch's comes from rank 0, git's after the start) and the
+    trackers it reports to."""
+    config = bounded_config({**settings.config, "devices": ",".join(map(str, devices)),
+                             **{k if k not in settings.config else f"option.{k}": v
+                                for k, v in options_set(options).items()}})
+    return {"name": options.name, "tags": options.tags, "config": config, "origin": settings.origin,
+            "cwd": os.getcwd(), "monitor": settings.monitor, "monitor_mode": settings.monitor_mode,
+            "code": settings.code, "versions": {"python": sys.version.split()[0], "ddp_notebook": __version__},
+            "report_to": tracker_labels(options.report_to)}
 
 
 def options_set(options: LaunchOptions) -> dict[str, Any]:

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["git_state", "GIT_TIMEOUT"]
+from ..core.events import EventKind
+
+__all__ = ["git_state", "GitLookup", "GIT_TIMEOUT"]
 
 GIT_TIMEOUT = 5.0  # seconds each git command may take (a huge work tree): past it, nothing is recorded
 
@@ -49,3 +54,28 @@ def git_state(cwd: str) -> dict[str, Any]:
     if status.returncode == 0:
         out["git_dirty"] = bool(status.stdout.strip())
     return out
+
+
+class GitLookup:
+    """``git_state(cwd)`` on a thread of its own, emitted as the run's ``provenance`` event once
+    found, unless the run's end was written first (``end`` waits for it a moment, then closes it)."""
+
+    def __init__(self, cwd: str, emit: Callable[[dict[str, Any]], None]) -> None:
+        self._cwd, self._emit = cwd, emit
+        self._lock = threading.Lock()
+        self._ended = False
+        self._thread = threading.Thread(target=self._look, name="ddp-provenance", daemon=True)
+        self._thread.start()
+
+    def _look(self) -> None:
+        found = git_state(self._cwd)
+        with self._lock:
+            if found and not self._ended:
+                self._emit({"kind": EventKind.PROVENANCE, "time": time.time(), **found})
+
+    def end(self, wait: float) -> None:
+        """The run's end is about to be written: wait at most ``wait`` s for the lookup; after
+        this, nothing it finds is emitted."""
+        self._thread.join(wait)
+        with self._lock:
+            self._ended = True

@@ -11,19 +11,16 @@ Example::
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import os
 import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Optional, Union
 
-from ..core.devices import Device, DeviceSpec, format_devices, parse_devices
+from ..core.devices import Device, DeviceSpec, format_devices
 from ..core.errors import (
     ArgumentsError,
     DDPNotebookError,
@@ -37,19 +34,17 @@ from ..core.errors import (
     WorkerTraceback,
 )
 from ..core.events import EventKind, RankConfig
-from ..core.experiment import bounded_config
 from ..core.failures import WorkerFailure
-from ..core.probes import Probe
 from ..core.rundir import RunDir
 from ..core.state import RunState, RunStatus, WorkerState
 from ..core.stream import EventStream, Subscriber
-from ..core.validation import Finding, ValidationReport
-from ..core.version import __version__
+from ..core.validation import ValidationReport
 from ..executors.base import Executor, StartSpec
 from ..executors.local.executor import LocalExecutor
 from ..transfer.loading import Received, changed_files
 from ..transfer.packing import Packed
 from ..transfer.queues import QueueFeeder
+from . import live
 from .options import (
     CallMode,
     LaunchKwargs,
@@ -59,9 +54,9 @@ from .options import (
     check_flag,
     check_option_names,
     check_seconds,
-    options_set,
+    record_of,
 )
-from .provenance import git_state
+from .provenance import GitLookup
 from .reporting import Reporter
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
@@ -69,45 +64,12 @@ from .store import loopback_store
 from .stored import delete_run_dir, end_with_notebook, keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .torch_compat import WorkerProcess, echo_output, process_failure
-from .trackers import RunRecord, make_trackers, tracker_labels
+from .trackers import RunRecord, make_trackers
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
-__all__ = ["Run", "WorkerTraceback", "Restart", "validate_on", "restart_loaded_runs_with", "trial_turn"]
+__all__ = ["Run", "WorkerTraceback", "Restart", "restart_loaded_runs_with"]
 
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
-# A run that ends notifies this: trials waiting for their devices look again (``trial_turn``).
-_runs_ended = threading.Condition(threading.Lock())
-# One trial run starts at a time: it waits for its devices, then starts, while the next one waits here.
-_trial_starts = threading.Lock()
 PROVENANCE_WAIT = 3.0  # seconds the end of a run waits for its git lookup (a quick run ends before it)
-
-
-@contextlib.contextmanager
-def trial_turn(devices: Optional[DeviceSpec], trial: Any) -> Iterator[None]:
-    """For a run reporting to an Optuna ``trial``: wait until no run of this process that goes on
-    uses one of ``devices``, and hold the turn while the run starts (trials that
-    ``study.optimize(n_jobs=...)`` runs at once take the devices one after the other, never two on
-    one device). Nothing for a run without a trial."""
-    if trial is None:
-        yield
-        return
-    try:
-        wanted = {str(d) for d in parse_devices(devices if devices is not None else _default_spec())}
-    except DDPNotebookError:  # validation says what is wrong with the list
-        yield
-        return
-    with _trial_starts:
-        with _runs_ended:
-            _runs_ended.wait_for(lambda: not any(wanted & {str(d) for d in run.devices}
-                                                 for run in list(_live_runs) if not run.done))
-        yield
-
-
-def _default_spec() -> DeviceSpec:
-    from ..executors.local.executor import default_devices
-
-    return default_devices()
-
 # How a run starts another with the same call: start_run with the packed call bound (a retry is a
 # new start, not a special path).
 Restart = Callable[[DeviceSpec, LaunchOptions, RunSettings, "Run"], "Run"]
@@ -120,19 +82,6 @@ def restart_loaded_runs_with(restart_of_payload: Callable[[bytes], Restart]) -> 
     """Set how ``Run.load``'s runs are retried (``lifecycle.launch`` calls this once)."""
     global _restart_of_payload
     _restart_of_payload = restart_of_payload
-
-
-def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: Optional[str] = None,
-                min_free_memory: Optional[int] = None, probe: Optional[Probe] = None) -> ValidationReport:
-    """The executor's validation of ``devices``, and a ``busy`` error for what another run of this
-    process still holds (a GPU, an engine): two runs must not share it by accident."""
-    report = executor.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
-    wanted = set(executor.held(report.devices))
-    busy = [Finding("error", "busy", f"{item} is in use by run {run.id} ({run.status}): stop it first (run.stop(), "
-                    "%ddp_stop) or choose another device.", item)
-            for run in list(_live_runs) if not run.done and run._executor is not None
-            for item in sorted(wanted & set(run._executor.held(run.devices)))]
-    return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 
 class Run:
@@ -184,9 +133,7 @@ class Run:
         self._release_start: Callable[[], None] = lambda: None  # what this start holds until the run ends
         self._from_disk = False  # read back by Run.load: a retry sends the call as it was saved
         self._reporter: Optional[Reporter] = None  # forwards rank 0's values to trackers and a trial
-        self._provenance_lock = threading.Lock()
-        self._provenance: Optional[threading.Thread] = None
-        self._ending = False  # the run's end is being written: no provenance event after it
+        self._git: Optional[GitLookup] = None  # the working directory's git commit, looked up after the start
 
     @classmethod
     def load(cls, run_dir: Union[str, os.PathLike[str]]) -> Run:
@@ -254,7 +201,8 @@ class Run:
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
                           "places": self._executor.places(n), "hosts": self._executor.hosts(n),
-                          "waiting": self._executor.waiting_note(), **self._record()})
+                          "waiting": self._executor.waiting_note(),
+                          **record_of(self.options, self._settings, self.devices)})
         self._start_reporter()
         if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
@@ -279,14 +227,12 @@ class Run:
                                   stall_timeout=self.options.stall_timeout, stall_floor=floor),
                 self.stream.emit, QueueFeeder(payload.queues).deliver if payload.queues else None,
                 functools.partial(changed_files, placement.table if placement else None))
-            _live_runs.add(self)
+            live.track(self)
             thread.start()
-            self._provenance = threading.Thread(target=self._look_up_provenance, name=f"ddp-provenance-{self.id}",
-                                                daemon=True)
-            self._provenance.start()
+            self._git = GitLookup(self.state.cwd or os.getcwd(), self.stream.emit)
         except BaseException:
             if thread.ident is None:  # interrupted before anyone watches the ranks: end them here
-                _live_runs.discard(self)
+                live.forget(self)
                 transport.abandon()
                 transport.close()
                 self._release_start()
@@ -295,20 +241,6 @@ class Run:
                 self._end(None)
             raise
         return self
-
-    def _record(self) -> dict[str, Any]:
-        """What the run is, for its ``run_started`` event (``core.experiment``): its name, tags and
-        config (the call's arguments, its devices, the options set), what started it, where, the
-        value it monitors, a fingerprint of its code and the versions known now."""
-        settings, options = self._settings, self.options
-        config = bounded_config({**settings.config, "devices": format_devices(self.devices),
-                                 **{k if k not in settings.config else f"option.{k}": v
-                                    for k, v in options_set(options).items()}})
-        return {"name": options.name, "tags": options.tags, "config": config, "origin": settings.origin,
-                "cwd": os.getcwd(), "monitor": settings.monitor, "monitor_mode": settings.monitor_mode,
-                "code": settings.code,
-                "versions": {"python": sys.version.split()[0], "ddp_notebook": __version__},
-                "report_to": tracker_labels(options.report_to)}
 
     def _start_reporter(self) -> None:
         """Forward rank 0's values to the run's trackers and trial, from the first report on."""
@@ -320,14 +252,6 @@ class Run:
                                   trial=self._settings.trial, monitor=self._settings.monitor,
                                   prune=lambda reason: self._request_stop(self.options.stop_grace, reason, pruned=True))
         self.stream.subscribe(self._reporter.on_event)
-
-    def _look_up_provenance(self) -> None:
-        """The git commit of the working directory, looked up after the start, in the run's events
-        unless the run has ended meanwhile (its end waits for it a moment)."""
-        found = git_state(self.state.cwd or os.getcwd())
-        with self._provenance_lock:
-            if found and not self._ending:
-                self.stream.emit({"kind": EventKind.PROVENANCE, "time": time.time(), **found})
 
     def _supervise(self) -> None:
         assert self._supervisor is not None and self._executor is not None
@@ -344,10 +268,8 @@ class Run:
                     finished["result_not_kept"] = len(outcome.result.data) + outcome.result.shared_bytes
             if self._reporter is not None:  # the trackers' last values and the run's status, bounded
                 self._reporter.finish(str(finished["status"]), self.state.metrics)
-            if self._provenance is not None:
-                self._provenance.join(PROVENANCE_WAIT)
-            with self._provenance_lock:
-                self._ending = True
+            if self._git is not None:
+                self._git.end(PROVENANCE_WAIT)
             self.stream.emit({**finished, "time": time.time()})
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
@@ -359,8 +281,20 @@ class Run:
     def _end(self, result: Optional[Received]) -> None:
         self._result = result
         self._finished.set()
-        with _runs_ended:
-            _runs_ended.notify_all()
+        live.run_ended()
+
+    def _leave_with_notebook(self) -> None:
+        """The notebook process exits: the run's end is written first, and the log closed (the
+        ranks' deaths that follow are the notebook's leaving, not a failure: status and reason as
+        a crash reads them back), then every rank is ended."""
+        if self._supervisor is not None and not self.done:
+            end_with_notebook(self.stream, exited=True)
+            self.stream.close()
+            self._supervisor.abandon()
+
+    def held(self) -> list[str]:
+        """What the run's ranks hold alone while it runs (a GPU, an engine; see ``Executor.held``)."""
+        return self._executor.held(self.devices) if self._executor is not None else []
 
     # ---- what users read ------------------------------------------------------------------------
     @property
@@ -838,7 +772,7 @@ class Run:
         """Validate ``devices`` for a relaunch where this run ran (this machine, or its engines)."""
         if self._executor is None:
             raise DDPNotebookError(f"run {self.id} was loaded from disk: it has no executor to validate on")
-        return validate_on(self._executor, devices)
+        return live.validate_on(self._executor, devices)
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
@@ -855,16 +789,3 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
 
 def _sys_path() -> list[str]:
     return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-
-
-@atexit.register
-def _kill_live_runs() -> None:
-    # The OS's death signal and the lifeline pipe already end orphans; this only makes a normal
-    # exit tidy and quick.
-    for run in list(_live_runs):
-        if run._supervisor is not None and not run.done:
-            # Its end is written first, and the log closed: the ranks' deaths that follow are the
-            # notebook's leaving, not a failure (status and reason as a crash reads them back).
-            end_with_notebook(run.stream, exited=True)
-            run.stream.close()
-            run._supervisor.abandon()

@@ -44,7 +44,8 @@ from .resume import KEEP_LIMIT, KeptCall, read_call
 
 __all__ = ["StoredRun", "read_run", "find_stored_run", "keep_result", "load_result", "output_of",
            "note_start", "notebook_of", "Notebook", "end_with_notebook", "notebook_ended_reason", "stored_runs",
-           "read_summary", "prune_folder", "RemovedRun", "delete_run_dir", "kept_by_the_user", "launched_from"]
+           "read_summary", "replay_state", "prune_folder", "RemovedRun", "delete_run_dir", "kept_by_the_user",
+           "launched_from"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,22 @@ def read_summary(directory: RunDir) -> RunState:
     but progress and output, and the progress of the end of the log (a log may hold hundreds of
     MB); no call, no result. ``RunLoadError`` when it cannot be read as a run's."""
     return _replayed(directory, lambda: _summary_events(directory)).state
+
+
+def replay_state(directory: RunDir) -> RunState:
+    """The state of the run in ``directory`` with all its progress (its series, epochs and
+    metrics: what a comparison shows), but what its ranks printed; no call, no result.
+    ``RunLoadError`` when it cannot be read as a run's."""
+    return _replayed(directory, lambda: _events_without_output(directory)).state
+
+
+def _events_without_output(directory: RunDir) -> Iterator[dict[str, Any]]:
+    with open(directory.events_path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                return  # being written right now
+            if b'"kind": "output"' not in line and line.strip():
+                yield json.loads(line)
 
 
 # The end of a log read for the last progress of each rank (a summary).

@@ -21,10 +21,11 @@ from ..core.experiment import bounded_config, code_fingerprint, summarize
 from ..core.validation import InvalidDevicesError, shard_problem
 from ..lifecycle.call import first_unpicklable
 from ..lifecycle.launch import launch_with, validate_for, wait_showing
+from ..lifecycle.live import trial_turn
 from ..lifecycle.options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from ..lifecycle.reporting import check_trial, trial_config, trial_direction
 from ..lifecycle.resume import checkpoint_to_resume
-from ..lifecycle.run import Run, trial_turn
+from ..lifecycle.run import Run
 from .fit_loop import FitSpec, build_model, fit_worker, preflight_step
 
 __all__ = ["fit", "FitResult"]

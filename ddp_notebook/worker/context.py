@@ -33,7 +33,7 @@ from ..core.events import EventKind, to_json_value
 from ..core.rundir import RunDir, latest_checkpoint
 from .loss_history import LossHistory
 
-__all__ = ["WorkerContext", "ShardedLoader", "current_context", "set_current"]
+__all__ = ["WorkerContext", "ShardedLoader", "current_context", "set_current", "peak_memory"]
 
 _current: Optional[WorkerContext] = None
 # A report held back by the throttle goes out at the end of its interval from one thread per context
@@ -205,7 +205,7 @@ class WorkerContext:
         progress report it sends."""
         def send_report(event: dict[str, Any]) -> None:
             if event.get("kind") == EventKind.PROGRESS:
-                event = dict(self._loss_history.attach(event), memory=peak_memory(self.device))
+                event = dict(self._loss_history.attach(event), memory=peak_memory())
             send(event)
         return send_report
 
@@ -334,9 +334,9 @@ class WorkerContext:
         """
         with self._lock:
             event, self._pending = self._pending, None
-            if not held:  # the function ended: its last loss bin, epoch and peak memory go now
+            if not held:  # the function ended: its last loss bin and epoch go now, in a report of their own if need be
                 self._loss_history.close()
-                if event is None:
+                if event is None and self._loss_history.unsent:
                     event = {"kind": EventKind.PROGRESS, "rank": self.rank, "metrics": {}}
             if event is not None:
                 self._last_sent = time.monotonic()
@@ -577,9 +577,9 @@ class WorkerContext:
                 f"device={self.device_name!r}, backend={self.backend!r})")
 
 
-def peak_memory(device: Any) -> dict[str, int]:
-    """This process's peak resident memory (``rss``) and, on a GPU, torch's peak allocation there
-    (``cuda``), in bytes (what is known of them)."""
+def peak_memory() -> dict[str, int]:
+    """This process's peak resident memory (``rss``) and, once it used a GPU, torch's peak
+    allocation on its current device (``cuda``), in bytes: what is known of them."""
     out: dict[str, int] = {}
     try:
         import resource
@@ -588,11 +588,9 @@ def peak_memory(device: Any) -> dict[str, int]:
         out["rss"] = int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
     except (ImportError, OSError):  # no getrusage (Windows)
         pass
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        if torch.cuda.is_initialized():
-            out["cuda"] = int(torch.cuda.max_memory_allocated(device))
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        out["cuda"] = int(torch.cuda.max_memory_allocated())
     return out
 
 

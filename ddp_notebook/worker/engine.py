@@ -23,6 +23,7 @@ from ..core.events import EventKind, RankConfig
 from ..core.version import __version__
 from .boot import STACK_SIGNAL
 from .channel import DataChannel
+from .context import peak_memory
 from .engine_state import EngineSnapshot
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, remove_stack_dump
 from .meeting import Meeting
@@ -113,7 +114,7 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
         except BaseException:  # noqa: BLE001 - interrupted, a peer failed, or the run ended: the result stands
             pass
         armed.clear()
-        return {"kind": EventKind.DONE, "time": time.time(), "blob": blob}
+        return {"kind": EventKind.DONE, "time": time.time(), "blob": blob, "memory": peak_memory()}
     finally:
         armed.clear()
         pulse.stop()

@@ -28,7 +28,7 @@ from ..transfer import loading, packing, pickling
 from ..transfer.packing import Packed
 from . import context, own_init, teardown
 from .boot import STACK_SIGNAL
-from .context import WorkerContext
+from .context import WorkerContext, peak_memory
 from .failed_locals import failed_locals
 from .frameworks.hooks import watch_imports
 from .meeting import Meeting, RunEndedError
@@ -211,6 +211,7 @@ def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
         # What the user's variables held (a knock-on's are of no interest: its peer failed first).
         "locals": [] if isinstance(exc, RunEndedError) or phase == Phase.RESULT else failed_locals(exc.__traceback__),
         "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
+        "memory": peak_memory(),  # (a rank that ran out of memory: how much it held)
     })
 
 

@@ -24,7 +24,7 @@ from ..transfer.packing import Placement, pack
 from ..transfer.queues import send_items_with
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
 from .channel import PipeChannel, watch_lifeline
-from .context import current_context
+from .context import current_context, peak_memory
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, warm_up
 
 
@@ -85,7 +85,7 @@ def main() -> None:
         # The result's tensors go into shared memory this process holds until it exits: the
         # notebook opens it (through /proc) on this event, before it releases the ranks.
         placed = result.place() if result is not None else None
-        channel.send({"kind": EventKind.DONE, "data": placed.table if placed else None},
+        channel.send({"kind": EventKind.DONE, "data": placed.table if placed else None, "memory": peak_memory()},
                      result.data if result is not None else None)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit included, is reported
         channel.send(error_event(exc, where.phase))

@@ -1,0 +1,346 @@
+"""Runs side by side: ``compare(*runs)`` returns a ``Comparison``, which shows as overlaid curves
+(one plot per metric, one line per run, the runs' names in the legend) above a table (one row
+per run: name, status, duration, devices, the config values that differ between the runs, with
+the equal ones folded away, and the final and best metrics); ``frame()`` is the same as a pandas
+DataFrame, in the shape ``mlflow.search_runs`` returns.
+
+In a notebook a comparison holding a run that goes on updates in place as it trains (a display
+id, as IPython's ``update_display``); elsewhere it prints its table.
+"""
+from __future__ import annotations
+
+import base64
+import contextvars
+import io
+import threading
+import time
+from collections.abc import Sequence
+from html import escape
+from typing import Any, Optional
+
+from ..core.errors import ArgumentsError
+from ..core.experiment import differing
+from ..core.state import RunState
+from ..lifecycle.experiments import LISTED_ORIGINS, ListedRun, find_runs, runs_of_here
+from .html import badge
+from .text import format_duration, format_metric
+
+__all__ = ["compare", "Comparison", "PLOTS_SHOWN", "REFRESH_S"]
+
+PLOTS_SHOWN = 6
+"""Metrics plotted when none are named (the first ones logged: losses first)."""
+REFRESH_S = 2.0
+"""Seconds between two redraws of a comparison holding a live run."""
+NOT_PLOTTED = ("samples_per_s",)  # (a rate, not a result: plotted only when named)
+FIRST = ("loss", "train_loss", "valid_loss", "val_loss")
+OWN_COLUMNS = ("devices", "function")  # config entries with a column of their own, or none to show
+
+
+def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[int] = None,
+            everywhere: bool = False) -> Comparison:
+    """Compare runs: their curves overlaid, their configs' differences and their final metrics.
+
+    Parameters
+    ----------
+    *runs : Run or str
+        Runs, run ids, or unique ends of ids (``"5266c4"``). None: the runs launched from this
+        notebook's working directory (every run on disk with ``everywhere``), oldest first.
+    metrics : list of str, optional
+        The metrics to plot (default: up to six that rank 0 logged, losses first; a rate such as
+        ``samples_per_s`` only when named).
+    last : int, optional
+        Only the last ``last`` runs (of those given, or found).
+    everywhere : bool, default False
+        Without ``runs``: every run of the runs folder, whichever notebook launched it.
+
+    Returns
+    -------
+    Comparison
+        Shows itself (live while a run goes on); ``frame()`` gives a pandas DataFrame.
+
+    Raises
+    ------
+    RunLoadError
+        A run id that no run has, or an end of id that several runs share.
+    ArgumentsError
+        A metric that none of the runs logged (the message lists those they did), or ``last``
+        that is not a whole number >= 1.
+
+    Examples
+    --------
+    ::
+
+        runs = [ddp_notebook.fit(model(), data, loss, optimizer=sgd(lr), epochs=5, name=f"lr={lr}",
+                                 wait=False) for lr in (0.1, 0.01)]
+        ddp_notebook.compare(*runs)            # curves, then the table: lr differs
+        ddp_notebook.compare(last=4).frame()   # the last 4 runs of this folder, as a DataFrame
+    """
+    if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 1):
+        raise ArgumentsError(f"last must be a whole number >= 1 (how many of the latest runs), not {last!r}")
+    if not isinstance(everywhere, bool):
+        raise ArgumentsError(f"everywhere must be True or False, not {everywhere!r}")
+    listed = find_runs(runs) if runs else runs_of_here(everywhere, origins=LISTED_ORIGINS)
+    if last is not None:
+        listed = listed[-last:]
+    if metrics is not None and (isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)):
+        raise ArgumentsError(f"metrics is a list of metric names, such as ['valid_loss'], not {metrics!r}")
+    return Comparison(listed, list(metrics) if metrics is not None else None)
+
+
+def _label(state: RunState) -> str:
+    return state.name or state.run_id
+
+
+class Comparison:
+    """Runs side by side (made by :func:`ddp_notebook.compare`): in a notebook their curves above a
+    table, live while a run goes on; ``frame()``, a pandas DataFrame; ``repr()``, the table as text."""
+
+    def __init__(self, listed: list[ListedRun], metrics: Optional[list[str]] = None) -> None:
+        self._listed = listed
+        self._asked = metrics
+        if metrics is not None:
+            logged = self._logged()
+            missing = [m for m in metrics if m not in logged]
+            if missing:
+                said = ", ".join(logged) if logged else "nothing yet"
+                raise ArgumentsError(f"no run of this comparison logged {', '.join(map(repr, missing))}: they logged "
+                                     f"{said}")
+
+    # ---- what it holds ---------------------------------------------------------------------------
+    @property
+    def run_ids(self) -> list[str]:
+        """The ids of the runs compared, in order."""
+        return [r.id for r in self._listed]
+
+    @property
+    def states(self) -> list[RunState]:
+        """Each run's state as it is now."""
+        return [r.state for r in self._listed]
+
+    @property
+    def live(self) -> bool:
+        """Whether a run of the comparison goes on in this kernel (it updates)."""
+        return any(r.live for r in self._listed)
+
+    def _logged(self) -> list[str]:
+        names: list[str] = []
+        for state in self.states:
+            names += [n for n in state.series if n not in names]
+        return sorted(names, key=lambda n: (FIRST.index(n) if n in FIRST else len(FIRST), names.index(n)))
+
+    @property
+    def metrics(self) -> list[str]:
+        """The metrics plotted: those asked, else up to ``PLOTS_SHOWN`` logged (losses first)."""
+        if self._asked is not None:
+            return list(self._asked)
+        return [n for n in self._logged() if n not in NOT_PLOTTED][:PLOTS_SHOWN]
+
+    def labels(self, states: Optional[list[RunState]] = None) -> list[str]:
+        """How each run is named: its name, else its id; a name two runs share, with the id's end."""
+        states = self.states if states is None else states
+        names = [_label(s) for s in states]
+        return [f"{n} ({s.run_id[-6:]})" if s.name and names.count(n) > 1 else n for n, s in zip(names, states)]
+
+    def differences(self, states: Optional[list[RunState]] = None) -> tuple[list[str], dict[str, Any]]:
+        """The config keys whose values differ between the runs, and those the same in all (with
+        their value)."""
+        states = self.states if states is None else states
+        configs = [s.config for s in states]
+        keys = [k for k in differing(configs) if k not in OWN_COLUMNS]
+        same = {k: v for k, v in (configs[0] if configs else {}).items() if k not in keys and k not in OWN_COLUMNS
+                and all(k in c for c in configs)}
+        return keys, same
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The table as data, one dict per run: ``run`` (its label), ``run_id``, ``status``,
+        ``duration`` (seconds), ``devices``, each differing config value, each plotted metric's
+        last value and the monitored value's best (``valid_loss.min``)."""
+        states = self.states
+        keys, _ = self.differences(states)
+        out = []
+        for label, state in zip(self.labels(states), states):
+            end = state.ended_at or time.time()
+            row: dict[str, Any] = {"run": label, "run_id": state.run_id, "status": str(state.status),
+                                   "duration": end - state.started_at if state.started_at else None,
+                                   "devices": ",".join(state.devices)}
+            row.update({k: state.config.get(k) for k in keys})
+            metrics = state.metrics
+            row.update({m: metrics.get(m) for m in self.metrics})
+            row.update({k: v for k, v in metrics.items() if k.endswith((".min", ".max"))})
+            out.append(row)
+        return out
+
+    # ---- pandas ----------------------------------------------------------------------------------
+    def frame(self) -> Any:
+        """The runs as a pandas DataFrame, one row per run, in the shape ``mlflow.search_runs``
+        returns: ``run_id``, ``name``, ``status``, ``start_time``, ``end_time`` (UTC), then
+        ``config.*`` (MLflow's ``params.*``; values keep their types), ``tags.*`` and ``metrics.*``
+        (``Run.metrics``); a value a run lacks is missing (NaN or None).
+
+        Returns
+        -------
+        pandas.DataFrame
+
+        Raises
+        ------
+        ImportError
+            pandas is not installed (``pip install pandas``).
+        """
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError("Comparison.frame() needs pandas: pip install pandas (or ddp_notebook[experiments])") \
+                from e
+        records = []
+        for state in self.states:
+            record: dict[str, Any] = {
+                "run_id": state.run_id, "name": state.name, "status": str(state.status),
+                "start_time": pd.Timestamp(state.started_at, unit="s", tz="UTC") if state.started_at else pd.NaT,
+                "end_time": pd.Timestamp(state.ended_at, unit="s", tz="UTC") if state.ended_at else pd.NaT}
+            record.update({f"config.{k}": v for k, v in state.config.items()})
+            record.update({f"tags.{k}": v for k, v in state.tags.items()})
+            record.update({f"metrics.{k}": v for k, v in state.metrics.items()})
+            records.append(record)
+        columns = ["run_id", "name", "status", "start_time", "end_time"]
+        for prefix in ("config.", "tags.", "metrics."):
+            for record in records:
+                columns += [k for k in record if k.startswith(prefix) and k not in columns]
+        return pd.DataFrame.from_records(records, columns=columns)
+
+    # ---- showing it ------------------------------------------------------------------------------
+    def plot_png(self) -> Optional[bytes]:
+        """The curves as a PNG: one plot per metric, one line per run (None when no run logged any)."""
+        metrics = self.metrics
+        states = self.states
+        if not metrics or not any(s.series for s in states):
+            return None
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        cols = min(len(metrics), 3)
+        rows = -(-len(metrics) // cols)
+        fig = Figure(figsize=(4.2 * cols + 1.8, 2.6 * rows), dpi=90, layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False)
+        colors = _colors(len(states))
+        labels = self.labels(states)
+        handles: dict[str, Any] = {}
+        for i, metric in enumerate(metrics):
+            ax = axes[i // cols][i % cols]
+            by_epoch = True
+            for color, label, state in zip(colors, labels, states):
+                points = state.series.get(metric)
+                if not points:
+                    continue
+                epochs = state.series_epochs.get(metric) or []
+                stepped = metric not in state.unstepped
+                by_epoch = by_epoch and not stepped and None not in epochs
+                counted = [e + 1 for e in epochs if e is not None]
+                xs = counted if not stepped and len(counted) == len(points) else [x for x, _ in points]
+                (line,) = ax.plot(xs, [y for _, y in points], color=color, linewidth=1.2,
+                                  marker="o" if len(points) <= 30 else None, markersize=3)
+                handles.setdefault(label, line)
+            ax.set_title(metric, fontsize=10)
+            ax.set_xlabel("epoch" if by_epoch else "step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.xaxis.get_major_locator().set_params(integer=True, nbins=6)
+        for j in range(len(metrics), rows * cols):
+            axes[j // cols][j % cols].set_visible(False)
+        if handles:
+            fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=7,
+                       ncols=1 if len(handles) <= 20 else 2)
+        buf = io.BytesIO()
+        FigureCanvasAgg(fig).print_png(buf)
+        return buf.getvalue()
+
+    def _cells(self) -> tuple[list[str], list[list[str]], dict[str, Any]]:
+        """The table's header and rows as text, and the config the runs share."""
+        states = self.states
+        keys, same = self.differences(states)
+        rows = self.rows()
+        bests = [k for k in dict.fromkeys(k for r in rows for k in r if k.endswith((".min", ".max")))]
+        head = ["run", "status", "duration", "devices", *keys, *self.metrics, *bests]
+        body = []
+        for row in rows:
+            duration = row["duration"]
+            cells = [row["run"], row["status"], format_duration(duration) if duration is not None else "",
+                     row["devices"], *[_value_text(row.get(k), k in row) for k in keys],
+                     *[_value_text(row.get(m), m in row and row[m] is not None) for m in self.metrics],
+                     *[_value_text(row.get(b), b in row) for b in bests]]
+            body.append(cells)
+        return head, body, same
+
+    def html(self) -> str:
+        """The comparison as HTML: the curves (a PNG inside), the table, the shared config folded."""
+        png = self.plot_png()
+        head, body, same = self._cells()
+        image = (f'<img class="ddp-compare-plot" style="max-width:100%" src="data:image/png;base64,'
+                 f'{base64.b64encode(png).decode()}"/>' if png else "")
+        cell = 'style="padding:1px 8px;text-align:left;white-space:nowrap"'
+        ids = [s.run_id for s in self.states]
+        rows = [f"<tr>{''.join(f'<th {cell}>{escape(h)}</th>' for h in head)}</tr>"]
+        for run_id, cells in zip(ids, body):
+            shown = [f'<td {cell} title="{escape(run_id)}"><b>{escape(cells[0])}</b></td>',
+                     f"<td {cell}>{badge(cells[1])}</td>"]
+            shown += [f"<td {cell}>{escape(c)}</td>" for c in cells[2:]]
+            rows.append(f"<tr>{''.join(shown)}</tr>")
+        table = f'<table class="ddp-compare" style="border-collapse:collapse;font-size:12px">{"".join(rows)}</table>'
+        folded = ""
+        if same:
+            items = "".join(f"<li><code>{escape(k)}</code> = <code>{escape(_value_text(v, True))}</code></li>"
+                            for k, v in same.items())
+            folded = (f"<details><summary>The same in every run: {len(same)} config value"
+                      f"{'' if len(same) == 1 else 's'}</summary><ul>{items}</ul></details>")
+        live = " · <i>live: updates as the runs train</i>" if self.live else ""
+        title = f"<b>{len(ids)} run{'' if len(ids) == 1 else 's'} compared</b>{live}"
+        empty = "" if ids else "<p>No run to compare: launch runs from this notebook, or give runs or their ids.</p>"
+        return f'<div class="ddp-comparison">{title}{empty}{image}{table}{folded}</div>'
+
+    def __repr__(self) -> str:
+        head, body, same = self._cells()
+        if not body:
+            return "Comparison of no run (launch runs from this notebook, or give runs or their ids)"
+        widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+        if same:
+            lines.append("the same in every run: " + ", ".join(f"{k}={_value_text(v, True)}" for k, v in same.items()))
+        return "\n".join(lines)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        return {"text/plain": repr(self), "text/html": self.html()}
+
+    def _ipython_display_(self) -> None:
+        """Shown with a display id; redrawn every ``REFRESH_S`` while a run goes on, and once at
+        its end, in the cell that showed it (whatever cell runs then)."""
+        from IPython.display import display
+
+        handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
+        if handle is None or not self.live:
+            return
+        cell = contextvars.copy_context()
+
+        def follow() -> None:
+            while self.live:
+                time.sleep(REFRESH_S)
+                cell.copy().run(handle.update, self._repr_mimebundle_(), raw=True)
+            cell.copy().run(handle.update, self._repr_mimebundle_(), raw=True)  # the runs' end
+
+        threading.Thread(target=follow, name="ddp-compare", daemon=True).start()
+
+
+def _value_text(value: Any, present: bool) -> str:
+    if not present:
+        return "—"
+    if isinstance(value, float):
+        return format_metric(value)
+    return str(value)
+
+
+def _colors(n: int) -> list[Any]:
+    """One color per run: the default cycle up to 10, then spread over a colormap."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    cmap = colormaps["tab20" if n <= 20 else "viridis"]
+    return [cmap(i / max(n - 1, 1)) if n > 20 else cmap(i) for i in range(n)]

@@ -22,7 +22,7 @@ from ddp_notebook.lifecycle.stored import (
     read_summary,
     stored_runs,
 )
-from ddp_notebook.ui.text import format_run, format_run_line
+from ddp_notebook.ui.text import format_run, format_runs
 
 
 def _write_log(directory: RunDir, finished: bool = True, step: int = 31, total: int = 400) -> None:
@@ -70,7 +70,8 @@ def test_a_log_without_its_end_is_running_while_its_notebook_lives_and_cut_off_o
         assert state.ended_at == 101.0 + 31  # when the run was last heard of
     state = read_summary(directory)
     assert f"  reason: {reason}" in format_run(state).splitlines()
-    assert format_run_line(state).startswith(f"{directory.id}  stopped ") and format_run_line(state).endswith(reason)
+    row = format_runs([state])[1]
+    assert row.startswith(f"  {directory.id}  stopped ") and row.endswith(reason)
 
 
 def test_a_run_whose_notebook_runs_on_another_host_is_not_taken_as_ended(tmp_path):

@@ -64,7 +64,7 @@ class EventKind(TextEnum):
     # its stack and CPU use; none: progress resumed). Never a failure: the watchdog decides that.
     QUIET = "quiet"
     SUPERVISOR_ERROR = "supervisor_error"  # ddp_notebook's supervision itself failed (message)
-    RUN_FINISHED = "run_finished"  # the run's status
+    RUN_FINISHED = "run_finished"  # the run's status; its record: rank 0's last metrics, the monitored best
     LOG_TRUNCATED = "log_truncated"  # the log on disk reached its limit: later progress and output not written
 
 

@@ -418,6 +418,12 @@ class RunState:
             self.status = RunStatus(event["status"])
             self.ended_at = t
             self.result_not_kept = event.get("result_not_kept")
+            # The run's record at its end (a list of runs reads no progress): rank 0's last values
+            # and the monitored value's best.
+            if isinstance(event.get("metrics"), dict) and 0 in self.workers:
+                self.workers[0].metrics = dict(event["metrics"])
+            if isinstance(event.get("best"), dict):
+                self.best = dict(event["best"])
         elif kind == EventKind.STOPPING:
             self.stop_reason = event.get("reason")
             self.notebook_ended = bool(event.get("notebook_ended"))

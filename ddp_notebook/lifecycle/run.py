@@ -266,6 +266,11 @@ class Run:
                     outcome.result.release()  # nothing to load: the worker's memory is not kept
                 elif not keep_result(self.dir, outcome.result, self._loaded):
                     finished["result_not_kept"] = len(outcome.result.data) + outcome.result.shared_bytes
+            main = self.state.workers.get(0)
+            if main is not None and main.metrics:  # its record, read back whole by a list of runs
+                finished["metrics"] = dict(main.metrics)
+            if self.state.best is not None:
+                finished["best"] = self.state.best
             if self._reporter is not None:  # the trackers' last values and the run's status, bounded
                 self._reporter.finish(str(finished["status"]), self.state.metrics)
             if self._git is not None:

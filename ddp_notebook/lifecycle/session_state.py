@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..core.errors import ArgumentsError, CellError, SessionEndedError, SessionInterrupted
+from ..core.events import EventKind
 from ..core.failures import WorkerFailure
 
 __all__ = ["RankState", "Request", "Outcome", "SessionState", "SessionRecord", "format_session", "seconds_text",
@@ -362,6 +363,10 @@ class SessionRecord:
                 self._doing = None
                 self._cells_run += cell is not None
             self.changed()
+            run = getattr(self.session, "current_run", None)
+            if cell is not None and run is not None and not run.state.finished:  # kept in the run's log
+                run.stream.emit({"kind": EventKind.CELL, "time": ended_at, "cell": cell, "ranks": list(ranks),
+                                 "status": outcome, "code": first[:120], "seconds": round(ended_at - started, 3)})
 
     def _snapshot(self) -> SessionState:
         session = self.session

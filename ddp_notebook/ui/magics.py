@@ -1,6 +1,6 @@
 """IPython magics: ``%load_ext ddp_notebook``, then ``%ddp_devices``, ``%ddp_fit``, ``%ddp_status``,
-``%ddp_stop``, ``%ddp_retry``. Each parses its arguments and calls the Python API; the extension's
-load and unload live here too."""
+``%ddp_stop``, ``%ddp_retry``, ``%ddp_runs``, ``%ddp_compare``, ``%ddp_debug``. Each parses its
+arguments and calls the Python API; the extension's load and unload live here too."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ import ast
 import difflib
 import inspect
 import math
+import os
 import re
 import shlex
 import time
@@ -32,27 +33,28 @@ from ..core.errors import (
     UnsafeRunDirError,
 )
 from ..core.failures import WorkerFailure, format_locals
-from ..core.rundir import KEEP_RUNS_ENV, RUNS_MAX_BYTES_ENV, default_run_root, folder_bytes, runs_limits
+from ..core.rundir import KEEP_RUNS_ENV, RUNS_MAX_BYTES_ENV, RunDir, default_run_root, folder_bytes, runs_limits
 from ..core.tracebacks import file_name
 from ..core.validation import InvalidDevicesError, validate_devices
+from ..lifecycle.experiments import find_runs, runs_of_here
 from ..lifecycle.launch import (
     default_devices,
     find_run,
     last_run,
     launch,
     prune_runs,
-    runs,
     set_default_devices,
     start_fork_server,
     stop_fork_server,
 )
 from ..lifecycle.options import MAX_SECONDS
 from ..lifecycle.run import Run
-from ..lifecycle.stored import find_stored_run, read_summary, stored_runs
+from ..lifecycle.stored import read_summary, stored_runs
 from ..recipes.fit import fit
 from . import display
+from .comparison import compare
 from .display import show_report, show_run
-from .text import format_bytes, format_run, format_run_line
+from .text import format_bytes, format_run, format_runs
 
 __all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "start_target"]
 
@@ -164,6 +166,20 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _tag(text: str) -> tuple[str, Any]:
+    """``--tag KEY=VALUE``: the value a number when it reads as one, True/False, else text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (such as arch=cnn or lr=0.1)")
+    try:
+        parsed: Any = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        parsed = value.strip()
+    if isinstance(parsed, (list, tuple, dict, set, complex, bytes)) or parsed is None:
+        parsed = value.strip()
+    return key.strip(), parsed
+
+
 _CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*(\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*\s*\(")
 
 
@@ -222,13 +238,10 @@ def _run(magic: str, run_id: Optional[str]) -> Run:
     found = find_run(run_id)
     if found is not None:
         return found
-    stored = find_stored_run(run_id)  # a run of an earlier kernel (before a restart)
-    if stored is None:
-        raise UsageError(f"%{magic}: no run {run_id!r} in this kernel nor in {default_run_root()!r}; %ddp_runs "
-                         "lists this kernel's runs, %ddp_runs --all those on disk")
     try:
-        return Run.load(stored)
-    except (RunLoadError, UnsafeRunDirError) as e:
+        listed = find_runs([run_id])[0]  # a run of an earlier kernel (before a restart)
+        return listed.run if listed.run is not None else Run.load(listed.path)
+    except (RunLoadError, UnsafeRunDirError, ArgumentsError) as e:
         raise UsageError(f"%{magic}: {e}") from None
 
 
@@ -269,7 +282,7 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
                     raise FitConfigError(f"{name}() takes no {key!r} argument, so --{key.replace('_', '-')} "
                                          "cannot be passed to it")
                 run_kwargs[key] = given[key]
-        launch_kw = {k: given[k] for k in ("stall_timeout", "engines") if k in given}
+        launch_kw = {k: given[k] for k in ("stall_timeout", "engines", "name", "tags", "report_to") if k in given}
 
         def start(devs: Any) -> Run:
             return launch(target, devices=devs, args=args, kwargs=run_kwargs, **launch_kw)
@@ -280,28 +293,37 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
 
 
 RUNS_SHOWN = 20
-"""Runs on disk that ``%ddp_runs --all`` lists (the newest; ``-n N`` lists N)."""
+"""Runs that ``%ddp_runs`` lists (the newest; ``-n N`` lists N)."""
 
 
-def _list_stored_runs(shown: int) -> None:
-    """The last ``shown`` runs of the runs folder, newest first, one line each."""
-    root = default_run_root()
-    found = stored_runs(root)
+def _list_runs(everywhere: bool, shown: int) -> None:
+    """The runs launched from this working directory (every run on disk with ``everywhere``),
+    newest first, a retry under the run it retries: one row each."""
+    root, here = default_run_root(), os.getcwd()
+    found = runs_of_here(everywhere)[::-1]
     if not found:
-        print(f"No run on disk in {root}: start one with %ddp_fit FUNC.")
+        print(f"No run on disk in {root}: start one with %ddp_fit FUNC." if everywhere else
+              f"No run launched from {here} yet: start one with %ddp_fit FUNC. %ddp_runs --all lists every "
+              "notebook's runs.")
         return
-    total = sum(folder_bytes(d.path) for d in found)
-    print(f"Runs in {root}, newest first: {_count(len(found), 'run')}, {format_bytes(total)}")
-    current = last_run()
-    for d in found[:shown]:
-        held = find_run(d.id)  # a run of this kernel: its state as it is now
+    total = sum(folder_bytes(r.path) for r in found)
+    where = f"in {root}" if everywhere else f"launched from {here}"
+    also = "" if everywhere else " (%ddp_runs --all: every notebook's)"
+    print(f"Runs {where}, newest first: {_count(len(found), 'run')}, {format_bytes(total)}{also}")
+    states, unreadable = [], []
+    for listed in found[:shown]:
         try:
-            line = format_run_line(held.state if held is not None and held.id == d.id else read_summary(d))
+            states.append(listed.run.state if listed.run is not None else read_summary(RunDir(listed.path)))
         except (RunLoadError, UnsafeRunDirError) as e:
-            line = f"{d.id}  cannot be read: {e}"
-        print(f"{'*' if current is not None and current.id == d.id else ' '} {line}")
+            unreadable.append(f"  {listed.id}  cannot be read: {e}")
+    current = last_run()
+    for line in format_runs(states, current=current.id if current is not None else None):
+        print(line)
+    for line in unreadable:
+        print(line)
     if len(found) > shown:
-        print(f"  ... and {len(found) - shown} older: %ddp_runs -n {len(found)} lists them all")
+        more = " --all" if everywhere else ""
+        print(f"  ... and {len(found) - shown} older: %ddp_runs{more} -n {len(found)} lists them all")
 
 
 def _count(n: int, what: str) -> str:
@@ -356,6 +378,11 @@ class DDPMagics(Magics):
               help="the hang watchdog: fail the run when no rank reports progress for SECONDS; auto (the "
                    "default) fails only a rank that is frozen while its peers wait for it; off")
     @argument("--engines", help="run one rank per ipyparallel engine: the name of a Client or DirectView")
+    @argument("--name", help="the run's name (shown in the panel, %%ddp_runs and comparisons; kept from pruning)")
+    @argument("--tag", action="append", type=_tag, metavar="KEY=VALUE", default=[],
+              help="a tag of the run (again for more: --tag arch=cnn --tag lr=0.1)")
+    @argument("--report-to", metavar="TRACKER[,TRACKER]", help="send rank 0's logged values to trackers: "
+                                                                "tensorboard, mlflow, wandb (comma-separated)")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic
     def ddp_fit(self, line: str) -> Any:
@@ -372,7 +399,9 @@ class DDPMagics(Magics):
                     raise UsageError(f"%ddp_fit: there is no {e.args[0]!r} in the notebook; define {what} with "
                                      "that name first") from None
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
-                   "engines": found[args.engines] if args.engines else None}
+                   "engines": found[args.engines] if args.engines else None, "name": args.name,
+                   "tags": dict(args.tag) or None,
+                   "report_to": [t for t in args.report_to.split(",") if t.strip()] if args.report_to else None}
         try:
             run, relaunch = start_target(found[args.func], args.func, _device_list(args.devices), options,
                                          call_args, call_kwargs)
@@ -395,33 +424,43 @@ class DDPMagics(Magics):
         print(format_run(_run("ddp_status", _parse(self.ddp_status, line).run).state))
 
     @magic_arguments()
-    @argument("--all", action="store_true", help="list the runs on disk, earlier kernels' too (the last "
-                                                 f"{RUNS_SHOWN}), newest first, with why each ended")
-    @argument("-n", type=_at_least_one, metavar="N", help="list the last N runs on disk (as --all)")
+    @argument("--all", action="store_true", help="list every run on disk, whichever notebook launched it")
+    @argument("-n", type=_at_least_one, metavar="N", help=f"list the last N runs (default {RUNS_SHOWN})")
     @argument("--clean", action="store_true", help="remove the oldest finished runs now, down to the limits "
-                                                   f"(${KEEP_RUNS_ENV}, ${RUNS_MAX_BYTES_ENV})")
+                                                   f"(${KEEP_RUNS_ENV}, ${RUNS_MAX_BYTES_ENV}); named, tagged "
+                                                   "and pinned runs are kept")
     @line_magic
     def ddp_runs(self, line: str) -> None:
-        """List this kernel's runs, the current one (``_ddp_run``) marked with *; with --all (or -n N)
-        the runs on disk, earlier kernels' too: after a kernel restart, how a run is found and why
-        it ended; with --clean, remove the oldest finished runs down to the runs folder's limits."""
+        """List the runs launched from this notebook's working directory, this kernel's and earlier
+        kernels' (after a restart, how a run is found and why it ended), newest first: per run its
+        id, name, status, devices, start and length, the config that sets it apart from the others
+        listed, its monitored metric, why it ended; a retry under the run it retries, a session with
+        its cells; the current run (``_ddp_run``) marked with *. With --all, every notebook's runs;
+        with --clean, remove the oldest finished runs down to the runs folder's limits first."""
         args = _parse(self.ddp_runs, line)
         if args.clean:
             _clean_runs()
-        if args.all or args.n is not None:
-            _list_stored_runs(args.n or RUNS_SHOWN)
-            return
-        if args.clean:
-            return
-        started = runs()
-        if not started:
-            print("No run yet in this kernel: start one with %ddp_fit FUNC. %ddp_runs --all lists the runs on disk, "
-                  "earlier kernels' too.")
-            return
-        for run in started:
-            mark = "*" if run is started[-1] else " "
-            parent = f" (retry of {run.parent.id})" if run.parent is not None else ""
-            print(f"{mark} {run.id}  {run.status:<9}  {','.join(run.state.devices)}{parent}")
+            if not args.all and args.n is None:
+                return
+        _list_runs(args.all, args.n or RUNS_SHOWN)
+
+    @magic_arguments()
+    @argument("runs", nargs="*", metavar="RUN", help="run ids or their ends (default: the runs launched from this "
+                                                     "notebook's working directory)")
+    @argument("--last", type=_at_least_one, metavar="N", help="only the last N runs")
+    @argument("--metric", action="append", metavar="M", help="a metric to plot (again for more; default: the "
+                                                             "losses and metrics logged)")
+    @argument("--all", action="store_true", help="without RUN: every run on disk, whichever notebook launched it")
+    @line_magic
+    def ddp_compare(self, line: str) -> Any:
+        """Compare runs: their curves overlaid (one plot per metric), then a table of what differs
+        between them (config, final and best metrics); live while a run goes on. Returns the
+        ``Comparison`` (``.frame()``: a pandas DataFrame)."""
+        args = _parse(self.ddp_compare, line)
+        try:
+            return compare(*args.runs, metrics=args.metric, last=args.last, everywhere=args.all)
+        except (RunLoadError, UnsafeRunDirError, ArgumentsError) as e:
+            raise UsageError(f"%ddp_compare: {e}") from None
 
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run, or the session's last "
@@ -541,7 +580,8 @@ def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext ddp_notebook``: the magics and the panel display removed, and the fork server
     ended once no run uses it. Runs in progress go on."""
     magics = ipython.magics_manager.magics["line"]
-    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry", "ddp_debug"):
+    for name in ("ddp_devices", "ddp_fit", "ddp_status", "ddp_runs", "ddp_stop", "ddp_retry", "ddp_debug",
+                 "ddp_compare"):
         magics.pop(name, None)
     display.unregister(ipython)
     stop_fork_server()

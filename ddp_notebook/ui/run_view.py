@@ -35,7 +35,7 @@ from .html import (
     valid_loss_of,
 )
 from .loss_plot import LossPlot, epoch_plot_png
-from .text import format_data, format_duration, format_metric, format_rate, format_run
+from .text import format_data, format_duration, format_memory, format_metric, format_rate, format_run
 
 __all__ = ["RunView", "FullText", "StartGuard", "last_output"]
 
@@ -268,8 +268,12 @@ class RunView(FullText, widgets.VBox):
                 elapsed += f" · {escape(format_data(state.data))}"
             if state.waiting_for is not None:
                 elapsed += f" · starting workers ({escape(state.waiting_for)})"
-            self.title.value = one_line(f"<b>Run</b> <code>{escape(state.run_id)}</code>{sub} {badge(state.status)} "
-                                        f"on <code>{escape(','.join(state.devices))}</code> · {elapsed}")
+            if state.report_to:
+                elapsed += f" · reports to {escape(', '.join(state.report_to))}"
+            named = f" <b>{escape(state.name)}</b>" if state.name else ""
+            self.title.value = one_line(f"<b>Run</b>{named} <code>{escape(state.run_id)}</code>{sub} "
+                                        f"{badge(state.status)} on <code>{escape(','.join(state.devices))}</code> · "
+                                        f"{elapsed}")
             self.stop_button.layout.display = "none" if state.finished else ""
             if state.finished:
                 self.live.value = ""
@@ -309,6 +313,11 @@ class RunView(FullText, widgets.VBox):
         return out
 
     def _note(self, state: RunState) -> str:
+        trackers = "".join(f'<div class="ddp-tracker-note" style="color:{ORANGE}">{escape(note)}</div>'
+                           for note in state.tracker_notes)  # a tracker missing, failing or behind: one line each
+        return trackers + self._run_note(state)
+
+    def _run_note(self, state: RunState) -> str:
         if state.supervisor_error is not None:
             return (f'<span style="color:{RED}">ddp_notebook\'s supervision of this run failed: '
                     f"{escape(state.supervisor_error)}</span>")
@@ -353,6 +362,9 @@ class RunView(FullText, widgets.VBox):
             detail.append(f'<span class="ddp-quiet" style="color:{ORANGE}">{escape(w.note)}</span>')
         if row.place:
             detail.append(f"<small>{escape(row.place)}</small>")
+        memory = format_memory(w)
+        if memory:  # which rank is about to run out
+            detail.append(f'<span class="ddp-memory" style="color:#6c757d">{escape(memory)}</span>')
         # Each name with its value on one line (the line wraps between metrics, not inside one; a
         # name wider than the panel ends in an ellipsis, whole on hover).
         metrics = " · ".join(f'<span style="{METRIC}" title="{escape(text)}">{escape(text)}</span>'

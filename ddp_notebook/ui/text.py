@@ -10,13 +10,15 @@ rank 0 cpu:0 (main) starting   step 5/10 ( 50%) epoch 1 loss 0.25
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from ..core.console import one_line
+from ..core.experiment import differing
 from ..core.state import DataState, RunState, WorkerState
 
 __all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration", "format_bytes",
-           "format_data", "format_run_line", "ended_because"]
+           "format_data", "format_runs", "format_memory", "ended_because"]
 
 
 SHARE_HINT_FROM = 10**9
@@ -106,6 +108,16 @@ def format_data(data: DataState) -> str:
     return "data: " + ", ".join(parts)
 
 
+def format_memory(w: WorkerState) -> str:
+    """A rank's peak memory so far: ``peak 1.2 GB RSS, 3.4 GB CUDA`` ('' before it said).
+
+    >>> format_memory(WorkerState(0, "cpu:0", peak_rss=1_234_000_000))
+    'peak 1.2 GB RSS'
+    """
+    parts = [f"{format_bytes(n)} {what}" for n, what in ((w.peak_rss, "RSS"), (w.peak_cuda, "CUDA")) if n]
+    return "peak " + ", ".join(parts) if parts else ""
+
+
 def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
     parts = [f"{name:<19} {w.shown_status:<10}"]
@@ -124,6 +136,8 @@ def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
         parts.append(f"· no progress for {format_duration(silent)}")
     if w.note and w.status == "running":  # the run is quiet: where this rank waits or runs (from its stack)
         parts.append(f"· {one_line(w.note)}")
+    if format_memory(w):
+        parts.append(f"· {format_memory(w)}")
     return " ".join(parts).rstrip()
 
 
@@ -140,7 +154,8 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
         status = f"starting workers ({state.waiting_for})"
     if state.data is not None and state.data.sending and not state.finished:
         status = format_data(state.data)
-    lines = [f"Run {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
+    named = f" {one_line(state.name)}" if state.name else ""
+    lines = [f"Run{named} {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
     if state.data is not None and not state.data.sending:
         lines.append("  " + format_data(state.data))
     lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
@@ -151,6 +166,7 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
         lines.append("  reason: " + one_line(state.stop_reason))
     if state.supervisor_error is not None:
         lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
+    lines += [f"  tracker: {one_line(note)}" for note in state.tracker_notes]
     return "\n".join(lines)
 
 
@@ -173,23 +189,84 @@ def ended_because(state: RunState) -> str:
     return one_line(state.stop_reason) if state.finished and state.stop_reason else ""
 
 
-def format_run_line(state: RunState, now: Optional[float] = None, width: int = 240) -> str:
-    """A run in one line, for a list of runs: id, status, devices, start, length, and why it
-    ended (at most ``width`` characters).
+def _grouped(states: Sequence[RunState]) -> list[tuple[RunState, bool]]:
+    """``states`` (newest first) with each retry right under the run it retries (oldest retry
+    first), marked as such; a group sits where its newest member is."""
+    by_id = {s.run_id: s for s in states}
 
-    >>> s = RunState()
-    >>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "20261129-174217-5266c4", "devices": ["cpu:0", "cpu:1"]})
-    >>> s.apply({"kind": "run_finished", "time": 150.0, "status": "succeeded"})
-    >>> format_run_line(s)[len("20261129-174217-5266c4"):].split()[:2]
-    ['succeeded', 'cpu:0,cpu:1']
+    def root(state: RunState) -> str:
+        seen = {state.run_id}
+        while state.parent in by_id and state.parent not in seen:
+            state = by_id[state.parent]
+            seen.add(state.run_id)
+        return state.run_id
+
+    groups: dict[str, list[RunState]] = {}
+    for state in states:
+        groups.setdefault(root(state), []).append(state)
+    out: list[tuple[RunState, bool]] = []
+    for first, members in groups.items():
+        out.append((by_id[first], False))
+        out += [(m, True) for m in sorted(members, key=lambda m: m.started_at or 0.0) if m.run_id != first]
+    return out
+
+
+def _apart(state: RunState, keys: Sequence[str]) -> str:
+    """What sets a run apart in a list: its differing config values; a session's cells."""
+    if state.origin == "session":
+        return f"session, {state.cells} cell{'' if state.cells == 1 else 's'}"
+    if state.origin == "preflight":
+        return "fit's preflight step"
+    return ", ".join(f"{k}={_short(state.config[k])}" for k in keys if k in state.config)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = format_metric(value) if isinstance(value, float) else str(value)
+    return one_line(text if len(text) <= limit else text[:limit - 1] + "…")
+
+
+def format_runs(states: Sequence[RunState], current: Optional[str] = None, now: Optional[float] = None,
+                width: int = 240) -> list[str]:
+    """Runs as a table, newest first, a retry under the run it retries: id, name, status,
+    devices, start, length, the config that sets each apart from the others listed (a session:
+    its cells), its headline metric (``RunState.headline_metric``) and why it ended; ``current``
+    marked with ``*``. Each row at most ``width`` characters.
+
+    >>> a, b = RunState(), RunState()
+    >>> for s, run_id, lr in ((a, "20261129-174217-5266c4", 0.1), (b, "20261129-174300-aaaaaa", 0.01)):
+    ...     s.apply({"kind": "run_started", "time": 0.0, "run_id": run_id, "devices": ["cpu:0"],
+    ...              "name": f"lr={lr}", "config": {"lr": lr, "epochs": 3}})
+    ...     s.apply({"kind": "run_finished", "time": 15.0, "status": "succeeded"})
+    >>> for line in format_runs([b, a], current=a.run_id, now=20.0):
+    ...     print(line[:55], "...", line[-13:])
+      run                     name     status     devices ...  took  config
+      20261129-174300-aaaaaa  lr=0.01  succeeded  cpu:0   ... 15 s  lr=0.01
+    * 20261129-174217-5266c4  lr=0.1   succeeded  cpu:0   ...  15 s  lr=0.1
     """
     now = time.time() if now is None else now
-    devices = ",".join(state.devices)
-    devices = devices if len(devices) <= 23 else devices[:22] + "…"
-    if state.started_at is not None:
-        start = time.strftime("%Y-%m-%d %H:%M", time.localtime(state.started_at))
-        length = format_duration(max(0.0, (state.ended_at or now) - state.started_at))
-    else:
-        start, length = "?", "?"
-    line = f"{state.run_id}  {state.status:<9}  {devices:<23}  {start}  {length:>9}  {ended_because(state)}".rstrip()
-    return line if len(line) <= width else line[:width - 1] + "…"
+    keys = differing([s.config for s in states if s.origin not in ("session", "preflight")])
+    keys = [k for k in keys if k not in ("devices", "function")] or (["function"] if "function" in keys else [])
+    head = ["", "run", "name", "status", "devices", "started", "took", "config", "metric", "why it ended"]
+    rows = []
+    for state, retry in _grouped(states):
+        devices = ",".join(state.devices)
+        if state.started_at is not None:
+            start = time.strftime("%Y-%m-%d %H:%M", time.localtime(state.started_at))
+            length = format_duration(max(0.0, (state.ended_at or now) - state.started_at))
+        else:
+            start, length = "?", "?"
+        headline = state.headline_metric
+        metric = f"{headline[0]} {format_metric(headline[1])}" if headline is not None else ""
+        mark = "*" if current == state.run_id else " "
+        rows.append([mark, ("↳ " if retry else "") + state.run_id, _short(state.name or "", 30), str(state.status),
+                     devices if len(devices) <= 23 else devices[:22] + "…", start, length, _apart(state, keys),
+                     metric, ended_because(state)])
+    used = [i for i in range(len(head)) if i in (0, 1, 3, 4, 5, 6) or any(r[i] for r in rows)]  # no empty column
+    widths = {i: max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i]) for i in used}
+    lines = []
+    for row in [head, *rows]:
+        line = "  ".join(row[i].ljust(widths[i]) if i != used[-1] else row[i] for i in used)
+        line = line.replace("  ", " ", 1) if line.startswith(("*", " ")) else line  # the mark takes one column
+        line = line.rstrip()
+        lines.append(line if len(line) <= width else line[:width - 1] + "…")
+    return lines

@@ -238,12 +238,14 @@ def test_runs_are_listed_and_addressable_by_id(ip):
     assert first == 4.0 and current is ddp_notebook.last_run() and current is not older
     with capture_output() as out:
         ip.run_line_magic("ddp_runs", "")
-    lines = out.stdout.splitlines()
-    assert lines[-1].startswith(f"* {current.id}") and any(line.startswith(f"  {older.id}  succeeded") for line in lines)
+    lines = out.stdout.splitlines()  # newest first: the current run on top, marked
+    assert lines[0].startswith(f"Runs launched from {os.getcwd()}, newest first: ") and lines[1].split()[:3] == [
+        "run", "status", "devices"]
+    assert lines[2].startswith(f"* {current.id}") and any(line.split()[:2] == [older.id, "succeeded"] for line in lines)
     with capture_output() as out:
         ip.run_line_magic("ddp_status", older.id[-6:])  # the end of an id is enough
     assert out.stdout.startswith(f"Run {older.id} succeeded")
-    with pytest.raises(UsageError, match=r"%ddp_stop: no run 'nope' in this kernel nor in .*; %ddp_runs lists this kernel's runs"):
+    with pytest.raises(UsageError, match=r"%ddp_stop: no run 'nope' in this kernel nor in .*: %ddp_runs --all lists the runs"):
         ip.run_line_magic("ddp_stop", "nope")
     with capture_output():
         ip.run_line_magic("ddp_stop", f"{current.id} --grace 20")
@@ -304,15 +306,16 @@ def test_ddp_runs_all_lists_the_runs_on_disk_and_clean_prunes_them(ip, tmp_path,
         ip.run_line_magic("ddp_runs", "--all")
     lines = out.stdout.splitlines()
     assert lines[0].startswith(f"Runs in {tmp_path / 'runs'}, newest first: 3 runs, ")
-    assert lines[1].startswith(f"* {failed.id}  failed     cpu:0,cpu:1 ")
-    assert lines[1].endswith("Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom on rank 1")
-    assert lines[2].startswith(f"  {ok.id}  succeeded  cpu:0,cpu:1 ")
-    assert lines[3].startswith(f"  {earlier.id}  stopped    cpu:0 ")
-    assert lines[3].endswith("the notebook process ended (kernel restart or crash) at step 3 of 9")
+    assert lines[1].split()[:3] == ["run", "status", "devices"]
+    assert lines[2].startswith(f"* {failed.id}  failed     cpu:0,cpu:1 ")
+    assert lines[2].endswith("Distributed data parallel worker 1 (cpu:1) failed: ValueError: boom on rank 1")
+    assert lines[3].startswith(f"  {ok.id}  succeeded  cpu:0,cpu:1 ")
+    assert lines[4].startswith(f"  {earlier.id}  stopped    cpu:0 ")
+    assert lines[4].endswith("the notebook process ended (kernel restart or crash) at step 3 of 9")
     with capture_output() as out:
-        ip.run_line_magic("ddp_runs", "-n 1")
-    assert len(out.stdout.splitlines()) == 3 and out.stdout.splitlines()[-1] == "  ... and 2 older: %ddp_runs -n 3 " \
-                                                                                 "lists them all"
+        ip.run_line_magic("ddp_runs", "--all -n 1")
+    assert len(out.stdout.splitlines()) == 4 and out.stdout.splitlines()[-1] == "  ... and 2 older: %ddp_runs --all " \
+                                                                                 "-n 3 lists them all"
     monkeypatch.setenv("DDP_NOTEBOOK_KEEP_RUNS", "1")
     with capture_output() as out:
         ip.run_line_magic("ddp_runs", "--clean")

@@ -189,11 +189,13 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
         kernels.append((km, kc))
         out = _execute(kc, f"import json, sys, ddp_notebook\nsys.path.insert(0, {TESTS!r})\n%load_ext ddp_notebook\n"
                            "%ddp_runs")
-        assert out.strip() == ("No run yet in this kernel: start one with %ddp_fit FUNC. %ddp_runs --all lists the "
-                               "runs on disk, earlier kernels' too.")
+        # the earlier kernel's run, launched from this working directory: listed, with why it ended
+        listed = out.strip().splitlines()
+        assert listed[0].startswith("Runs launched from ") and ", newest first: 1 run, " in listed[0]
+        assert listed[2].startswith(f"  {first['run']}  stopped  cpu:0,cpu:1 ") and listed[2].endswith(crash)
         listed = _execute(kc, "%ddp_runs --all").splitlines()
         assert listed[0].startswith(f"Runs in {root}, newest first: 1 run, ")
-        assert listed[1].startswith(f"  {first['run']}  stopped    cpu:0,cpu:1 ") and listed[1].endswith(crash)
+        assert listed[2].startswith(f"  {first['run']}  stopped  cpu:0,cpu:1 ") and listed[2].endswith(crash)
         assert f"  reason: {crash}" in _execute(kc, f"%ddp_status {first['run']}").splitlines()
         loaded = json.loads(_execute(kc, LOADED.format(run=first["run"])).splitlines()[-1])
         assert loaded == {"status": "stopped", "reason": crash, "notebook_ended": True}

@@ -253,8 +253,9 @@ class RunDir:
 
     # ---- reading and writing ------------------------------------------------------------------
     def open_log(self) -> IO[str]:
-        """The event log, open for appending one line at a time."""
-        return open(self.events_path, "a", buffering=1)
+        """The event log, open for appending one line at a time (owner-only, never through a link)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        return open(os.open(self.events_path, flags, 0o600), "a", buffering=1)
 
     def read_events(self) -> list[dict[str, Any]]:
         """The events of the log, in order (a last line still being written is left out)."""

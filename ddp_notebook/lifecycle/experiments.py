@@ -98,9 +98,10 @@ def find_runs(refs: Sequence[Any], root: Optional[str] = None) -> list[ListedRun
 
 def runs_of_here(everywhere: bool = False, root: Optional[str] = None,
                  origins: Optional[Sequence[str]] = None) -> list[ListedRun]:
-    """The runs launched from this notebook's working directory (every run with ``everywhere``),
-    this process's and earlier ones' on disk, oldest first; only those ``origins`` started
-    (``launch``, ``fit``, ``spawn``, ``session``, ``preflight``) when given."""
+    """The runs of the runs folder launched from this notebook's working directory (every one with
+    ``everywhere``), this process's and earlier ones' (a run kept elsewhere, ``run_root=``, is
+    given by name instead), oldest first; only those ``origins`` started (``launch``, ``fit``,
+    ``spawn``, ``session``, ``preflight``) when given."""
     root = os.path.abspath(root or default_run_root())
     held = _held()
     here = os.getcwd()
@@ -108,9 +109,6 @@ def runs_of_here(everywhere: bool = False, root: Optional[str] = None,
     for directory in reversed(stored_runs(root)):  # oldest first
         if everywhere or launched_from(directory) == here:
             listed[directory.id] = _listed(directory, held)
-    for run in held.values():  # this process's runs elsewhere (run_root=...), or not yet on the list
-        if run.id not in listed and (everywhere or run.state.cwd == here):
-            listed[run.id] = ListedRun(run.id, run.run_dir, run)
     out = sorted(listed.values(), key=lambda r: (_started_at(r), r.id))
     if origins is not None:
         out = [r for r in out if _origin(r) in origins]

@@ -1,0 +1,227 @@
+"""What a run was, as plain data (core.experiment), and its record folded from events
+(core.state): names and tags checked, configs summarized, code fingerprinted, differences found;
+rank 0's every value, its best, each rank's peak memory, the epochs as rows."""
+import functools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_notebook.core.experiment import (
+    call_config,
+    check_name,
+    check_tags,
+    code_fingerprint,
+    describe_callable,
+    differing,
+    summarize,
+)
+from ddp_notebook.core.state import SERIES_KEPT, RunState
+from ddp_notebook.errors import LaunchOptionError
+from ddp_notebook.lifecycle.options import LaunchOptions, options_set
+from ddp_notebook.lifecycle.trackers import check_report_to
+
+pytestmark = pytest.mark.unit
+
+
+# ---- names, tags, report_to ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [3, "", "   ", "a\nb", "x" * 201, b"name"])
+def test_a_bad_name_is_named(bad):
+    with pytest.raises(LaunchOptionError, match="name must be"):
+        check_name(bad)
+
+
+def test_names_are_trimmed_and_none_is_none():
+    assert check_name("  lr=0.1 ") == "lr=0.1" and check_name(None) is None
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"data": [1, 2]}, "tags['data'] is [1, 2]"),
+    ({"x": None}, "tags['x'] is None"),
+    ({"x": float("nan")}, "tags['x'] is nan"),
+    ({"x": "a" * 251}, "tags['x'] is 'aaa"),
+    ({"x": "two\nlines"}, "tags['x']"),
+    ({"": 1}, "tags has the key ''"),
+    ({"a=b": 1}, "tags has the key 'a=b'"),
+    ({3: 1}, "tags has the key 3"),
+    (["lr", 0.1], "tags must be a dict"),
+    ({f"k{i}": i for i in range(51)}, "tags has 51 entries"),
+])
+def test_tags_that_are_not_short_scalars_are_named(bad, words):
+    with pytest.raises(LaunchOptionError, match="^" + __import__("re").escape(words)):
+        check_tags(bad)
+
+
+def test_short_scalars_are_tags():
+    tags = {"arch": "cnn", "lr": 0.1, "layers": 3, "aug": True, "group/run:1": "a b"}
+    assert check_tags(tags) == tags and check_tags(None) == {}
+
+
+@pytest.mark.parametrize("bad, words", [("tensorbord", "report_to names 'tensorbord'"),
+                                        ([42], "report_to has int 42"),
+                                        ("", "report_to names ''")])
+def test_report_to_names_what_is_not_a_tracker(bad, words):
+    with pytest.raises(LaunchOptionError, match="^" + __import__("re").escape(words)):
+        check_report_to(bad)
+
+
+def test_report_to_takes_names_lists_and_objects():
+    class Logger:
+        def log(self, metrics, step):
+            pass
+
+    logger = Logger()
+    assert check_report_to(["MLflow", "tensorboard", "mlflow"]) == ("mlflow", "tensorboard")
+    assert check_report_to(logger) == (logger,) and check_report_to([]) is None
+
+
+def test_launch_options_check_the_record_options():
+    options = LaunchOptions(name=" a run ", tags={"lr": 0.1}, report_to="wandb")
+    assert (options.name, options.tags, options.report_to) == ("a run", {"lr": 0.1}, ("wandb",))
+    with pytest.raises(LaunchOptionError, match="name must be"):
+        LaunchOptions(name=7)
+
+
+def test_a_config_records_the_options_set_but_never_env_values():
+    options = LaunchOptions(timeout=60.0, env={"WANDB_API_KEY": "secret"}, name="n", tags={"a": 1},
+                            run_root="/tmp/x", report_to="mlflow")
+    assert options_set(options) == {"timeout": 60.0, "env": ["WANDB_API_KEY"]}
+
+
+# ---- summaries ----------------------------------------------------------------------------------
+
+def test_values_are_kept_as_they_are_and_data_is_summarized():
+    assert summarize(0.1) == 0.1 and summarize(3) == 3 and summarize("adam") == "adam" and summarize(None) is None
+    assert summarize([1, (2, 3), {"a": None}]) == [1, [2, 3], {"a": None}]
+    assert summarize(float("inf")) == "inf" and summarize(np.float32(0.5)) == 0.5 and summarize(np.int64(4)) == 4
+    assert summarize(torch.zeros(896, 8)) == "Tensor[896, 8] float32"
+    assert summarize(np.zeros((3, 4), dtype=np.float64)) == "ndarray[3, 4] float64"
+    assert summarize(torch.tensor(0.25)) == 0.25  # a 0-d tensor is its number
+    assert summarize(torch.nn.Linear(8, 1)) == "Linear (9 parameters)" and summarize(torch.nn.MSELoss()) == "MSELoss()"
+    assert summarize(torch.utils.data.TensorDataset(torch.zeros(10, 2))) == "TensorDataset[10]"
+    assert summarize(list(range(100))) == "list[100]" and summarize("x" * 500).startswith("x" * 200 + "…")
+    assert summarize(b"abc") == "bytes[3]"
+    assert summarize(torch.optim.SGD) == "torch.optim.SGD"
+
+
+def test_an_object_whose_attributes_raise_is_named_by_its_type():
+    class Hostile:
+        def __getattr__(self, name):
+            raise RuntimeError("no")
+
+        def __repr__(self):
+            raise RuntimeError("no repr either")
+
+    assert summarize(Hostile()).endswith("Hostile")
+
+
+def test_functions_are_named_lambdas_by_their_text_with_what_they_read():
+    lr = 0.03
+    optimizer = lambda p: torch.optim.SGD(p, lr=lr)  # noqa: E731 - what a user passes to fit
+    assert describe_callable(optimizer) == "lambda p: torch.optim.SGD(p, lr=lr) [lr=0.03]"
+    inline = {"optimizer": lambda p: torch.optim.Adam(p, lr=3e-4), "other": 1}
+    assert describe_callable(inline["optimizer"]) == "lambda p: torch.optim.Adam(p, lr=0.0003)"
+    assert describe_callable(functools.partial(torch.optim.SGD, lr=0.1)) == "functools.partial(torch.optim.SGD, lr=0.1)"
+    assert describe_callable(math.sqrt) == "math.sqrt"
+
+
+def test_a_call_is_bound_to_the_parameter_names_with_their_defaults():
+    def train(ctx, data, steps, lr=0.1, *more, scale=2, **rest):
+        pass
+
+    config = call_config(train, "ctx", (torch.zeros(4, 2), 100, 0.5, "x"), {"momentum": 0.9})
+    assert config == {"data": "Tensor[4, 2] float32", "steps": 100, "lr": 0.5, "more": ["x"], "scale": 2,
+                      "momentum": 0.9}
+    assert call_config(lambda rank, n: None, "rank", (3,), {}) == {"n": 3}
+    assert call_config(min, "ctx", (1, 2), {"key": None}) == {"args": [1, 2], "key": None}  # no signature to bind
+
+
+def test_the_code_fingerprint_changes_with_the_code():
+    def a(x):
+        return x + 1
+
+    def b(x):
+        return x + 2
+
+    assert code_fingerprint([a]) == code_fingerprint([a]) != code_fingerprint([b])
+    assert code_fingerprint([torch.nn.Linear(2, 2)]) == code_fingerprint([torch.nn.Linear(3, 1)])  # the class's code
+    assert code_fingerprint([None, 3]) is None
+
+
+def test_what_differs_between_configs():
+    configs = [{"lr": 0.1, "epochs": 3, "data": "T[4]"}, {"lr": 0.01, "epochs": 3, "data": "T[4]"},
+               {"lr": 0.01, "epochs": 3, "data": "T[4]", "seed": 1}]
+    assert differing(configs) == ["lr", "seed"] and differing([]) == [] and differing(configs[:1]) == []
+
+
+# ---- the record in the state --------------------------------------------------------------------
+
+START = {"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "name": "base",
+         "tags": {"arch": "mlp"}, "config": {"lr": 0.1}, "origin": "fit", "monitor": "valid_loss",
+         "monitor_mode": "min", "code": "abc", "versions": {"python": "3.11"}, "cwd": "/nb"}
+
+
+def feed(*events):
+    s = RunState()
+    for e in events:
+        s.apply(e)
+    return s
+
+
+def test_every_value_rank0_logged_makes_its_series_and_the_monitored_best():
+    points = [[1.0, step, step // 10, {"loss": 1.0 / step}] for step in range(1, 31)]
+    points += [[2.0, 10, 0, {"valid_loss": 0.5}], [3.0, 20, 1, {"valid_loss": 0.3}], [4.0, 30, 2, {"valid_loss": 0.4}]]
+    s = feed(START, {"kind": "progress", "time": 1, "rank": 0, "metrics": {"loss": 1 / 30}, "points": points},
+             {"kind": "progress", "time": 1, "rank": 1, "metrics": {}, "points": [[1.0, 1, 0, {"other": 9.0}]]},
+             {"kind": "ready", "time": 1, "rank": 0, "torch": "2.13.0"},
+             {"kind": "provenance", "time": 2, "git_commit": "f00", "git_dirty": False})
+    assert len(s.series["loss"]) == 30 and s.series["valid_loss"] == [(10.0, 0.5), (20.0, 0.3), (30.0, 0.4)]
+    assert "other" not in s.series  # rank 0's record only
+    assert s.best == {"value": 0.3, "step": 20, "epoch": 1}
+    assert s.metrics["valid_loss.min"] == 0.3 and s.headline_metric == ("valid_loss (min)", 0.3)
+    assert (s.name, s.tags, s.config, s.origin, s.cwd, s.code) == ("base", {"arch": "mlp"}, {"lr": 0.1}, "fit", "/nb",
+                                                                  "abc")
+    assert s.versions == {"python": "3.11", "torch": "2.13.0", "git_commit": "f00", "git_dirty": False}
+
+
+def test_a_max_monitor_keeps_the_highest_and_a_series_stays_bounded():
+    s = feed(dict(START, monitor="acc", monitor_mode="max"),
+             {"kind": "progress", "time": 1, "rank": 0, "metrics": {},
+              "points": [[1.0, i, None, {"acc": (i % 7) / 7, "nan": float("nan")}] for i in range(5 * SERIES_KEPT)]})
+    assert s.best["value"] == 6 / 7 and s.metrics["acc.max"] == 6 / 7
+    assert SERIES_KEPT // 2 <= len(s.series["acc"]) <= SERIES_KEPT and "nan" not in s.series
+
+
+def test_values_logged_without_a_step_are_counted_and_marked():
+    s = feed(START, {"kind": "progress", "time": 1, "rank": 0, "metrics": {},
+                     "points": [[1.0, None, e, {"valid_loss": 1.0 / (e + 1)}] for e in range(3)]})
+    assert s.series["valid_loss"] == [(1.0, 1.0), (2.0, 0.5), (3.0, 1 / 3)] and s.unstepped == {"valid_loss"}
+    assert s.series_epochs["valid_loss"] == [0, 1, 2]
+
+
+def test_peak_memory_comes_from_reports_and_outcomes_and_only_grows():
+    s = feed(START, {"kind": "progress", "time": 1, "rank": 1, "metrics": {}, "memory": {"rss": 500}},
+             {"kind": "progress", "time": 2, "rank": 1, "metrics": {}, "memory": {"rss": 300, "cuda": 7}},
+             {"kind": "done", "time": 3, "rank": 0, "memory": {"rss": 900}},
+             {"kind": "error", "time": 3, "rank": 1, "exc_type": "X", "memory": {"rss": 400}})
+    assert (s.workers[0].peak_rss, s.workers[1].peak_rss, s.workers[1].peak_cuda) == (900, 500, 7)
+    assert s.metrics["rank1.peak_rss"] == 500 and s.metrics["rank1.peak_cuda"] == 7
+
+
+def test_the_epochs_are_rows_counted_from_zero():
+    records = [{"epoch": 0, "seconds": 1.0, "metrics": {"valid_loss": 0.4}, "loss_mean": 0.5, "losses": 10},
+               {"epoch": 1, "seconds": 1.5, "metrics": {"train_loss": 0.3, "valid_loss": 0.2}}]
+    s = feed(START, {"kind": "progress", "time": 1, "rank": 0, "metrics": {}, "epoch_records": records})
+    assert s.history == [{"epoch": 0, "train_loss": 0.5, "valid_loss": 0.4, "seconds": 1.0},
+                         {"epoch": 1, "train_loss": 0.3, "valid_loss": 0.2, "seconds": 1.5}]
+
+
+def test_the_end_of_a_run_states_its_record_and_a_list_reads_it_without_progress():
+    s = feed(START, {"kind": "run_finished", "time": 5, "status": "succeeded", "metrics": {"loss": 0.1},
+                     "best": {"value": 0.2, "step": 9, "epoch": 2}},
+             {"kind": "tracker", "time": 5, "tracker": "mlflow", "message": "mlflow failed"},
+             {"kind": "cell", "time": 5, "cell": 1}, {"kind": "cell", "time": 6, "cell": 2})
+    assert s.metrics == {"loss": 0.1, "valid_loss.min": 0.2} and s.tracker_notes == ["mlflow failed"]
+    assert s.cells == 2

@@ -496,35 +496,38 @@ class RunState:
 
     def _apply_points(self, points: list[Any]) -> None:
         """Rank 0's logged values (``[time, step, epoch, {name: value}]`` each, in order): its series
-        and the best of the monitored one."""
+        and the best of the monitored one. (A report may carry a thousand: the loop is kept lean.)"""
+        series, epochs, monitor = self.series, self.series_epochs, self.monitor
+        lower = self.monitor_mode == "min"
+        isfinite = math.isfinite
         for point in points:
-            if not isinstance(point, list) or len(point) != 4 or not isinstance(point[3], dict):
+            if type(point) is not list or len(point) != 4 or type(point[3]) is not dict:
                 continue
             self.points_seen += 1
             _t, step, epoch, values = point
-            stepped = isinstance(step, (int, float)) and not isinstance(step, bool)
+            stepped = type(step) in (int, float)
             x = float(step) if stepped else float(self.points_seen)
-            epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+            if type(epoch) is not int:
+                epoch = None
             for name, value in values.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                if type(value) not in (int, float) or not isfinite(value):
                     continue
-                series = self.series.get(name)
-                if series is None:
-                    if len(self.series) >= METRICS_KEPT:
+                kept = series.get(name)
+                if kept is None:
+                    if len(series) >= METRICS_KEPT:
                         continue  # a new name each step must not grow it
-                    series = self.series[name] = []
-                    self.series_epochs[name] = []
-                series.append((x, float(value)))
-                self.series_epochs[name].append(epoch)
+                    kept = series[name] = []
+                    epochs[name] = []
+                kept.append((x, float(value)))
+                epochs[name].append(epoch)
                 if not stepped:
                     self.unstepped.add(name)
-                if len(series) > SERIES_KEPT:
-                    self.series[name] = series[::2]
-                    self.series_epochs[name] = self.series_epochs[name][::2]
-                if name == self.monitor:
-                    better = self.best is None or (value < self.best["value"] if self.monitor_mode == "min"
-                                                    else value > self.best["value"])
-                    if better:
+                if len(kept) > SERIES_KEPT:
+                    series[name] = kept[::2]
+                    epochs[name] = epochs[name][::2]
+                if name == monitor:
+                    best = self.best
+                    if best is None or (value < best["value"] if lower else value > best["value"]):
                         self.best = {"value": value, "step": step, "epoch": epoch}
 
     def _apply_to_worker(self, w: WorkerState, kind: str, event: dict[str, Any], t: Optional[float]) -> None:

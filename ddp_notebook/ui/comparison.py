@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextvars
 import io
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ REFRESH_S = 2.0
 """Seconds between two redraws of a comparison holding a live run."""
 NOT_PLOTTED = ("samples_per_s",)  # (a rate, not a result: plotted only when named)
 FIRST = ("loss", "train_loss", "valid_loss", "val_loss")
+DRAWN_POINTS = 400  # per line: about the width of a plot in pixels
+LEGEND_RUNS = 20  # runs the legend names at most (past it, the best by the first metric)
 OWN_COLUMNS = ("devices", "function")  # config entries with a column of their own, or none to show
 
 
@@ -133,7 +136,8 @@ class Comparison:
         """The metrics plotted: those asked, else up to ``PLOTS_SHOWN`` logged (losses first)."""
         if self._asked is not None:
             return list(self._asked)
-        return [n for n in self._logged() if n not in NOT_PLOTTED][:PLOTS_SHOWN]
+        logged = self._logged()
+        return [n for n in logged if n not in NOT_PLOTTED][:PLOTS_SHOWN]
 
     def labels(self, states: Optional[list[RunState]] = None) -> list[str]:
         """How each run is named: its name, else its id; a name two runs share, with the id's end."""
@@ -219,10 +223,18 @@ class Comparison:
 
         cols = min(len(metrics), 3)
         rows = -(-len(metrics) // cols)
-        fig = Figure(figsize=(4.2 * cols + 1.8, 2.6 * rows), dpi=90, layout="constrained")
-        axes = fig.subplots(rows, cols, squeeze=False)
-        colors = _colors(len(states))
         labels = self.labels(states)
+        shown, title = self._legend(labels, states, metrics[0])
+        height = 2.7 * rows
+        fit = max(4, int(height * 72 / 11) - 2)  # legend entries a column holds (7 pt type)
+        ncols = -(-len(shown) // fit)
+        width, legend = 4.2 * cols, 0.3 + 1.8 * ncols
+        fig = Figure(figsize=(width + legend, height), dpi=90)
+        axes = fig.subplots(rows, cols, squeeze=False)
+        right, top = (width - 0.1) / (width + legend), 1 - 0.35 / height
+        fig.subplots_adjust(left=0.6 / (width + legend), right=right, bottom=0.5 / height, top=top, wspace=0.28,
+                            hspace=0.55)
+        colors = _colors(len(states))
         handles: dict[str, Any] = {}
         for i, metric in enumerate(metrics):
             ax = axes[i // cols][i % cols]
@@ -236,8 +248,12 @@ class Comparison:
                 by_epoch = by_epoch and not stepped and None not in epochs
                 counted = [e + 1 for e in epochs if e is not None]
                 xs = counted if not stepped and len(counted) == len(points) else [x for x, _ in points]
-                (line,) = ax.plot(xs, [y for _, y in points], color=color, linewidth=1.2,
-                                  marker="o" if len(points) <= 30 else None, markersize=3)
+                ys = [y for _, y in points]
+                if len(xs) > DRAWN_POINTS:  # no more than a plot's width can show
+                    every = -(-len(xs) // DRAWN_POINTS)
+                    xs, ys = xs[::every] + xs[-1:], ys[::every] + ys[-1:]
+                (line,) = ax.plot(xs, ys, color=color, linewidth=1.2, marker="o" if len(points) <= 30 else None,
+                                  markersize=3)
                 handles.setdefault(label, line)
             ax.set_title(metric, fontsize=10)
             ax.set_xlabel("epoch" if by_epoch else "step", fontsize=8)
@@ -246,11 +262,26 @@ class Comparison:
         for j in range(len(metrics), rows * cols):
             axes[j // cols][j % cols].set_visible(False)
         if handles:
-            fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=7,
-                       ncols=1 if len(handles) <= 20 else 2)
+            fig.legend([handles[label] for label in shown if label in handles], [s for s in shown if s in handles],
+                       loc="upper left", bbox_to_anchor=(right + 0.01, top + 0.02), fontsize=7, frameon=False,
+                       title=title, title_fontsize=7, alignment="left", ncols=ncols)
         buf = io.BytesIO()
         FigureCanvasAgg(fig).print_png(buf)
         return buf.getvalue()
+
+    def _legend(self, labels: list[str], states: list[RunState], metric: str) -> tuple[list[str], Optional[str]]:
+        """The runs the legend names: all of them, up to ``LEGEND_RUNS``; past that, the best by
+        the last value of the first metric plotted (lower is better unless it is monitored as max)."""
+        if len(labels) <= LEGEND_RUNS:
+            return labels, None
+        def last(state: RunState) -> float:
+            points = state.series.get(metric)
+            if not points:
+                return math.inf
+            higher = state.monitor == metric and state.monitor_mode == "max"
+            return -points[-1][1] if higher else points[-1][1]
+        ranked = sorted(range(len(labels)), key=lambda i: last(states[i]))[:LEGEND_RUNS]
+        return [labels[i] for i in sorted(ranked)], f"the {LEGEND_RUNS} best of {len(labels)} by {metric}"
 
     def _cells(self) -> tuple[list[str], list[list[str]], dict[str, Any]]:
         """The table's header and rows as text, and the config the runs share."""

@@ -6,8 +6,9 @@ The ranks send every value they log (``points`` of their progress reports, see
 ``worker.loss_history``); the run's event stream hands them to the ``Reporter`` on the
 supervisor's thread, which only queues them: trackers are called from the reporter's own thread,
 so one that is slow never slows the run, and one that is missing or fails is said in one line
-(a ``tracker`` event) and left out. At the end of the run its trackers are told its status, and
-the run waits for them a bounded time.
+(a ``tracker`` event) and left out; the trial is told from a thread of its own, so a tracker slow
+to start or to take values never holds the pruning back. At the end of the run its trackers are
+told its status, and the run waits for them a bounded time.
 """
 from __future__ import annotations
 
@@ -74,10 +75,11 @@ def trial_config(trial: Any) -> dict[str, Any]:
 
 
 class Reporter:
-    """Forwards rank 0's values to ``trackers`` and ``trial`` from a thread of its own.
+    """Forwards rank 0's values to ``trackers`` from a thread of its own, and the monitored value to
+    ``trial`` from another (a tracker slow to start or to take values never holds the pruning back).
 
-    ``on_event`` is the run stream's subscriber; ``note(tracker, message)`` says a tracker's trouble
-    in the run's events; ``prune(reason)`` stops the run when the trial's pruner says so.
+    ``on_event`` is the run stream's subscriber; ``emit`` says a tracker's trouble in the run's
+    events; ``prune(reason)`` stops the run when the trial's pruner says so.
     """
 
     def __init__(self, record: RunRecord, trackers: Sequence[Tracker], emit: Callable[[dict[str, Any]], None],
@@ -86,18 +88,28 @@ class Reporter:
         self.record = record
         self.trackers = list(trackers)
         self._emit = emit
-        self.trial = trial
+        self.trial = trial if monitor is not None else None
         self.monitor = monitor
         self._prune = prune
         self.pruned = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._trial_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
         self._dropped = 0
         self._count = 0  # rank 0's values seen: the step of one logged without a step
         self._lock = threading.Lock()
         self._reported: set[int] = set()  # the trial's steps reported (Optuna keeps the first value of a step)
-        self._thread = threading.Thread(target=self._run, name=f"ddp-report-{record.run_id}", daemon=True)
-        self._thread.start()
+        self._names: set[str] = set()  # what rank 0 logged, to name when the monitored value never came
+        self._busy: Optional[str] = None  # the tracker being called now, by label
+        self._threads: list[tuple[threading.Thread, str]] = []  # each with what it serves
+        if self.trackers:
+            self._threads.append((threading.Thread(target=self._run, name=f"ddp-report-{record.run_id}",
+                                                   daemon=True), "trackers"))
+        if self.trial is not None:
+            self._threads.append((threading.Thread(target=self._run_trial, name=f"ddp-trial-{record.run_id}",
+                                                   daemon=True), "trial"))
+        for thread, _ in self._threads:
+            thread.start()
 
     # ---- the supervisor's thread: queue only -----------------------------------------------------
     def on_event(self, event: dict[str, Any]) -> None:
@@ -115,22 +127,33 @@ class Reporter:
                 t, step, epoch, values = item
                 at = step if isinstance(step, int) and not isinstance(step, bool) else self._count
                 points.append(((at, float(t), values), epoch if isinstance(epoch, int) else None))
+            if self.trial is not None:
+                self._trial_queue.put(points)
+            if not self.trackers:
+                return
             if self._pending + len(points) > PENDING_POINTS:
                 self._dropped += len(points)
                 return
             self._pending += len(points)
         self._queue.put(points)
 
-    def finish(self, status: str, summary: dict[str, Any], wait: float = FINISH_WAIT) -> None:
+    def finish(self, status: str, summary: dict[str, Any], wait: Optional[float] = None) -> None:
         """Tell the trackers the run ended (``status``, ``summary``: its final metrics), waiting at
-        most ``wait`` seconds for them; one still busy then goes on in the background, said so."""
+        most ``wait`` seconds (default ``FINISH_WAIT``) for them and the trial; one still busy then
+        goes on in the background, said so."""
+        wait = FINISH_WAIT if wait is None else wait
         self._queue.put((_END, status, summary))
-        self._thread.join(wait)
-        if self._thread.is_alive():
-            busy = ", ".join(t.label for t in self.trackers) or "the trial"
-            self._note(busy, f"{busy} still busy {wait:g} s after the run ended: it goes on in the background")
+        self._trial_queue.put((_END, status, summary))
+        deadline = time.monotonic() + wait
+        for thread, _ in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        busy = [(self._busy or "the trackers") if serves == "trackers" else "the Optuna trial"
+                for thread, serves in self._threads if thread.is_alive()]
+        if busy:
+            what = " and ".join(busy)
+            self._note(what, f"{what} still busy {wait:g} s after the run ended: it goes on in the background")
 
-    # ---- the reporter's thread ------------------------------------------------------------------
+    # ---- the reporter's threads -----------------------------------------------------------------
     def _note(self, label: str, message: str) -> None:
         self._emit({"kind": EventKind.TRACKER, "time": time.time(), "tracker": label, "message": message})
 
@@ -138,19 +161,27 @@ class Reporter:
         """``tracker.<what>(*args)``; a failure leaves the tracker out, said once."""
         if tracker not in self.trackers:
             return
+        self._busy = tracker.label
         try:
             getattr(tracker, what)(*args)
         except ImportError as e:
-            self.trackers.remove(tracker)
+            self._drop(tracker)
             self._note(tracker.label, f"report_to={tracker.label!r} needs {e.name or 'a missing library'} "
                                       f"({tracker.needs or 'install it'}): the run goes on without it")
         except Exception as e:  # whatever a tracker raises, the run goes on
-            self.trackers.remove(tracker)
+            self._drop(tracker)
             log.debug("tracker %s failed", tracker.label, exc_info=True)
             self._note(tracker.label, f"{tracker.label} failed in {what}(): {type(e).__name__}: {e}"[:500]
                        + "; nothing more is sent to it")
+        finally:
+            self._busy = None
+
+    def _drop(self, tracker: Tracker) -> None:
+        with self._lock:
+            self.trackers = [t for t in self.trackers if t is not tracker]
 
     def _run(self) -> None:
+        """The trackers' thread: start them, give them every value, finish them."""
         for tracker in list(self.trackers):
             self._call(tracker, "start", self.record)
         while True:
@@ -172,7 +203,6 @@ class Reporter:
                 points = [p for p, _epoch in batch]
                 for tracker in list(self.trackers):
                     self._call(tracker, "log", points)
-                self._report(batch)
             if end is not None:
                 _, status, summary = end
                 if self._dropped:
@@ -180,6 +210,18 @@ class Reporter:
                 for tracker in list(self.trackers):
                     self._call(tracker, "finish", status, summary)
                 return
+
+    def _run_trial(self) -> None:
+        """The trial's thread: the monitored value as it comes; at the end, a line if it never came."""
+        while True:
+            item = self._trial_queue.get()
+            if isinstance(item, tuple) and item and item[0] is _END:
+                if self.trial is not None and not self._reported:
+                    logged = ", ".join(sorted(self._names)[:20]) or "no number"
+                    self._note("trial", f"the Optuna trial was told nothing: rank 0 never logged a finite number "
+                                        f"as {self.monitor!r} (it logged {logged})")
+                return
+            self._report(item)
 
     def _report(self, batch: list[tuple[Point, Optional[int]]]) -> None:
         """The monitored value to the trial, at its epoch when logged in one (else its step), and
@@ -189,6 +231,8 @@ class Reporter:
         for (step, _t, values), epoch in batch:
             value = values.get(self.monitor)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
+                if len(self._names) < 100:
+                    self._names.update(values)
                 continue
             at = epoch if epoch is not None else step
             if at in self._reported:

@@ -538,7 +538,15 @@ class Run:
         if state.status == RunStatus.FAILED and root is not None:
             make = process_failure if self._settings.mode == CallMode.SPAWN else WorkerFailedError  # torch's type too
             error = make(root, state.failures, self.run_dir)
+            if self._settings.trial is not None and root.exc_type == "NonFiniteLossError":
+                import optuna  # a trial that diverged is pruned, as Optuna's examples do: the study goes on
+
+                raise optuna.TrialPruned(f"run {self.id} diverged: {root.headline()}") from error
             raise error from WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
+        if state.status == RunStatus.STOPPED and state.pruned:  # (whatever the function returned on its way out)
+            import optuna  # the run had a trial: optuna is imported
+
+            raise optuna.TrialPruned(f"run {self.id} was {state.stop_reason}")
         if state.supervisor_error is not None:
             raise SupervisionError(f"the supervision of run {self.id} failed ({state.supervisor_error}); its "
                                    "workers were ended. This is a bug in ddp_notebook: the event log is "
@@ -548,10 +556,6 @@ class Run:
                 raise NoResultError(f"run {self.id} returned a result of {state.result_not_kept / 2**20:.0f} MB, which "
                                     f"was not kept on disk (results over {KEEP_LIMIT // 2**20} MB with tensors are "
                                     "not); it was only in the notebook process that ran it")
-            if state.status == RunStatus.STOPPED and state.pruned:
-                import optuna  # the run had a trial: optuna is imported
-
-                raise optuna.TrialPruned(f"run {self.id} was {state.stop_reason}")
             if state.status == RunStatus.STOPPED:
                 raise RunStoppedError(f"run {self.id} was stopped ({state.stop_reason}) before the main "
                                       "worker returned a result")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -73,7 +74,7 @@ def check_report_to(value: Any) -> Optional[tuple[Any, ...]]:
     ...
     ddp_notebook.errors.LaunchOptionError: report_to names 'tensorbord', which is not a tracker: give 'tensorboard', ...
     """
-    if value is None:
+    if value is None or isinstance(value, str) and value.strip().lower() == "none":  # (Hugging Face's "none")
         return None
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     valid = f"{', '.join(map(repr, TRACKER_NAMES[:-1]))} or {TRACKER_NAMES[-1]!r}"
@@ -159,6 +160,7 @@ class TensorBoardTracker(Tracker):
         if writer is not None:
             self.label = type(writer).__name__
         self.config: dict[str, Any] = {}
+        self.last_step = 0
 
     def start(self, record: RunRecord) -> None:
         if self.owned:
@@ -171,11 +173,12 @@ class TensorBoardTracker(Tracker):
         for step, t, values in points:
             for name, value in values.items():
                 self.writer.add_scalar(name, value, global_step=step, walltime=t)
+            self.last_step = max(self.last_step, step)
 
     def finish(self, status: str, summary: dict[str, Any]) -> None:
         if self.owned:
             final = {f"hparams/{k}": v for k, v in _numbers(summary).items()}
-            self.writer.add_hparams(self.config, final, run_name=".")
+            self.writer.add_hparams(self.config, final, run_name=".", global_step=self.last_step)  # at the last step
             self.writer.close()
         elif callable(getattr(self.writer, "flush", None)):
             self.writer.flush()
@@ -186,8 +189,10 @@ MLFLOW_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED
 
 
 class MLflowTracker(Tracker):
-    """An MLflow run in the current tracking URI and experiment, opened on the reporter's thread
-    (MLflow keeps the active run per thread: the notebook's own runs are left alone)."""
+    """An MLflow run opened with ``mlflow.start_run`` on the reporter's thread, so MLflow's own
+    rules choose where it goes (the tracking URI and experiment set, ``$MLFLOW_RUN_ID`` resumed as
+    Hugging Face's MLflow callback does) while the notebook's own active run, which MLflow keeps
+    per thread, is left alone; values through ``MlflowClient.log_batch``."""
 
     label = "mlflow"
     needs = "pip install mlflow"
@@ -196,27 +201,38 @@ class MLflowTracker(Tracker):
         import mlflow
 
         self.mlflow = mlflow
-        tags = {k: str(v) for k, v in record.tags.items()}
+        tags = {_MLFLOW_KEY.sub("_", k): str(v) for k, v in record.tags.items()}
         tags["ddp_notebook.run_id"] = record.run_id
-        self.run = mlflow.start_run(run_name=record.title, tags=tags)
+        self.run_id = mlflow.start_run(run_name=record.title, tags=tags).info.run_id
         self.client = mlflow.MlflowClient()
-        params = {_MLFLOW_KEY.sub("_", k): str(v)[:6000] for k, v in _plain(record.config).items()}
-        items = list(params.items())
-        for i in range(0, len(items), 100):  # MLflow takes 100 params a call
-            mlflow.log_params(dict(items[i:i + 100]))
+        params = [(_MLFLOW_KEY.sub("_", k)[:250], str(v)[:6000]) for k, v in _plain(record.config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes 100 params a call
+            mlflow.log_params(dict(params[i:i + 100]))
+        self.logged: set[str] = set()  # the metrics logged as series
+        self.last = (0, 0.0)  # the last step and time logged
 
     def log(self, points: Sequence[Point]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(_MLFLOW_KEY.sub("_", name), value, int(t * 1000), step)
+        metrics = [Metric(_MLFLOW_KEY.sub("_", name)[:250], value, int(t * 1000), step)
                    for step, t, values in points for name, value in values.items()]
         for i in range(0, len(metrics), 1000):  # MLflow takes 1000 metrics a call
-            self.client.log_batch(self.run.info.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+        self.logged.update(m.key for m in metrics)
+        if points:
+            self.last = (max(self.last[0], points[-1][0]), points[-1][1])
 
     def finish(self, status: str, summary: dict[str, Any]) -> None:
-        final = {_MLFLOW_KEY.sub("_", k): v for k, v in _numbers(summary).items()}
+        from mlflow.entities import Metric
+
+        # What the run adds at its end (the best of the monitored value, peak memory) at its last step;
+        # a series' last value is in it already (logged again, it would be a point at a step of its own).
+        step, t = self.last
+        final = [Metric(key, value, int(max(t, time.time()) * 1000), step)
+                 for key, value in ((_MLFLOW_KEY.sub("_", k)[:250], v) for k, v in _numbers(summary).items())
+                 if key not in self.logged]
         if final:
-            self.mlflow.log_metrics(final)
+            self.client.log_batch(self.run_id, metrics=final[:1000])
         self.mlflow.end_run(status=MLFLOW_STATUS.get(status, "FINISHED"))
 
 

@@ -24,7 +24,7 @@ from ..core.events import EventKind
 from ..core.experiment import summarize
 from .trackers import Point, RunRecord, Tracker
 
-__all__ = ["Reporter", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_POINTS"]
+__all__ = ["Reporter", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_POINTS", "CPU_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ FINISH_WAIT = 10.0
 """Seconds the end of a run waits for its trackers to take the last values and its status."""
 PENDING_POINTS = 200_000
 """Values waiting for the trackers at most; past it, new ones are not sent (and the panel says so)."""
+CPU_SHARE = 0.02
+"""The share of one core the trackers take at most while the run goes on (the rest at its end)."""
+MAX_REST = 5.0  # seconds the trackers' thread rests at most after a batch
 
 _END = object()
 
@@ -93,6 +96,7 @@ class Reporter:
         self._prune = prune
         self.pruned = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ending = threading.Event()  # the run has ended: the trackers take what is left at once
         self._trial_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
         self._dropped = 0
@@ -142,6 +146,7 @@ class Reporter:
         most ``wait`` seconds (default ``FINISH_WAIT``) for them and the trial; one still busy then
         goes on in the background, said so."""
         wait = FINISH_WAIT if wait is None else wait
+        self._ending.set()
         self._queue.put((_END, status, summary))
         self._trial_queue.put((_END, status, summary))
         deadline = time.monotonic() + wait
@@ -181,9 +186,15 @@ class Reporter:
             self.trackers = [t for t in self.trackers if t is not tracker]
 
     def _run(self) -> None:
-        """The trackers' thread: start them, give them every value, finish them."""
+        """The trackers' thread: start them, give them every value, finish them. While the run
+        goes on it takes at most ``CPU_SHARE`` of a core: a tracker that costs CPU (MLflow's SQL
+        store takes about 0.2 ms a value) would take it from ranks that use every core (a nice
+        value cannot protect them: each rank is a session, with a scheduling group of its own).
+        What it leaves waits, and is sent in larger batches, or at the end."""
+        used = time.thread_time()
         for tracker in list(self.trackers):
             self._call(tracker, "start", self.record)
+        self._rest(time.thread_time() - used)
         while True:
             item = self._queue.get()
             batch: list[tuple[Point, Optional[int]]] = []
@@ -201,8 +212,10 @@ class Reporter:
                 with self._lock:
                     self._pending -= len(batch)
                 points = [p for p, _epoch in batch]
+                used = time.thread_time()
                 for tracker in list(self.trackers):
                     self._call(tracker, "log", points)
+                self._rest(time.thread_time() - used)
             if end is not None:
                 _, status, summary = end
                 if self._dropped:
@@ -210,6 +223,10 @@ class Reporter:
                 for tracker in list(self.trackers):
                     self._call(tracker, "finish", status, summary)
                 return
+
+    def _rest(self, used: float) -> None:
+        """While the run goes on, rest in proportion to the CPU time just ``used`` (its end wakes it)."""
+        self._ending.wait(min(used * (1 / CPU_SHARE - 1), MAX_REST))
 
     def _run_trial(self) -> None:
         """The trial's thread: the monitored value as it comes; at the end, a line if it never came."""

@@ -149,7 +149,11 @@ class Tracker:
 
 class TensorBoardTracker(Tracker):
     """TensorBoard event files: a writer of the run's own in ``<run dir>/tb`` (closed at the end,
-    with the config as hparams), or the user's ``SummaryWriter`` (scalars only; flushed, never closed)."""
+    with the config as hparams), or the user's ``SummaryWriter`` (scalars only; flushed, never closed).
+
+    torch's ``SummaryWriter`` is imported when the tracker is made, on the thread that launches
+    (once per kernel: a tenth of a second with torch imported): torch imported from a second
+    thread while the notebook's own thread imports it can abort the notebook process."""
 
     label = "tensorboard"
     needs = "pip install tensorboard"
@@ -157,16 +161,25 @@ class TensorBoardTracker(Tracker):
     def __init__(self, writer: Any = None) -> None:
         self.writer = writer
         self.owned = writer is None
+        self.missing: Optional[ImportError] = None
         if writer is not None:
             self.label = type(writer).__name__
+        else:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # said by start(), on the reporter's thread, as any tracker's trouble
+                self.missing = e
+            else:
+                self.make = SummaryWriter
         self.config: dict[str, Any] = {}
         self.last_step = 0
 
     def start(self, record: RunRecord) -> None:
+        if self.missing is not None:
+            raise self.missing
         if self.owned:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=os.path.join(record.run_dir, TB_FOLDER))
+            # Written in large blocks, a few a minute: the writer's own thread wakes rarely (flush() at the end).
+            self.writer = self.make(log_dir=os.path.join(record.run_dir, TB_FOLDER), max_queue=1000, flush_secs=10)
         self.config = _plain(record.config)
 
     def log(self, points: Sequence[Point]) -> None:

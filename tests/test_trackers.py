@@ -304,3 +304,26 @@ def test_fit_and_spawn_refuse_them_too(tmp_path):
     with pytest.raises(LaunchOptionError, match="int 42"):
         ddp_notebook.spawn(every_step, args=(1,), nprocs=2, run_root=str(tmp_path), report_to=[42])
     assert started_processes() <= before and os.listdir(tmp_path) == []
+
+
+FRESH_NOTEBOOK = """
+import sys, ddp_notebook
+def every_step(ctx, steps):
+    for step in range(1, steps + 1):
+        ctx.log(step=step, loss=1.0 / step)
+assert "torch" not in sys.modules  # a notebook that has not imported torch
+for _ in range(3):  # each launch right after the last, while its tracker starts
+    run = ddp_notebook.launch(every_step, devices="cpu*2", args=(50,), report_to="tensorboard", run_root={root!r})
+    run.wait(timeout=120)
+    assert not run.state.tracker_notes, run.state.tracker_notes
+print("ok")
+"""
+
+
+def test_a_notebook_without_torch_imported_survives_tensorboard_launches(tmp_path):
+    # torch imported by the reporter's thread while the notebook's thread imported torch.distributed
+    # for the next launch aborted the process ("terminate called after throwing an instance of
+    # 'python_error'") 2 times in 6: the writer is imported on the launching thread.
+    done = subprocess.run([sys.executable, "-c", FRESH_NOTEBOOK.format(root=str(tmp_path))],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

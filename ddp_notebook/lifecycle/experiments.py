@@ -45,6 +45,7 @@ class ListedRun:
 
     @property
     def state(self) -> RunState:
+        """The run's state: this kernel's run as it is now, or the one its log holds (read once)."""
         if self.run is not None:
             return self.run.state
         if self._state is None:

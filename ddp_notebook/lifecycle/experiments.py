@@ -54,8 +54,9 @@ class ListedRun:
 
     @property
     def live(self) -> bool:
-        """Whether the run goes on in this process (its state still changes)."""
-        return self.run is not None and not self.run.done
+        """Whether the run goes on in this process (its state still changes; its end already
+        folded counts as ended)."""
+        return self.run is not None and not self.run.state.finished
 
 
 def _held() -> dict[str, Run]:

@@ -20,6 +20,7 @@ from html import escape
 from typing import Any, Optional
 
 from ..core.errors import ArgumentsError
+from ..core.events import EventKind
 from ..core.experiment import differing
 from ..core.state import RunState
 from ..lifecycle.experiments import LISTED_ORIGINS, ListedRun, find_runs, runs_of_here
@@ -341,20 +342,39 @@ class Comparison:
         return {"text/plain": repr(self), "text/html": self.html()}
 
     def _ipython_display_(self) -> None:
-        """Shown with a display id; redrawn every ``REFRESH_S`` while a run goes on, and once at
-        its end, in the cell that showed it (whatever cell runs then)."""
+        """Shown with a display id, in the cell that showed it (whatever cell runs then): redrawn
+        every ``REFRESH_S`` while a run goes on, and as each run ends, before its ``wait()``
+        returns (a notebook executed without a front end keeps the final state)."""
         from IPython.display import display
 
         handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
         if handle is None or not self.live:
             return
         cell = contextvars.copy_context()
+        drawing = threading.Lock()
+
+        def redraw(final: bool = False) -> None:
+            with drawing:  # one at a time, each showing the state as it is then
+                bundle = self._repr_mimebundle_()
+                cell.copy().run(handle.update, bundle, raw=True)
+                if final:  # again as the output of the cell running now: what a notebook run without a
+                    handle.update(bundle, raw=True)  # front end keeps (nbclient takes its cell's messages)
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("kind") == EventKind.RUN_FINISHED:
+                redraw(final=True)
+
+        for listed in self._listed:
+            if listed.live and listed.run is not None:
+                listed.run.subscribe(on_event)
+        if not self.live:  # every run ended before it was subscribed to: its end is drawn here
+            redraw(final=True)
 
         def follow() -> None:
             while self.live:
                 time.sleep(REFRESH_S)
-                cell.copy().run(handle.update, self._repr_mimebundle_(), raw=True)
-            cell.copy().run(handle.update, self._repr_mimebundle_(), raw=True)  # the runs' end
+                if self.live:
+                    redraw()
 
         threading.Thread(target=follow, name="ddp-compare", daemon=True).start()
 

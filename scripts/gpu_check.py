@@ -4,7 +4,8 @@
 
 1. a cuda:0 run works (nccl process group, tensors on the GPU, result back);
 2. cuda:0,cuda:1 is refused by validation before anything starts;
-3. the calling process still has no CUDA context afterwards.
+3. the calling process still has no CUDA context afterwards;
+4. the run records rank 0's peak CUDA allocation (``run.metrics["rank0.peak_cuda"]``, 4 MiB at least).
 Prints one PASS/FAIL line per check; exits non-zero on any failure.
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ def train(ctx):
     import torch.distributed as dist
 
     t = torch.ones(4, device=ctx.device) * (ctx.rank + 1)
+    held = torch.empty(2**20, device=ctx.device)  # 4 MiB: the peak the run must record
+    del held
     dist.all_reduce(t)
     ctx.log(step=1, total=1)
     return {"device": str(t.device), "backend": dist.get_backend(), "sum": t.sum().item(),
@@ -40,8 +43,11 @@ def main() -> int:
     report = ddp_notebook.validate_devices("cuda:0")
     check("cuda:0 validates", report.ok, str(report))
     try:
-        out = ddp_notebook.launch(train, devices="cuda:0", run_root=root).wait(timeout=300)
+        run = ddp_notebook.launch(train, devices="cuda:0", run_root=root)
+        out = run.wait(timeout=300)
         check("cuda:0 run", out == {"device": "cuda:0", "backend": "nccl", "sum": 4.0, "current": 0}, repr(out))
+        peak = run.metrics.get("rank0.peak_cuda")
+        check("the run records rank 0's peak CUDA allocation", isinstance(peak, int) and peak >= 4 * 2**20, repr(peak))
     except ddp_notebook.DDPNotebookError as e:
         check("cuda:0 run", False, str(e))
     n = ddp_notebook.validate_devices("cuda").devices

@@ -20,24 +20,7 @@ import sys
 import tempfile
 import time
 
-
-def loop(ctx, steps: int) -> float:
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 64), torch.randn(64, 1)
-    for step in range(steps + 20):
-        if step == 20:
-            t0 = time.perf_counter()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ctx.log(step=step + 1, total=steps + 20, loss=loss.item(), lr=0.01)
-    return steps / (time.perf_counter() - t0)
+from overhead_bench import loop  # the same loop: its ctx.log(step=, total=, loss=) every step
 
 
 def tracker_overhead(trials: int, steps: int) -> None:
@@ -53,7 +36,7 @@ def tracker_overhead(trials: int, steps: int) -> None:
     for trial in range(trials):
         for tracked in ((False, True) if trial % 2 == 0 else (True, False)):  # alternate: no order bias
             t = time.perf_counter()
-            run = ddp_notebook.launch(loop, devices="cpu*2", args=(steps,),
+            run = ddp_notebook.launch(loop, devices="cpu*2", args=(steps, True),
                                       report_to=["tensorboard", "mlflow"] if tracked else None)
             rates[tracked].append(run.wait(300))
             walls[tracked].append(time.perf_counter() - t)

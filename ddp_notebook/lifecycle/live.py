@@ -8,9 +8,9 @@ import atexit
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..core.devices import DeviceSpec, parse_devices
 from ..core.errors import DDPNotebookError
@@ -18,10 +18,27 @@ from ..core.probes import Probe
 from ..core.validation import Finding, ValidationReport
 from ..executors.base import Executor
 
-if TYPE_CHECKING:
-    from .run import Run
-
 __all__ = ["track", "forget", "going", "run_ended", "validate_on", "trial_turn"]
+
+class Run(Protocol):
+    """What this module needs of a run (``lifecycle.run.Run``, which registers itself here)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def devices(self) -> Sequence[Any]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
+
+    def held(self) -> list[str]: ...
+
+    def _leave_with_notebook(self) -> None: ...
+
 
 _live: weakref.WeakSet[Run] = weakref.WeakSet()
 # A run that ends notifies this: trials waiting for their devices look again (``trial_turn``).

@@ -9,6 +9,7 @@ from html import escape
 from typing import Any, Optional
 
 from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, worker_name
+from ..core.state import TRAIN_LOSS, VALID_LOSS, train_loss_of, valid_loss_of
 from ..core.tracebacks import file_name, name_cells_in
 from ..core.validation import ValidationReport
 from .text import format_duration, format_metric
@@ -148,8 +149,6 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
 
 EPOCH_ROWS_SHOWN = 12  # past this, the first epochs and the latest are shown, and how many are not
 EPOCH_METRIC_COLUMNS = 6  # metric columns besides the losses (the first ones logged)
-TRAIN_LOSS = ("train_loss",)
-VALID_LOSS = ("valid_loss", "val_loss")
 NOT_A_COLUMN = {"loss", "samples_per_s", *TRAIN_LOSS, *VALID_LOSS}
 
 
@@ -161,21 +160,6 @@ def epoch_label(epoch: Any, epochs: Optional[int]) -> str:
     ('3/8', '2')
     """
     return f"{epoch + 1}/{epochs}" if epochs and isinstance(epoch, int) else str(epoch)
-
-
-def train_loss_of(record: dict[str, Any]) -> Optional[float]:
-    """An epoch's train loss: the one logged (``train_loss``, fit's cross-rank mean), else the mean
-    of the step losses logged in it."""
-    metrics = record.get("metrics") or {}
-    for name in TRAIN_LOSS:
-        if name in metrics:
-            return metrics[name]
-    return record.get("loss_mean")
-
-
-def valid_loss_of(record: dict[str, Any]) -> Optional[float]:
-    metrics = record.get("metrics") or {}
-    return next((metrics[name] for name in VALID_LOSS if name in metrics), None)
 
 
 def epoch_seconds(seconds: Any) -> str:

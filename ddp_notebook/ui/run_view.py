@@ -23,7 +23,7 @@ import ipywidgets as widgets
 
 from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
-from ..core.state import RunState, RunStatus, WorkerStatus
+from ..core.state import RunState, RunStatus, WorkerStatus, train_loss_of, valid_loss_of
 from .html import (
     ORANGE,
     RED,
@@ -31,8 +31,6 @@ from .html import (
     epoch_table_html,
     failure_card_html,
     liveness_html,
-    train_loss_of,
-    valid_loss_of,
 )
 from .loss_plot import LossPlot, epoch_plot_png
 from .text import format_data, format_duration, format_memory, format_metric, format_rate, format_run

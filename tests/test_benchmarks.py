@@ -34,8 +34,8 @@ def test_benchmark_suite_smoke_mode_prints_every_table():
     out = subprocess.run([sys.executable, RUN, "--smoke"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     tables = [block for block in out.stdout.split("\n\n") if block.startswith("| ")]
-    assert len(tables) == 8, out.stdout
-    launch, fit, overhead, reliability, engines, relaunch, data, result = tables
+    assert len(tables) == 10, out.stdout
+    launch, fit, overhead, reliability, engines, relaunch, data, result, trackers, comparison = tables
     assert [row.split("|")[1].strip() for row in launch.splitlines()[2:]] == [
         "ddp_notebook, fork server started by the launch", "torch.multiprocessing fork"]
     assert all(len(row.split("|")) == 9 for row in launch.splitlines())
@@ -58,4 +58,8 @@ def test_benchmark_suite_smoke_mode_prints_every_table():
     measured_or_hung(data_rows, 4)
     assert [row.split("|")[1].strip() for row in result.splitlines()[2:]] == [
         "ddp_notebook (fork server warm)", "torch.multiprocessing fork"]
+    assert [row.split("|")[1].strip() for row in trackers.splitlines()[2:]] == [
+        "none", "TensorBoard and MLflow (report_to)"]
+    assert trackers.splitlines()[-1].endswith("| 120 of 120 |")  # every value reached MLflow
+    assert comparison.splitlines()[2].startswith("| ddp_notebook.compare(last=5) | ")
     measured_or_hung(result.splitlines()[2:], 2)

@@ -128,11 +128,18 @@ def no_leaked_processes(request):
     assert not leaked, f"processes left behind: {described}"
 
 
-@pytest.fixture(autouse=True, scope="session")
-def runs_in_tmp(tmp_path_factory):
-    """Keep the event logs of test runs out of the user's cache."""
-    os.environ["DDP_NOTEBOOK_RUNS"] = str(tmp_path_factory.mktemp("runs"))
-    yield
+def pytest_configure(config):
+    """Keep the event logs of test runs out of the user's cache: set before anything runs, the
+    kernels nbval starts for the tutorials (before any fixture) inherit it too."""
+    import tempfile
+
+    os.environ["DDP_NOTEBOOK_RUNS"] = tempfile.mkdtemp(prefix="ddp-notebook-test-runs-")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(os.environ.get("DDP_NOTEBOOK_RUNS", ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

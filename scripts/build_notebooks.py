@@ -1,6 +1,7 @@
 """Writes the tutorial notebooks from the cells below and executes them, storing outputs.
 
-    .venv/bin/python scripts/build_notebooks.py
+    .venv/bin/python scripts/build_notebooks.py                        # every notebook
+    .venv/bin/python scripts/build_notebooks.py 07_experiments.ipynb   # only the ones named
 
 nbval (in the test suite) then re-runs each notebook and compares the outputs."""
 from __future__ import annotations
@@ -492,6 +493,239 @@ print(session)
 ]
 
 
+EXPERIMENTS = [
+    md("""
+# Experiments: runs named, compared and tuned
+
+Every run keeps what it was called with (`run.config`), what it logged (`run.metrics`,
+`run.history`), and the name and tags you give it. Here: a learning-rate series on the digits
+that ship with scikit-learn, compared side by side, sent to TensorBoard, then tuned with Optuna.
+"""),
+    code("""
+%load_ext ddp_notebook
+import torch, ddp_notebook
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+"""),
+    md("1797 images of handwritten digits, 8x8 pixels each; a fifth of them kept for validation:"),
+    code("""
+digits = load_digits()
+x_train, x_valid, y_train, y_valid = train_test_split(digits.data / 16, digits.target, test_size=0.2,
+                                                      stratify=digits.target, random_state=0)
+train = (torch.tensor(x_train, dtype=torch.float32), torch.tensor(y_train))
+valid = (torch.tensor(x_valid, dtype=torch.float32), torch.tensor(y_valid))
+print(len(x_train), "training images,", len(x_valid), "validation images")
+"""),
+    md("""
+A small MLP, built by a function (each rank builds it, seeded by `fit`'s `seed=0`: every run
+starts from the same weights), and one function for every fit of this notebook: the learning
+rate, and the run's options (`name=`, `tags=`, ...), are its arguments.
+"""),
+    code("""
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+def accuracy(outputs, targets):
+    return (outputs.argmax(dim=1) == targets).float().mean().item()
+
+def train_mlp(lr, **options):
+    return ddp_notebook.fit(mlp, train, valid_data=valid, loss=torch.nn.CrossEntropyLoss(),
+                            optimizer=lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9),
+                            metrics={"accuracy": accuracy}, epochs=5, batch_size=32, devices="cpu*2",
+                            **options)
+"""),
+    md("""
+## A learning-rate series
+
+Four fits, the same but for the learning rate, each named after it and tagged. A name shows in
+the panel, `%ddp_runs` and comparisons, and names the run in MLflow or W&B. `wait=False` starts
+each one and returns its run at once: the four train side by side.
+"""),
+    code("""
+runs = [train_mlp(lr, name=f"lr={lr}", tags={"sweep": "lr"}, wait=False) for lr in (0.3, 0.1, 0.03, 0.01)]
+"""),
+    md("""
+## Side by side
+
+`ddp_notebook.compare` overlays the runs' curves, one plot per metric, above a table: what
+differs between the runs (here the optimizer, whose learning rate is shown in brackets), the
+last value of each metric, and the best validation loss. The config the runs share is folded
+under the table. Shown while the runs train, it is redrawn in place until they end.
+`%ddp_compare` does the same from a magic.
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+ddp_notebook.compare(*runs)
+"""),
+    md("Once they have ended (`run.wait()` returns each fit's result), the same comparison:"),
+    code("""
+results = [run.wait() for run in runs]
+ddp_notebook.compare(*runs)
+"""),
+    md("""
+`%ddp_runs` lists the runs launched from this notebook's folder, newest first, with what sets
+each apart and its monitored metric (`-n 4`: the last four):
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+%ddp_runs -n 4
+"""),
+    md("""
+`.frame()` gives the same runs as a pandas DataFrame, in the shape `mlflow.search_runs` returns
+(`run_id`, `name`, `status`, times, then `config.*`, `tags.*`, `metrics.*`): select, sort and
+plot them as any DataFrame.
+"""),
+    code("""
+df = ddp_notebook.compare(*runs).frame()
+df[["name", "tags.sweep", "metrics.valid_loss.min", "metrics.accuracy"]]
+"""),
+    code("""
+best = df.loc[df["metrics.valid_loss.min"].idxmin()]
+print(f"best: {best['name']}, validation loss {best['metrics.valid_loss.min']:.3f}, "
+      f"accuracy {best['metrics.accuracy']:.1%}")
+"""),
+    md("""
+## One run, inside
+
+A run's `config` holds the call's arguments by name, summarized (tensors by shape, the model
+function by name, the lambda by its text with the values it reads), with `devices`:
+"""),
+    code("""
+run = runs[1]
+print(run.name, run.tags)
+run.config
+"""),
+    md("""
+`run.metrics`: the last value of each metric rank 0 logged, the best of the monitored one
+(`valid_loss.min`) and each rank's peak memory (the rates and memory vary from machine to machine):
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+run.metrics
+"""),
+    md("`run.history`: one row per epoch, epochs from 0:"),
+    code("""
+import pandas as pd
+pd.DataFrame(run.history)[["epoch", "train_loss", "valid_loss", "accuracy"]].round(4)
+"""),
+    md("""
+## TensorBoard
+
+`report_to="tensorboard"` sends what rank 0 logs to TensorBoard while the run trains (MLflow and
+W&B: `"mlflow"`, `"wandb"`, or a list). The same series again:
+"""),
+    code("""
+tb_runs = [train_mlp(lr, name=f"lr={lr}", tags={"sweep": "lr", "tracker": "tensorboard"},
+                     report_to="tensorboard", wait=False) for lr in (0.3, 0.1, 0.03, 0.01)]
+for run in tb_runs:
+    run.wait()
+"""),
+    md("""
+Each run writes its event files in its own folder, `tb/` in the run's directory (`tb/<name>` for
+a named run, so that TensorBoard shows its name):
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+import os
+tb_dir = os.path.join(tb_runs[1].run_dir, "tb", "lr=0.1")
+print(tb_dir)
+print(sorted(os.listdir(tb_dir)))
+"""),
+    md("""
+To see them in TensorBoard, point it at the runs folder (every run appears, as
+`<run id>/tb/<name>`), or at one run's `tb/`:
+
+```
+%load_ext tensorboard
+%tensorboard --logdir ~/.cache/ddp_notebook/runs
+```
+
+(`$DDP_NOTEBOOK_RUNS` when you set it.) The values are there, as TensorBoard's own reader shows:
+each one at its step (batches), and at the end the name, tags and config as hparams, for the
+HParams dashboard.
+"""),
+    code("""
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+events = EventAccumulator(tb_dir).Reload()
+print(sorted(events.Tags()["scalars"]))
+[(e.step, round(e.value, 4)) for e in events.Scalars("valid_loss")]
+"""),
+    md("""
+## Tuning with Optuna
+
+`fit(..., trial=trial)` reports the monitored value (`valid_loss`) to an Optuna trial after each
+epoch (epochs from 0), and when the study's pruner says the trial is worse than the others at
+that epoch, it stops the run and raises `optuna.TrialPruned`, which Optuna counts as pruned.
+The objective returns the run's best validation loss.
+"""),
+    code("""
+import optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+def objective(trial):
+    lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
+    run = train_mlp(lr, trial=trial, name=f"trial {trial.number}", tags={"sweep": "optuna"}, wait=False)
+    run.wait()  # raises optuna.TrialPruned when the trial is pruned
+    return run.metrics["valid_loss.min"]
+"""),
+    md("""
+Six trials. The median pruner lets the first two finish, then prunes a trial whose loss is worse
+than the median of the finished ones at the same epoch, from the second epoch on. (With
+`study.optimize(..., n_jobs=2)` two trials run at once, each waiting for the devices.)
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+study = optuna.create_study(study_name="digits-lr", direction="minimize",
+                            sampler=optuna.samplers.TPESampler(seed=0),
+                            pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
+study.optimize(objective, n_trials=6)
+"""),
+    md("Which trials were pruned (a pruned trial's value is the last one it reported):"),
+    code("""
+study.trials_dataframe()[["number", "params_lr", "value", "state"]]
+"""),
+    code("""
+print("best:", study.best_params, f"validation loss {study.best_value:.3f}")
+"""),
+    md("""
+Each trial is a run: the last six runs of this folder are the study's. A pruned run shows as
+stopped, its curves cut short: the stop reaches the ranks a moment after the epoch it was pruned
+at (here, where an epoch takes a twentieth of a second, sometimes after one more), and an epoch
+it cuts short is not kept:
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+trials = ddp_notebook.compare(last=6, metrics=["valid_loss", "accuracy"])
+trials
+"""),
+    code("""
+for state in trials.states:
+    print(f"{state.name}: {state.status}, trial {state.config['trial']}, lr {state.config['trial.lr']:.4f}")
+"""),
+    md("""
+## Where runs live
+
+Every run has a folder of its own in the runs folder, `~/.cache/ddp_notebook/runs`
+(`$DDP_NOTEBOOK_RUNS` when set): its log, result, checkpoints and `tb/`. The folder keeps the
+last 50 runs and 2 GB (`$DDP_NOTEBOOK_KEEP_RUNS`, `$DDP_NOTEBOOK_RUNS_MAX_BYTES`): older finished
+runs are removed, except runs with a name or tags, and runs you pin:
+"""),
+    code("""
+best_run = ddp_notebook.Run.load(best["run_id"])   # a run by its id, as after a kernel restart
+best_run.pin()
+print(best_run.name, best_run.status, "| pinned:", best_run.pinned)
+print(f"best validation loss {best_run.metrics['valid_loss.min']:.3f} after {len(best_run.history)} epochs")
+"""),
+    md("""
+After a kernel restart, `%ddp_runs` lists this folder's runs again, `ddp_notebook.Run.load(id)`
+reads one back (its config, metrics, history and result), and `ddp_notebook.compare()` without
+runs compares every run launched from here. `run.unpin()` lets a run go again; `run.delete()`
+removes it now.
+"""),
+]
+
+
 # Run last, then removed: every run ended and every widget's final state sent from this cell.
 # A panel redraws from its own thread, and nbclient records only the widget updates of the cell
 # it is executing, so without this the stored panels would show the first moments of each run;
@@ -525,6 +759,7 @@ def build(name: str, cells: list) -> str:
 if __name__ == "__main__":
     todo = {"01_quickstart.ipynb": QUICKSTART, "02_when_a_worker_fails.ipynb": FAILURES,
             "03_your_own_loop.ipynb": OWN_LOOP, "04_scale_out.ipynb": SCALE_OUT,
-            "06_interactive_sessions.ipynb": SESSIONS}
+            "06_interactive_sessions.ipynb": SESSIONS,
+            "07_experiments.ipynb": EXPERIMENTS}
     for name in sys.argv[1:] or todo:
         print("built", build(name, todo[name]))

@@ -108,14 +108,15 @@ def test_tensorboard_gets_every_value_at_its_step_and_the_config_as_hparams(tmp_
 
         expected_loss = [(s, pytest.approx(1.0 / s)) for s in range(1, STEPS + 1)]
         expected_acc = [(s, pytest.approx(s / STEPS)) for s in range(1, STEPS + 1)]
-        acc, own = scalars(os.path.join(run.run_dir, "tb"))
-        assert own["loss"] == expected_loss and own["acc"] == expected_acc
-        # the config as hparams, the final metrics beside them
+        acc, own = scalars(os.path.join(run.run_dir, "tb", "tb"))  # TensorBoard names the run by its folder
+        assert own["loss"] == expected_loss and own["acc"] == expected_acc  # once each: no point added at the end
+        # the name, tags and config as hparams, the series as its metrics
         content = acc.PluginTagToContent("hparams")
         data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
         hparams = {k: v.string_value or v.number_value for k, v in data.session_start_info.hparams.items()}
-        assert hparams == run.config and run.config["steps"] == STEPS
-        assert own["hparams/loss"] == [(STEPS, pytest.approx(1.0 / STEPS))]  # at the last step
+        assert hparams == {"name": "tb", "tag.arch": "mlp", **run.config} and run.config["steps"] == STEPS
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        assert {m.name.tag for m in experiment.metric_infos} == {"loss", "acc"}
 
         # the user's writer: the same scalars, flushed (readable now), and still open
         assert mine.file_writer is not None

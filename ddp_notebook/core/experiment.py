@@ -256,8 +256,9 @@ def describe_callable(fn: Any) -> str:
     if getattr(fn, "__name__", None) == "<lambda>":
         text = _lambda_source(fn) or text
     captured = _captured_scalars(fn)
-    if captured:
-        text += " [" + ", ".join(f"{k}={v!r}" for k, v in captured.items()) + "]"
+    if captured:  # (a float to 6 significant digits: an Optuna trial's lr is 0.0443038, not 17 digits)
+        text += " [" + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v!r}"
+                                 for k, v in captured.items()) + "]"
     return cut(text, CONFIG_TEXT)
 
 

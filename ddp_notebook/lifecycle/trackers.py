@@ -123,6 +123,15 @@ def _numbers(values: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def _folder_name(name: str) -> str:
+    """A run's name as a folder's: what a path cannot hold as ``_``.
+
+    >>> _folder_name("lr=0.1 / adam")
+    'lr=0.1_adam'
+    """
+    return re.sub(r"[^\w.=+,-]+", "_", name).strip("._")[:80] or "run"
+
+
 def _plain(config: dict[str, Any]) -> dict[str, Any]:
     """A config as trackers take parameters: text, numbers, True/False; the rest as text."""
     return {k: v if isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))
@@ -148,8 +157,9 @@ class Tracker:
 
 
 class TensorBoardTracker(Tracker):
-    """TensorBoard event files: a writer of the run's own in ``<run dir>/tb`` (closed at the end,
-    with the config as hparams), or the user's ``SummaryWriter`` (scalars only; flushed, never closed).
+    """TensorBoard event files: a writer of the run's own in ``<run dir>/tb`` (``tb/<name>`` for a
+    named run: TensorBoard names runs by their folders), closed at the end with the name, tags and
+    config as hparams; or the user's ``SummaryWriter`` (scalars only; flushed, never closed).
 
     torch's ``SummaryWriter`` is imported when the tracker is made, on the thread that launches
     (once per kernel: a tenth of a second with torch imported): torch imported from a second
@@ -167,31 +177,45 @@ class TensorBoardTracker(Tracker):
         else:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard.summary import hparams
             except ImportError as e:  # said by start(), on the reporter's thread, as any tracker's trouble
                 self.missing = e
             else:
-                self.make = SummaryWriter
-        self.config: dict[str, Any] = {}
+                self.make, self.summaries = SummaryWriter, hparams
+        self.hparams: dict[str, Any] = {}
+        self.logged: set[str] = set()  # the series written
         self.last_step = 0
 
     def start(self, record: RunRecord) -> None:
         if self.missing is not None:
             raise self.missing
         if self.owned:
+            folder = os.path.join(record.run_dir, TB_FOLDER)
+            if record.name:  # TensorBoard names a run by its folder: a named run's name shows there
+                folder = os.path.join(folder, _folder_name(record.name))
             # Written in large blocks, a few a minute: the writer's own thread wakes rarely (flush() at the end).
-            self.writer = self.make(log_dir=os.path.join(record.run_dir, TB_FOLDER), max_queue=1000, flush_secs=10)
-        self.config = _plain(record.config)
+            self.writer = self.make(log_dir=folder, max_queue=1000, flush_secs=10)
+        self.hparams = {"name": record.title, **{f"tag.{k}": v for k, v in _plain(record.tags).items()},
+                        **_plain(record.config)}
 
     def log(self, points: Sequence[Point]) -> None:
         for step, t, values in points:
             for name, value in values.items():
                 self.writer.add_scalar(name, value, global_step=step, walltime=t)
+            self.logged.update(values)
             self.last_step = max(self.last_step, step)
 
     def finish(self, status: str, summary: dict[str, Any]) -> None:
         if self.owned:
-            final = {f"hparams/{k}": v for k, v in _numbers(summary).items()}
-            self.writer.add_hparams(self.config, final, run_name=".", global_step=self.last_step)  # at the last step
+            # The HParams dashboard's metrics: each series (its chart's tag: the dashboard reads its last
+            # value) and the monitored value's best, written at the last step; in the run's own folder
+            # (add_hparams would write them again, into a folder of their own).
+            final = {k: v for k, v in _numbers(summary).items() if k in self.logged or k.endswith((".min", ".max"))}
+            for name, value in final.items():
+                if name not in self.logged:
+                    self.writer.add_scalar(name, value, global_step=self.last_step)
+            for proto in self.summaries(self.hparams, final):
+                self.writer.file_writer.add_summary(proto, self.last_step)
             self.writer.close()
         elif callable(getattr(self.writer, "flush", None)):
             self.writer.flush()

@@ -276,7 +276,7 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
     for epoch in ctx.epochs(spec.epochs, start=start):
         started = time.perf_counter()
         totals = torch.zeros(2, dtype=torch.float64)
-        n_batches = len(loader)
+        n_batches, done = len(loader), 0
         for i, batch in enumerate(ctx.batches(loader)):
             xs, y = _split(batch, ctx.device)
             boundary = (i + 1) % spec.grad_accum == 0 or i + 1 == n_batches
@@ -292,6 +292,9 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
                 opt.zero_grad(set_to_none=True)
             totals += torch.tensor([loss * len(y), len(y)], dtype=torch.float64)
             ctx.log(loss=loss)
+            done = i + 1
+        if done < n_batches:  # a stop (the user's, a pruned trial's) cut the epoch short, on every rank at
+            break  # once: no epoch of the record, no validation, no checkpoint (the last one is the last whole epoch)
         if ctx.world_size > 1:
             dist.all_reduce(totals)  # the cross-rank mean loss of the epoch
         record: dict[str, Any] = {"epoch": epoch, "train_loss": float(totals[0]) / max(float(totals[1]), 1.0),

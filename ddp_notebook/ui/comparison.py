@@ -239,16 +239,17 @@ class Comparison:
         handles: dict[str, Any] = {}
         for i, metric in enumerate(metrics):
             ax = axes[i // cols][i % cols]
-            by_epoch = True
+            # A value logged once an epoch (fit's valid_loss, an accuracy) is drawn by epoch, counted
+            # from 1 as the panel does; a value logged every step, by step.
+            by_epoch = all(_per_epoch(state, metric) for state in states if state.series.get(metric))
             for color, label, state in zip(colors, labels, states):
                 points = state.series.get(metric)
                 if not points:
                     continue
-                epochs = state.series_epochs.get(metric) or []
-                stepped = metric not in state.unstepped
-                by_epoch = by_epoch and not stepped and None not in epochs
-                counted = [e + 1 for e in epochs if e is not None]
-                xs = counted if not stepped and len(counted) == len(points) else [x for x, _ in points]
+                if by_epoch:
+                    xs = [float(e + 1) for e in state.series_epochs[metric] if e is not None]
+                else:
+                    xs = [x for x, _ in points]
                 ys = [y for _, y in points]
                 if len(xs) > DRAWN_POINTS:  # no more than a plot's width can show
                     every = -(-len(xs) // DRAWN_POINTS)
@@ -294,7 +295,7 @@ class Comparison:
         body = []
         for row in rows:
             duration = row["duration"]
-            cells = [row["run"], row["status"], format_duration(duration) if duration is not None else "",
+            cells = [row["run"], row["status"], _seconds_text(duration),
                      row["devices"], *[_value_text(row.get(k), k in row) for k in keys],
                      *[_value_text(row.get(m), m in row and row[m] is not None) for m in self.metrics],
                      *[_value_text(row.get(b), b in row) for b in bests]]
@@ -377,6 +378,19 @@ class Comparison:
                     redraw()
 
         threading.Thread(target=follow, name="ddp-compare", daemon=True).start()
+
+
+def _per_epoch(state: RunState, metric: str) -> bool:
+    """Whether ``metric`` was logged once an epoch at most, each time in one (a per-epoch value)."""
+    epochs = state.series_epochs.get(metric) or []
+    return bool(epochs) and None not in epochs and len(set(epochs)) == len(epochs)
+
+
+def _seconds_text(seconds: Optional[float]) -> str:
+    """A run's length: tenths of a second under ten seconds (a quick run is not "0 s")."""
+    if seconds is None:
+        return ""
+    return f"{seconds:.1f} s" if seconds < 10 else format_duration(seconds)
 
 
 def _value_text(value: Any, present: bool) -> str:

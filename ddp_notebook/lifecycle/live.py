@@ -35,7 +35,7 @@ class Run(Protocol):
     @property
     def status(self) -> str: ...
 
-    def held(self) -> list[str]: ...
+    def _held(self) -> list[str]: ...
 
     def _leave_with_notebook(self) -> None: ...
 
@@ -76,7 +76,7 @@ def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: O
     wanted = set(executor.held(report.devices))
     busy = [Finding("error", "busy", f"{item} is in use by run {run.id} ({run.status}): stop it first (run.stop(), "
                     "%ddp_stop) or choose another device.", item)
-            for run in going() for item in sorted(wanted & set(run.held()))]
+            for run in going() for item in sorted(wanted & set(run._held()))]
     return replace(report, findings=report.findings + tuple(busy)) if busy else report
 
 

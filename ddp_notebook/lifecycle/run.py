@@ -297,7 +297,7 @@ class Run:
             self.stream.close()
             self._supervisor.abandon()
 
-    def held(self) -> list[str]:
+    def _held(self) -> list[str]:
         """What the run's ranks hold alone while it runs (a GPU, an engine; see ``Executor.held``)."""
         return self._executor.held(self.devices) if self._executor is not None else []
 

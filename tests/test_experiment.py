@@ -225,3 +225,110 @@ def test_the_end_of_a_run_states_its_record_and_a_list_reads_it_without_progress
              {"kind": "cell", "time": 5, "cell": 1}, {"kind": "cell", "time": 6, "cell": 2})
     assert s.metrics == {"loss": 0.1, "valid_loss.min": 0.2} and s.tracker_notes == ["mlflow failed"]
     assert s.cells == 2
+
+
+# ---- what a new user tripped on, and an attack found ---------------------------------------------
+
+def test_a_non_finite_value_is_a_number_in_the_record_and_to_the_trackers():
+    from ddp_notebook.lifecycle.reporting import Reporter
+    from ddp_notebook.lifecycle.trackers import ObjectTracker, RunRecord
+
+    s = feed(START, {"kind": "progress", "time": 1, "rank": 0, "metrics": {"valid_loss": "nan", "big": "inf"}})
+    assert math.isnan(s.metrics["valid_loss"]) and s.metrics["big"] == math.inf
+
+    class Sink:
+        def __init__(self):
+            self.seen = []
+
+        def log(self, metrics, step):
+            self.seen.append((step, metrics))
+
+    sink, notes = Sink(), []
+    reporter = Reporter(RunRecord("r", "/nonexistent", None), [ObjectTracker(sink)], notes.append)
+    reporter.on_event({"kind": "progress", "rank": 0, "points": [[1.0, 1, 0, {"valid_loss": 0.5}],
+                                                                 [2.0, 2, 1, {"valid_loss": "nan"}]]})
+    reporter.finish("failed", {}, wait=10)
+    assert sink.seen[0] == (1, {"valid_loss": 0.5}) and math.isnan(sink.seen[1][1]["valid_loss"]) and not notes
+
+
+def test_values_past_the_pending_bound_are_counted_by_value(monkeypatch):
+    import threading
+
+    from ddp_notebook.lifecycle import reporting
+    from ddp_notebook.lifecycle.trackers import ObjectTracker, RunRecord
+
+    monkeypatch.setattr(reporting, "PENDING_VALUES", 100)
+    gate = threading.Event()
+
+    class Stuck:
+        def log(self, metrics, step):
+            gate.wait(10)
+
+    notes = []
+    reporter = reporting.Reporter(RunRecord("r", "/nonexistent", None), [ObjectTracker(Stuck())], notes.append)
+    point = [0.0, 1, None, {f"m{i}": 1.0 for i in range(50)}]  # one log of 50 values
+    for _ in range(10):
+        reporter.on_event({"kind": "progress", "rank": 0, "points": [point]})
+    gate.set()
+    reporter.finish("succeeded", {}, wait=10)
+    said = [n["message"] for n in notes]
+    assert any(m.startswith("the trackers fell behind: ") and int(m.split(": ")[1].split()[0]) >= 400
+               for m in said), said  # 8 or more logs of 50 values left out, counted as values
+
+
+def test_an_epoch_a_stop_cut_short_is_no_epoch_of_the_history():
+    from ddp_notebook.worker.loss_history import LossHistory
+
+    h = LossHistory(clock=iter(range(100)).__next__)
+    for step in (1, 2):
+        h.add(step, 0, {"loss": 1.0})
+    h.add(None, 0, {"valid_loss": 0.5})
+    h.add(3, 1, {"loss": 0.5})  # epoch 1 begins, and a stop cuts it
+    h.cut(1)
+    h.close()
+    s = feed(START, {"kind": "progress", "time": 1, "rank": 0, "metrics": {}, **h.attach({})})
+    assert [r["epoch"] for r in s.history] == [0] and s.workers[0].epoch_history[-1]["cut"]
+
+
+def test_a_config_entry_named_as_a_metric_and_dollars_in_names():
+    from ddp_notebook.lifecycle.experiments import ListedRun
+    from ddp_notebook.ui.comparison import Comparison
+
+    def state(run_id, name, loss_fn, value):
+        return feed(dict(START, run_id=run_id, name=name, config={"loss": loss_fn, "epochs": 3}),
+                    {"kind": "progress", "time": 1, "rank": 0, "metrics": {"loss": value},
+                     "points": [[1.0, 1, None, {"loss": value}]]})
+
+    listed = [ListedRun("a", "/nonexistent/a", None, state("a", "a $\\x$ b", "MSELoss()", 0.5)),
+              ListedRun("b", "/nonexistent/b", None, state("b", "budget $5", "L1Loss()", 0.25))]
+    comparison = Comparison(listed)
+    lines = repr(comparison).splitlines()
+    assert lines[0].split() == ["run", "status", "duration", "devices", "loss", "(config)", "loss"]
+    assert "MSELoss()" in lines[1] and "0.5" in lines[1] and "L1Loss()" in lines[2]
+    assert comparison.rows()[0]["config"] == {"loss": "MSELoss()"} and comparison.rows()[0]["metrics"] == {"loss": 0.5}
+    assert comparison.plot_png().startswith(b"\x89PNG")  # a "$" is drawn as written, never as math
+    assert "—" not in lines[1]  # both runs have the entry
+
+
+def test_lists_keep_the_end_of_a_long_value_and_large_numbers_read_right():
+    from ddp_notebook.ui.text import format_metric, format_runs
+
+    runs = [feed(dict(START, run_id=f"20260101-00000{i}-aaaaa{i}", name=None,
+                      config={"optimizer": f"lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9) [lr={lr}]"}))
+            for i, lr in enumerate((0.1, 0.01))]
+    rows = format_runs(runs)
+    assert rows[1].rstrip().endswith("[lr=0.1]") and rows[2].rstrip().endswith("[lr=0.01]")
+    assert format_metric(6.77e33) == "6.77e+33" and format_metric(2.3e17) == "2.3e+17"
+
+
+@pytest.mark.parametrize("bad", ["a\rb", "a\u2028b", "a\x1bb"])
+def test_names_and_tags_are_on_one_line(bad):
+    with pytest.raises(LaunchOptionError, match="name must be"):
+        check_name(bad)
+    with pytest.raises(LaunchOptionError, match="tags\\['x'\\]"):
+        check_tags({"x": bad})
+
+
+def test_report_to_none_is_no_tracker_in_a_list_too():
+    assert check_report_to("none") is None and check_report_to(["none"]) is None
+    assert check_report_to(["None", "mlflow"]) == ("mlflow",)

@@ -158,8 +158,10 @@ def test_named_tagged_and_pinned_runs_are_outside_the_limits_and_go_only_when_de
     pinned = ddp_notebook.Run.load(plain[0].path)
     pinned.unpin()
     assert [os.path.basename(r.path) for r in ddp_notebook.prune_runs(keep=0)] == [plain[0].id]
-    ddp_notebook.Run.load(named.path).delete()
+    loaded = ddp_notebook.Run.load(named.id[-6:])  # by the end of its id, as the magics take it
+    loaded.delete()
     assert not os.path.exists(named.path)
+    loaded.delete()  # gone already: nothing to do
 
 
 def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_folder, monkeypatch):
@@ -180,18 +182,32 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
     assert comparison.run_ids == [r.id for r in runs] and comparison.metrics == ["loss"]
     assert comparison.differences()[0] == ["lr"] and "lr=0.1" in repr(comparison)
     rows = comparison.rows()
-    assert [(r["run"], r["lr"], r["status"]) for r in rows] == [("lr=0.1", 0.1, "succeeded"),
+    assert [(r["run"], r["config"]["lr"], r["status"]) for r in rows] == [("lr=0.1", 0.1, "succeeded"),
                                                                 ("lr=0.01", 0.01, "succeeded")]
     frame = comparison.frame()
     assert list(frame.columns[:5]) == ["run_id", "name", "status", "start_time", "end_time"]
     assert list(frame["config.lr"]) == [0.1, 0.01] and "metrics.loss" in frame and "tags.lr" not in frame
     assert str(frame["start_time"].dt.tz) == "UTC"
+    broken = _fake_run(runs_folder, "20260101-000002-dddd01", cwd=os.getcwd())
+    with open(broken.events_path, "a") as log:
+        log.write("garbage\n")  # one line that is no event: the run cannot be read
+    theirs = _fake_run(runs_folder, "20260101-000003-cccc01", name="not yours", cwd=os.getcwd())
+    for folder, _, files in os.walk(theirs.path):
+        for name in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.chown(name, 4242, 4242)  # another user's run, planted in the folder
+    here = ddp_notebook.compare()  # the good runs compared, the unreadable one said, the other user's never listed
+    assert here.run_ids == [r.id for r in runs] and len(here.unreadable) == 1 and broken.id in here.unreadable[0]
+    assert "left out, its log cannot be read: 20260101-000002-dddd01" in repr(here) and "cannot be read" in here.html()
+    with pytest.raises(RunLoadError, match="cannot be read as a run's"):  # named, it must be read
+        ddp_notebook.compare(broken.id)
     everything = ddp_notebook.compare(everywhere=True, last=3)
-    assert everything.run_ids[0] == "20260101-000001-eeee01" and "metrics.loss" in everything.frame()
+    assert everything.run_ids == ["20260101-000001-eeee01", runs[0].id, runs[1].id]
+    assert "metrics.loss" in everything.frame()
     assert ddp_notebook.compare(runs[1].id[-6:], runs[0]).run_ids == [runs[1].id, runs[0].id]
     with pytest.raises(RunLoadError, match=r"^no run 'nope' in this kernel nor in "):
         ddp_notebook.compare("nope")
-    with pytest.raises(RunLoadError, match=r"^'01' ends 2 run ids \(20260101-000000-ffff01, 20260101-000001-eeee01\)"):
+    with pytest.raises(RunLoadError, match=r"^'01' ends 4 run ids \(20260101-000000-ffff01, 20260101-000001-eeee01, "
+                                           r"20260101-000002-dddd01, 20260101-000003-cccc01\)"):
         ddp_notebook.compare("01")
     with pytest.raises(ArgumentsError, match=r"^no run of this comparison logged 'acc': they logged loss$"):
         ddp_notebook.compare(*runs, metrics=["acc"])

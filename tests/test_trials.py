@@ -55,6 +55,10 @@ def test_a_weak_fit_is_pruned_at_its_second_epoch(tmp_path):
     assert seen["pruned"] and trial.state == optuna.trial.TrialState.PRUNED
     assert sorted(trial.intermediate_values) == [0, 1]  # epochs from 0; nothing reported after the pruning
     assert trial.intermediate_values[0] == pytest.approx(run.history[0]["valid_loss"])
+    # the run's epochs begin with those the trial was told (here an epoch takes milliseconds: a few more
+    # end before the stop arrives), and are whole: never an epoch the stop cut short
+    assert [r["epoch"] for r in run.history][:2] == [0, 1] and all("valid_loss" in r for r in run.history)
+    assert [r["epoch"] for r in run.history] == list(range(len(run.history)))
     assert run.status == "stopped" and run.state.pruned
     assert "pruned by Optuna (trial 0, at epoch 2: valid_loss" in run.state.stop_reason
     assert run.config["study"] == "weak" and run.config["trial"] == 0 and run.config["trial.lr"] == 0.0

@@ -22,7 +22,8 @@ from typing import Any, Optional, TypedDict
 from ._text import TextEnum
 from .bounds import METRIC_CHARS, cut
 
-__all__ = ["EventKind", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame", "write_all", "to_json_value"]
+__all__ = ["EventKind", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame", "write_all", "to_json_value",
+           "NOT_FINITE"]
 
 _LEN = struct.Struct(">I")
 
@@ -187,6 +188,10 @@ def write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+NOT_FINITE = ("nan", "inf", "-inf")
+"""How ``to_json_value`` writes a non-finite number (JSON has none): what reads it turns it back."""
 
 
 def to_json_value(value: Any, name: str = "value") -> Any:

@@ -18,6 +18,7 @@ import math
 import numbers
 import re
 import sys
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -61,9 +62,14 @@ def check_name(value: Any) -> Optional[str]:
     if not isinstance(value, str):
         raise LaunchOptionError(f"name must be text (such as 'baseline' or 'lr=0.1') or None, not {value!r}")
     text = value.strip()
-    if not text or len(text) > NAME_CHARS or any(ch in text for ch in "\n\r\0"):
+    if not text or len(text) > NAME_CHARS or not _one_line(text):
         raise LaunchOptionError(f"name must be 1 to {NAME_CHARS} characters on one line, not {cut(value, 80)!r}")
     return text
+
+
+def _one_line(text: str) -> bool:
+    """Whether ``text`` shows on one line: no control character, no line or paragraph separator."""
+    return not any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in text)
 
 
 def _short_scalar(value: Any) -> bool:
@@ -71,7 +77,7 @@ def _short_scalar(value: Any) -> bool:
         return True
     if isinstance(value, (int, float)):
         return not isinstance(value, float) or math.isfinite(value)
-    return isinstance(value, str) and len(value) <= TAG_CHARS and "\0" not in value and "\n" not in value
+    return isinstance(value, str) and len(value) <= TAG_CHARS and _one_line(value)
 
 
 def check_tags(value: Any) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def check_private_folder(path: str, what: str = "the runs folder") -> None:
                 raise UnsafeRunDirError(
                     f"{what} {path!r} cannot be used: {current!r} {why}, so another user could replace a "
                     "run's files and have your workers load their code. Use a folder only you can write to "
-                    f"(for instance the default, {default_run_root()!r}), or make it so: chmod go-w {current!r}")
+                    f"(for instance {private_run_root()!r}), or make it so: chmod go-w {current!r}")
         parent = os.path.dirname(current)
         if parent == current:
             return
@@ -179,6 +179,12 @@ def default_run_root() -> str:
     """``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``."""
     if os.environ.get("DDP_NOTEBOOK_RUNS"):
         return os.environ["DDP_NOTEBOOK_RUNS"]
+    return private_run_root()
+
+
+def private_run_root() -> str:
+    """``~/.cache/ddp_notebook/runs`` (``$XDG_CACHE_HOME`` honoured): the runs folder when
+    ``$DDP_NOTEBOOK_RUNS`` names none, in the user's own cache."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "ddp_notebook", "runs")
 

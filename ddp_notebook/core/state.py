@@ -20,7 +20,7 @@ from typing import Any, Optional
 from ._text import TextEnum
 from .bounds import LINE_CHARS, METRICS_KEPT, cut
 from .console import ConsoleLines
-from .events import EventKind
+from .events import NOT_FINITE, EventKind
 from .failures import WorkerFailure
 
 __all__ = ["DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT", "SERIES_KEPT",
@@ -346,9 +346,10 @@ class RunState:
 
     @property
     def history(self) -> list[dict[str, Any]]:
-        """Rank 0's epochs as rows (``epoch_row``), the panel's epoch table: ``Run.history``."""
+        """Rank 0's epochs as rows (``epoch_row``), the panel's epoch table but an epoch a stop cut
+        short (``ctx.batches`` left it early): ``Run.history``."""
         main = self.workers.get(0)
-        return [epoch_row(r) for r in main.epoch_history] if main is not None else []
+        return [epoch_row(r) for r in main.epoch_history if not r.get("cut")] if main is not None else []
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -555,7 +556,7 @@ class RunState:
                     setattr(w, key, event[key])
             for name, value in (event.get("metrics") or {}).items():
                 if name in w.metrics or len(w.metrics) < METRICS_KEPT:  # a new name each step must not grow it
-                    w.metrics[name] = value
+                    w.metrics[name] = float(value) if value in NOT_FINITE else value  # (JSON has no nan)
             if t is not None and w.last_progress_at is not None:
                 gap = max(0.0, t - w.last_progress_at)
                 w.typical_gap = gap if w.typical_gap is None else 0.8 * w.typical_gap + 0.2 * gap

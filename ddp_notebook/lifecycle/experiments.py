@@ -102,19 +102,29 @@ def runs_of_here(everywhere: bool = False, root: Optional[str] = None,
                  origins: Optional[Sequence[str]] = None) -> list[ListedRun]:
     """The runs of the runs folder launched from this notebook's working directory (every one with
     ``everywhere``), this process's and earlier ones' (a run kept elsewhere, ``run_root=``, is
-    given by name instead), oldest first; only those ``origins`` started (``launch``, ``fit``,
-    ``spawn``, ``session``, ``preflight``) when given."""
+    given by name instead; another user's is never listed), oldest first; only those ``origins``
+    started (``launch``, ``fit``, ``spawn``, ``session``, ``preflight``) when given."""
     root = os.path.abspath(root or default_run_root())
     held = _held()
     here = os.getcwd()
     listed: dict[str, ListedRun] = {}
     for directory in reversed(stored_runs(root)):  # oldest first
-        if everywhere or launched_from(directory) == here:
+        if _mine(directory) and (everywhere or launched_from(directory) == here):
             listed[directory.id] = _listed(directory, held)
     out = sorted(listed.values(), key=lambda r: (_started_at(r), r.id))
     if origins is not None:
         out = [r for r in out if _origin(r) in origins]
     return out
+
+
+def _mine(directory: RunDir) -> bool:
+    """Whether the run's directory is this user's (a runs folder others may write to, with a sticky
+    bit, may hold theirs: never listed as this user's runs)."""
+    try:
+        owner = os.stat(directory.path).st_uid
+    except OSError:
+        return False
+    return not hasattr(os, "getuid") or owner in (os.getuid(), 0)
 
 
 def _started_at(listed: ListedRun) -> float:

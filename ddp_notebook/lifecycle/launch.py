@@ -303,9 +303,14 @@ def launch(fn: Callable[..., Any], devices: Optional[DeviceSpec] = None, args: t
     if trial is not None and monitor is None:
         raise LaunchOptionError("launch(trial=...) needs monitor=, the name of the value your function logs with "
                                 "ctx.log that the trial is told (such as monitor='valid_loss')")
+    direction = trial_direction(trial)
+    if mode is not None and direction is not None and mode != direction:
+        raise LaunchOptionError(f"launch()'s mode is {mode!r} but the trial's study is to {direction}imize "
+                                f"{monitor!r}: leave mode out (the study's direction is taken) or give "
+                                f"mode={direction!r}")
     config = {"function": function_name(fn), **call_config(fn, "ctx", args, kwargs), **trial_config(trial)}
     settings = RunSettings(origin="launch", config=config,
                            code=code_fingerprint([fn]), monitor=monitor,
-                           monitor_mode=mode or trial_direction(trial) or "min", trial=trial)
+                           monitor_mode=mode or direction or "min", trial=trial)
     with trial_turn(devices, trial):
         return launch_with(fn, devices, args, kwargs, gathered, settings, probe=probe)

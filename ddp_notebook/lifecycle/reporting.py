@@ -13,6 +13,7 @@ told its status, and the run waits for them a bounded time.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -20,17 +21,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from ..core.errors import LaunchOptionError
-from ..core.events import EventKind
+from ..core.events import NOT_FINITE, EventKind
 from ..core.experiment import summarize
 from .trackers import Point, RunRecord, Tracker
 
-__all__ = ["Reporter", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_POINTS", "CPU_SHARE"]
+__all__ = ["Reporter", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_VALUES", "CPU_SHARE"]
 
 log = logging.getLogger(__name__)
 
 FINISH_WAIT = 10.0
 """Seconds the end of a run waits for its trackers to take the last values and its status."""
-PENDING_POINTS = 200_000
+PENDING_VALUES = 200_000
 """Values waiting for the trackers at most; past it, new ones are not sent (and the panel says so)."""
 CPU_SHARE = 0.02
 """The share of one core the trackers take at most while the run goes on (the rest at its end)."""
@@ -97,6 +98,7 @@ class Reporter:
         self.pruned = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ending = threading.Event()  # the run has ended: the trackers take what is left at once
+        self._background = threading.Event()  # its end no longer waits for them: back to their share
         self._trial_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
         self._dropped = 0
@@ -123,6 +125,7 @@ class Reporter:
         if not isinstance(raw, list) or not raw:
             return
         points: list[tuple[Point, Optional[int]]] = []
+        values_in = 0
         with self._lock:
             for item in raw:
                 if not isinstance(item, list) or len(item) != 4 or not isinstance(item[3], dict):
@@ -130,16 +133,19 @@ class Reporter:
                 self._count += 1
                 t, step, epoch, values = item
                 at = step if isinstance(step, int) and not isinstance(step, bool) else self._count
+                # A non-finite number travels as its text (JSON has none): to the trackers, the number.
+                values = {k: float(v) if v in NOT_FINITE else v for k, v in values.items()}
+                values_in += len(values)
                 points.append(((at, float(t), values), epoch if isinstance(epoch, int) else None))
             if self.trial is not None:
                 self._trial_queue.put(points)
             if not self.trackers:
                 return
-            if self._pending + len(points) > PENDING_POINTS:
-                self._dropped += len(points)
+            if self._pending + values_in > PENDING_VALUES:
+                self._dropped += values_in
                 return
-            self._pending += len(points)
-        self._queue.put(points)
+            self._pending += values_in
+        self._queue.put((points, values_in))
 
     def finish(self, status: str, summary: dict[str, Any], wait: Optional[float] = None) -> None:
         """Tell the trackers the run ended (``status``, ``summary``: its final metrics), waiting at
@@ -155,6 +161,7 @@ class Reporter:
         busy = [(self._busy or "the trackers") if serves == "trackers" else "the Optuna trial"
                 for thread, serves in self._threads if thread.is_alive()]
         if busy:
+            self._background.set()  # from now on at its share of a core again: other runs may train
             what = " and ".join(busy)
             self._note(what, f"{what} still busy {wait:g} s after the run ended: it goes on in the background")
 
@@ -173,7 +180,7 @@ class Reporter:
             self._drop(tracker)
             self._note(tracker.label, f"report_to={tracker.label!r} needs {e.name or 'a missing library'} "
                                       f"({tracker.needs or 'install it'}): the run goes on without it")
-        except Exception as e:  # whatever a tracker raises, the run goes on
+        except BaseException as e:  # whatever a tracker raises (even SystemExit, on this thread), the run goes on
             self._drop(tracker)
             log.debug("tracker %s failed", tracker.label, exc_info=True)
             self._note(tracker.label, f"{tracker.label} failed in {what}(): {type(e).__name__}: {e}"[:500]
@@ -199,18 +206,20 @@ class Reporter:
             item = self._queue.get()
             batch: list[tuple[Point, Optional[int]]] = []
             end = None
+            taken = 0
             while True:  # whatever waits goes in one call to each tracker
-                if isinstance(item, tuple) and item and item[0] is _END:
+                if item[0] is _END:
                     end = item
                     break
-                batch += item
+                batch += item[0]
+                taken += item[1]
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
             if batch:
                 with self._lock:
-                    self._pending -= len(batch)
+                    self._pending -= taken
                 points = [p for p, _epoch in batch]
                 used = time.thread_time()
                 for tracker in list(self.trackers):
@@ -225,8 +234,14 @@ class Reporter:
                 return
 
     def _rest(self, used: float) -> None:
-        """While the run goes on, rest in proportion to the CPU time just ``used`` (its end wakes it)."""
-        self._ending.wait(min(used * (1 / CPU_SHARE - 1), MAX_REST))
+        """Rest in proportion to the CPU time just ``used``: while the run goes on (its end wakes
+        it: the end waits for the trackers, which catch up at once), and again once the end no
+        longer waits for them (what is left then goes on in the background at their share)."""
+        delay = min(used * (1 / CPU_SHARE - 1), MAX_REST)
+        if self._background.is_set():
+            time.sleep(delay)
+        else:
+            self._ending.wait(delay)
 
     def _run_trial(self) -> None:
         """The trial's thread: the monitored value as it comes; at the end, a line if it never came."""
@@ -247,7 +262,7 @@ class Reporter:
             return
         for (step, _t, values), epoch in batch:
             value = values.get(self.monitor)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 if len(self._names) < 100:
                     self._names.update(values)
                 continue

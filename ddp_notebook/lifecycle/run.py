@@ -149,8 +149,8 @@ class Run:
         Parameters
         ----------
         run_dir : str or os.PathLike
-            A run's directory, or its id (under ``$DDP_NOTEBOOK_RUNS``, else
-            ``~/.cache/ddp_notebook/runs``).
+            A run's directory, or its id or the unique end of its id (under
+            ``$DDP_NOTEBOOK_RUNS``, else ``~/.cache/ddp_notebook/runs``).
 
         Returns
         -------
@@ -258,7 +258,8 @@ class Run:
         outcome = Outcome(RunStatus.FAILED, None, "the supervisor did not return")
         try:
             outcome = self._supervisor.supervise()
-            finished: dict[str, Any] = {"kind": EventKind.RUN_FINISHED, "status": outcome.status}
+            # Its end is when its ranks ended: what follows (the result, the trackers) is not its length.
+            finished: dict[str, Any] = {"kind": EventKind.RUN_FINISHED, "status": outcome.status, "time": time.time()}
             if outcome.result is not None:
                 self._loaded = load_result(outcome.result, str(self.devices[0]), self.stream.emit)
                 if self._loaded is None:
@@ -275,7 +276,7 @@ class Run:
                 self._reporter.finish(str(finished["status"]), self.state.metrics)
             if self._git is not None:
                 self._git.end(PROVENANCE_WAIT)
-            self.stream.emit({**finished, "time": time.time()})
+            self.stream.emit(finished)
             self.dir.remove(RunDir.RENDEZVOUS)
             self.stream.close()
             self._executor.finished(self.dir, len(self.devices))
@@ -374,13 +375,11 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        """What the run was called with: the function's arguments by parameter name (``fit``'s
-        own: ``epochs``, ``batch_size``...), ``devices``, and the launch options set. Numbers,
-        text, None and small lists and dicts of them as they are; a tensor or an array as
-        ``Tensor[896, 8] float32``, a module as ``Net (12.3k parameters)``, a dataset as
-        ``TensorDataset[896]``, a function by its name (a lambda by its text, with the values it
-        reads: ``lambda p: SGD(p, lr=lr) [lr=0.1]``); an Optuna trial's parameters as
-        ``trial.<name>``. A session records none (its call holds its secret)."""
+        """What the run was called with: the function's arguments by parameter name (``fit``'s own:
+        ``epochs``, ``batch_size``...), ``devices``, the launch options set, an Optuna trial's
+        parameters (``trial.<name>``). Plain values as they are; data summarized
+        (``Tensor[896, 8] float32``, ``Net (12.3k parameters)``), a function by its name, a lambda by
+        its text with the values it reads. A session records none (its call holds its secret)."""
         return dict(self.state.config)
 
     @property

@@ -323,7 +323,10 @@ def launched_from(directory: RunDir) -> Optional[str]:
 
 
 def delete_run_dir(directory: RunDir) -> None:
-    """Remove a run's directory, refusing a run still going in another notebook process."""
+    """Remove a run's directory (gone already: nothing to do), refusing a run still going in
+    another notebook process."""
+    if not os.path.lexists(directory.path):
+        return
     if not _has_ended(directory):
         raise DDPNotebookError(f"run {directory.id} is still going in another notebook process: stop it there first")
     shutil.rmtree(directory.path, ignore_errors=True)
@@ -379,12 +382,13 @@ def prune_folder(root: Optional[str] = None, keep: Optional[int] = None, max_byt
 
 
 def _run_path(run_dir: Any) -> str:
-    """The directory ``Run.load`` reads: ``run_dir`` itself, or a run id under the default runs folder."""
+    """The directory ``Run.load`` reads: ``run_dir`` itself, or a run id (or its unique end) under
+    the default runs folder."""
     path = os.fspath(run_dir) if isinstance(run_dir, os.PathLike) else run_dir
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise RunLoadError(f"Run.load takes a run's directory or its id (a str), not {run_dir!r}")
-    if os.sep not in path and not os.path.isdir(path):
-        return os.path.join(default_run_root(), path)
+    if os.sep not in path and not os.path.isdir(path):  # an id, or the end of one (as the magics take)
+        return find_stored_run(path) or os.path.join(default_run_root(), path)
     return path
 
 

@@ -82,6 +82,8 @@ def check_report_to(value: Any) -> Optional[tuple[Any, ...]]:
     for item in items:
         if isinstance(item, str):
             name = item.strip().lower()
+            if name == "none":  # (Hugging Face's word for no tracker, in a list too)
+                continue
             if name not in TRACKER_NAMES:
                 raise LaunchOptionError(f"report_to names {item!r}, which is not a tracker: give {valid}, a list of "
                                         "them, or a tracker object (a SummaryWriter, or anything with "

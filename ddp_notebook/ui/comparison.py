@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Optional
 
-from ..core.errors import ArgumentsError
+from ..core.errors import ArgumentsError, RunLoadError, UnsafeRunDirError
 from ..core.events import EventKind
 from ..core.experiment import differing
 from ..core.state import RunState
@@ -83,12 +83,33 @@ def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[
         raise ArgumentsError(f"last must be a whole number >= 1 (how many of the latest runs), not {last!r}")
     if not isinstance(everywhere, bool):
         raise ArgumentsError(f"everywhere must be True or False, not {everywhere!r}")
-    listed = find_runs(runs) if runs else runs_of_here(everywhere, origins=LISTED_ORIGINS)
+    if metrics is not None:
+        asked = list(metrics) if not isinstance(metrics, str) and hasattr(metrics, "__iter__") else None
+        if asked is None or not all(isinstance(m, str) for m in asked):
+            raise ArgumentsError(f"metrics is a list of metric names, such as ['valid_loss'], not {metrics!r}")
+        metrics = asked
+    if runs:  # the runs named: each one must be read
+        listed, unreadable = find_runs(runs), list[str]()
+        for one in listed:
+            one.state  # noqa: B018 - read now: a run that cannot be read is said here, by id
+    else:  # the runs found: one that cannot be read is left out, and said
+        listed, unreadable = _readable(runs_of_here(everywhere, origins=LISTED_ORIGINS))
     if last is not None:
         listed = listed[-last:]
-    if metrics is not None and (isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)):
-        raise ArgumentsError(f"metrics is a list of metric names, such as ['valid_loss'], not {metrics!r}")
-    return Comparison(listed, list(metrics) if metrics is not None else None)
+    return Comparison(listed, list(metrics) if metrics is not None else None, unreadable)
+
+
+def _readable(listed: list[ListedRun]) -> tuple[list[ListedRun], list[str]]:
+    """The runs whose logs can be read, and a line for each one that cannot."""
+    readable, unreadable = [], []
+    for one in listed:
+        try:
+            one.state  # noqa: B018 - (read once, kept)
+        except (RunLoadError, UnsafeRunDirError) as e:
+            unreadable.append(f"{one.id}: {e}")
+        else:
+            readable.append(one)
+    return readable, unreadable
 
 
 def _label(state: RunState) -> str:
@@ -99,9 +120,12 @@ class Comparison:
     """Runs side by side (made by :func:`ddp_notebook.compare`): in a notebook their curves above a
     table, live while a run goes on; ``frame()``, a pandas DataFrame; ``repr()``, the table as text."""
 
-    def __init__(self, listed: list[ListedRun], metrics: Optional[list[str]] = None) -> None:
+    def __init__(self, listed: list[ListedRun], metrics: Optional[list[str]] = None,
+                 unreadable: Sequence[str] = ()) -> None:
         self._listed = listed
         self._asked = metrics
+        #: A line for each run of the folder whose log could not be read (left out).
+        self.unreadable = list(unreadable)
         if metrics is not None:
             logged = self._logged()
             missing = [m for m in metrics if m not in logged]
@@ -158,21 +182,24 @@ class Comparison:
 
     def rows(self) -> list[dict[str, Any]]:
         """The table as data, one dict per run: ``run`` (its label), ``run_id``, ``status``,
-        ``duration`` (seconds), ``devices``, each differing config value, each plotted metric's
-        last value and the monitored value's best (``valid_loss.min``)."""
-        states = self.states
+        ``duration`` (seconds), ``devices``; ``config``, the config values that differ between
+        the runs (a value a run lacks is left out); ``metrics``, each plotted metric's last value
+        and the monitored value's best (``valid_loss.min``)."""
+        return self._rows(self.states)
+
+    def _rows(self, states: list[RunState]) -> list[dict[str, Any]]:
         keys, _ = self.differences(states)
+        plotted = self.metrics
         out = []
         for label, state in zip(self.labels(states), states):
             end = state.ended_at or time.time()
-            row: dict[str, Any] = {"run": label, "run_id": state.run_id, "status": str(state.status),
-                                   "duration": end - state.started_at if state.started_at else None,
-                                   "devices": ",".join(state.devices)}
-            row.update({k: state.config.get(k) for k in keys})
             metrics = state.metrics
-            row.update({m: metrics.get(m) for m in self.metrics})
-            row.update({k: v for k, v in metrics.items() if k.endswith((".min", ".max"))})
-            out.append(row)
+            out.append({"run": label, "run_id": state.run_id, "status": str(state.status),
+                        "duration": end - state.started_at if state.started_at else None,
+                        "devices": ",".join(state.devices),
+                        "config": {k: state.config[k] for k in keys if k in state.config},
+                        "metrics": {**{m: metrics[m] for m in plotted if m in metrics},
+                                    **{k: v for k, v in metrics.items() if k.endswith((".min", ".max"))}}})
         return out
 
     # ---- pandas ----------------------------------------------------------------------------------
@@ -227,10 +254,10 @@ class Comparison:
         labels = self.labels(states)
         shown, title = self._legend(labels, states, metrics[0])
         height = 2.7 * rows
-        fit = max(4, int(height * 72 / 11) - 2)  # legend entries a column holds (7 pt type)
+        fit = max(4, int(height * 72 / 12) - 2)  # legend entries a column holds (8 pt type)
         ncols = -(-len(shown) // fit)
         width, legend = 4.2 * cols, 0.3 + 1.8 * ncols
-        fig = Figure(figsize=(width + legend, height), dpi=90)
+        fig = Figure(figsize=(width + legend, height), dpi=96)
         axes = fig.subplots(rows, cols, squeeze=False)
         right, top = (width - 0.1) / (width + legend), 1 - 0.35 / height
         fig.subplots_adjust(left=0.6 / (width + legend), right=right, bottom=0.5 / height, top=top, wspace=0.28,
@@ -257,16 +284,17 @@ class Comparison:
                 (line,) = ax.plot(xs, ys, color=color, linewidth=1.2, marker="o" if len(points) <= 30 else None,
                                   markersize=3)
                 handles.setdefault(label, line)
-            ax.set_title(metric, fontsize=10)
-            ax.set_xlabel("epoch" if by_epoch else "step", fontsize=8)
-            ax.tick_params(labelsize=7)
+            ax.set_title(_plain_text(metric), fontsize=10)
+            ax.set_xlabel("epoch" if by_epoch else "step", fontsize=9)
+            ax.tick_params(labelsize=8)
             ax.xaxis.get_major_locator().set_params(integer=True, nbins=6)
         for j in range(len(metrics), rows * cols):
             axes[j // cols][j % cols].set_visible(False)
         if handles:
-            fig.legend([handles[label] for label in shown if label in handles], [s for s in shown if s in handles],
-                       loc="upper left", bbox_to_anchor=(right + 0.01, top + 0.02), fontsize=7, frameon=False,
-                       title=title, title_fontsize=7, alignment="left", ncols=ncols)
+            fig.legend([handles[label] for label in shown if label in handles],
+                       [_plain_text(s) for s in shown if s in handles],
+                       loc="upper left", bbox_to_anchor=(right + 0.01, top + 0.02), fontsize=8, frameon=False,
+                       title=title and _plain_text(title), title_fontsize=8, alignment="left", ncols=ncols)
         buf = io.BytesIO()
         FigureCanvasAgg(fig).print_png(buf)
         return buf.getvalue()
@@ -285,31 +313,35 @@ class Comparison:
         ranked = sorted(range(len(labels)), key=lambda i: last(states[i]))[:LEGEND_RUNS]
         return [labels[i] for i in sorted(ranked)], f"the {LEGEND_RUNS} best of {len(labels)} by {metric}"
 
-    def _cells(self) -> tuple[list[str], list[list[str]], dict[str, Any]]:
-        """The table's header and rows as text, and the config the runs share."""
-        states = self.states
+    def _cells(self, states: list[RunState]) -> tuple[list[str], list[list[str]], dict[str, Any]]:
+        """The table's header and rows as text, and the config the runs share, from one look at
+        the runs' states (the text and the HTML of one display say the same)."""
         keys, same = self.differences(states)
-        rows = self.rows()
-        bests = [k for k in dict.fromkeys(k for r in rows for k in r if k.endswith((".min", ".max")))]
-        head = ["run", "status", "duration", "devices", *keys, *self.metrics, *bests]
+        rows = self._rows(states)
+        plotted = self.metrics
+        bests = list(dict.fromkeys(k for r in rows for k in r["metrics"] if k.endswith((".min", ".max"))))
+        # A config entry named as a metric (fit's loss function, and the loss logged) says which it is.
+        head = ["run", "status", "duration", "devices",
+                *[f"{k} (config)" if k in plotted or k in bests else k for k in keys], *plotted, *bests]
         body = []
         for row in rows:
-            duration = row["duration"]
-            cells = [row["run"], row["status"], _seconds_text(duration),
-                     row["devices"], *[_value_text(row.get(k), k in row) for k in keys],
-                     *[_value_text(row.get(m), m in row and row[m] is not None) for m in self.metrics],
-                     *[_value_text(row.get(b), b in row) for b in bests]]
-            body.append(cells)
+            config, metrics = row["config"], row["metrics"]
+            body.append([row["run"], row["status"], _seconds_text(row["duration"]), row["devices"],
+                         *[_value_text(config.get(k), k in config) for k in keys],
+                         *[_value_text(metrics.get(m), m in metrics) for m in plotted + bests]])
         return head, body, same
 
     def html(self) -> str:
         """The comparison as HTML: the curves (a PNG inside), the table, the shared config folded."""
+        return self._html(self.states)
+
+    def _html(self, states: list[RunState]) -> str:
         png = self.plot_png()
-        head, body, same = self._cells()
+        head, body, same = self._cells(states)
         image = (f'<img class="ddp-compare-plot" style="max-width:100%" src="data:image/png;base64,'
                  f'{base64.b64encode(png).decode()}"/>' if png else "")
         cell = 'style="padding:1px 8px;text-align:left;white-space:nowrap"'
-        ids = [s.run_id for s in self.states]
+        ids = [s.run_id for s in states]
         rows = [f"<tr>{''.join(f'<th {cell}>{escape(h)}</th>' for h in head)}</tr>"]
         for run_id, cells in zip(ids, body):
             shown = [f'<td {cell} title="{escape(run_id)}"><b>{escape(cells[0])}</b></td>',
@@ -323,24 +355,38 @@ class Comparison:
                             for k, v in same.items())
             folded = (f"<details><summary>The same in every run: {len(same)} config value"
                       f"{'' if len(same) == 1 else 's'}</summary><ul>{items}</ul></details>")
-        live = " · <i>live: updates as the runs train</i>" if self.live else ""
+        left_out = ""
+        if self.unreadable:
+            items = "".join(f"<li>{escape(line)}</li>" for line in self.unreadable)
+            left_out = (f'<details><summary style="color:#fd7e14">{len(self.unreadable)} run'
+                        f"{'' if len(self.unreadable) == 1 else 's'} of the folder left out: "
+                        f"{'its log' if len(self.unreadable) == 1 else 'their logs'} cannot be read</summary>"
+                        f"<ul>{items}</ul></details>")
+        live = " · <i>live: updates as the runs train</i>" if any(not s.finished for s in states) and self.live else ""
         title = f"<b>{len(ids)} run{'' if len(ids) == 1 else 's'} compared</b>{live}"
         empty = "" if ids else "<p>No run to compare: launch runs from this notebook, or give runs or their ids.</p>"
-        return f'<div class="ddp-comparison">{title}{empty}{image}{table}{folded}</div>'
+        return f'<div class="ddp-comparison">{title}{empty}{image}{table}{folded}{left_out}</div>'
 
     def __repr__(self) -> str:
-        head, body, same = self._cells()
-        if not body:
-            return "Comparison of no run (launch runs from this notebook, or give runs or their ids)"
-        widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+        return self._text(self.states)
+
+    def _text(self, states: list[RunState]) -> str:
+        head, body, same = self._cells(states)
+        lines = []
+        if body:
+            widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+            lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+            lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+        else:
+            lines.append("Comparison of no run (launch runs from this notebook, or give runs or their ids)")
         if same:
             lines.append("the same in every run: " + ", ".join(f"{k}={_value_text(v, True)}" for k, v in same.items()))
+        lines += [f"left out, its log cannot be read: {line}" for line in self.unreadable]
         return "\n".join(lines)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
-        return {"text/plain": repr(self), "text/html": self.html()}
+        states = self.states
+        return {"text/plain": self._text(states), "text/html": self._html(states)}
 
     def _ipython_display_(self) -> None:
         """Shown with a display id, in the cell that showed it (whatever cell runs then): redrawn
@@ -378,6 +424,12 @@ class Comparison:
                     redraw()
 
         threading.Thread(target=follow, name="ddp-compare", daemon=True).start()
+
+
+def _plain_text(text: str) -> str:
+    """``text`` as matplotlib draws it as written: a ``$`` would start its math notation (and an
+    unbalanced one fail the whole plot)."""
+    return text.replace("$", r"\$")
 
 
 def _per_epoch(state: RunState, metric: str) -> bool:

@@ -30,12 +30,16 @@ def format_metric(value: Any) -> str:
 
     >>> format_metric(0.123456), format_metric(15832.7), format_metric(2_500_000), format_metric("ok")
     ('0.1235', '15.8k', '2.5M', 'ok')
+    >>> format_metric(6.77e33), format_metric(2.3e11)
+    ('6.77e+33', '230G')
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int) and abs(value) >= 10**18:  # (beyond a float's range, no float division)
         digits = str(abs(value))
         return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
+    if abs(value) >= 1e12:  # past G: in powers of ten
+        return f"{value:.3g}"
     for size, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
         if abs(value) >= size:
             scaled = value / (1e3 if suffix == "k" else size)
@@ -221,8 +225,10 @@ def _apart(state: RunState, keys: Sequence[str]) -> str:
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    text = format_metric(value) if isinstance(value, float) else str(value)
-    return one_line(text if len(text) <= limit else text[:limit - 1] + "…")
+    """A value in a list's column: its head and its end when long (a lambda's captured values,
+    what sets runs apart, are at its end)."""
+    text = one_line(format_metric(value) if isinstance(value, float) else str(value))
+    return text if len(text) <= limit else text[:limit // 2 - 1] + "…" + text[-(limit - limit // 2):]
 
 
 def format_runs(states: Sequence[RunState], current: Optional[str] = None, now: Optional[float] = None,

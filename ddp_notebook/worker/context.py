@@ -465,6 +465,7 @@ class WorkerContext:
         window_start, window_samples = time.perf_counter(), 0
         for batch in loader:
             if self.stop_agreed():
+                self._loss_history.cut(self.epoch)  # an epoch cut short by a stop: no epoch of the record
                 return
             self.step += 1
             yield _to_device(batch, self.device) if to_device and self.device.type != "cpu" else batch

@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from ..core.events import NOT_FINITE
+
 __all__ = ["LossHistory", "BINS_PER_WIDTH", "POINTS_PER_REPORT"]
 
 BINS_PER_WIDTH = 200
@@ -95,7 +97,8 @@ class LossHistory:
         if step is not None:
             self._last_step = step
         if self._record_points:
-            numbers = {k: v for k, v in metrics.items() if _number(v) is not None}
+            # Numbers, a non-finite one as its text (a divergence is a value a tracker must show).
+            numbers = {k: v for k, v in metrics.items() if _number(v) is not None or v in NOT_FINITE}
             if numbers:
                 self._points.append([now, self._last_step, epoch, numbers])
         loss = _number(metrics.get("loss"))
@@ -149,6 +152,15 @@ class LossHistory:
             self._epoch_end = self._records[self._open].get("end", self._epoch_end)
         self._open = None
 
+    def cut(self, epoch: Optional[int]) -> None:
+        """A stop cut ``epoch`` short (``ctx.batches`` left it early): its record says so, and is
+        no epoch of the run's history."""
+        with self._lock:
+            record = self._records.get(epoch) if epoch is not None else None
+            if epoch is not None and record is not None:
+                record["cut"] = True
+                self._changed.add(epoch)
+
     def close(self) -> None:
         """The function ended: its last bin and its last epoch are complete."""
         with self._lock:
@@ -194,4 +206,6 @@ class LossHistory:
         if record["losses"]:
             out["loss_mean"] = record["loss_sum"] / record["losses"]
             out["losses"] = record["losses"]
+        if record.get("cut"):
+            out["cut"] = True
         return out

@@ -95,7 +95,7 @@ def test_no_ctx_a_spinning_rank_and_a_restart_mid_run_in_jupyterlab(lab, tmp_pat
         expect(listing).to_contain_text(run_id, timeout=120_000)
         # (Kernel -> Restart shuts the kernel down: the notebook process said so as it exited.)
         expect(listing).to_contain_text(re.compile(
-            rf"{run_id}  stopped .* the notebook process exited \(kernel restart or shutdown\) at epoch "
+            rf"{run_id}\s+stopped .* the notebook process exited \(kernel restart or shutdown\) at epoch "
             r"[5-7]/20"))
         listing.scroll_into_view_if_needed()
         listing.screenshot(path=os.path.join(ARTIFACTS, "first-hour-runs-all.png"))

@@ -87,8 +87,13 @@ from ddp_notebook.executors.local import forkserver
 forkserver.disable()
 run_d = ddp_notebook.launch(idle, devices="cpu*2", args=({d!r},))
 fresh, deadline = [], time.monotonic() + 60
+def command(p):  # (a child may end meanwhile: the run's git lookup, for one)
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 while len(fresh) < 2 and time.monotonic() < deadline:  # the run's own thread starts them
-    fresh = [c.pid for c in psutil.Process().children() if "ddp_notebook.worker.process" in " ".join(c.cmdline())]
+    fresh = [c.pid for c in psutil.Process().children() if "ddp_notebook.worker.process" in command(c)]
     time.sleep(0.01)
 forkserver.enable()
 forkserver.start()

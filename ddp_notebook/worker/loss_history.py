@@ -50,6 +50,9 @@ POINTS_PER_REPORT = 1000
 """Logged values (``ctx.log`` calls) that wait for a report at most: then a report goes at once."""
 
 
+_NUMBERS = (int, float)  # (exactly: a bool is no number here)
+
+
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -97,8 +100,9 @@ class LossHistory:
         if step is not None:
             self._last_step = step
         if self._record_points:
-            # Numbers, a non-finite one as its text (a divergence is a value a tracker must show).
-            numbers = {k: v for k, v in metrics.items() if _number(v) is not None or v in NOT_FINITE}
+            # Numbers (JSON values already: a float is finite), a non-finite one as its text (a
+            # divergence is a value a tracker must show). On every log: kept lean.
+            numbers = {k: v for k, v in metrics.items() if type(v) in _NUMBERS or v in NOT_FINITE}
             if numbers:
                 self._points.append([now, self._last_step, epoch, numbers])
         loss = _number(metrics.get("loss"))

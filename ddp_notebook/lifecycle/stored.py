@@ -253,7 +253,16 @@ def stored_runs(root: Optional[str] = None) -> list[RunDir]:
         return []
     found = [RunDir(os.path.join(root, n)) for n in names if is_run_id(n)]
     return sorted((d for d in found if os.path.isdir(d.path) and not os.path.islink(d.path)),
-                  key=lambda d: (d.id[:15], _start_time(d)), reverse=True)
+                  key=lambda d: (d.id[:15], _start_time(d), _changed_at(d)), reverse=True)
+
+
+def _changed_at(directory: RunDir) -> int:
+    """When the run's directory last had an entry added (ns): the order of runs started in one
+    second whose logs say the same start (never the case of real runs' clocks, but of copies)."""
+    try:
+        return os.stat(directory.path).st_ctime_ns
+    except OSError:
+        return 0
 
 
 def _start_time(directory: RunDir) -> float:

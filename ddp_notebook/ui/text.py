@@ -215,13 +215,18 @@ def _grouped(states: Sequence[RunState]) -> list[tuple[RunState, bool]]:
     return out
 
 
+CONFIG_CHARS = 60
+"""Characters a list of runs gives what sets a run apart (its head and its end when longer)."""
+
+
 def _apart(state: RunState, keys: Sequence[str]) -> str:
     """What sets a run apart in a list: its differing config values; a session's cells."""
     if state.origin == "session":
         return f"session, {state.cells} cell{'' if state.cells == 1 else 's'}"
     if state.origin == "preflight":
         return "fit's preflight step"
-    return ", ".join(f"{k}={_short(state.config[k])}" for k in keys if k in state.config)
+    shown = [f"{k}={_short(state.config[k], 30)}" for k in keys if k in state.config]
+    return _short(", ".join(shown), CONFIG_CHARS)  # (never so wide that why it ended is cut off)
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -232,7 +237,7 @@ def _short(value: Any, limit: int = 40) -> str:
 
 
 def format_runs(states: Sequence[RunState], current: Optional[str] = None, now: Optional[float] = None,
-                width: int = 240) -> list[str]:
+                width: int = 320) -> list[str]:
     """Runs as a table, newest first, a retry under the run it retries: id, name, status,
     devices, start, length, the config that sets each apart from the others listed (a session:
     its cells), its headline metric (``RunState.headline_metric``) and why it ended; ``current``

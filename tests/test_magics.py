@@ -327,3 +327,27 @@ def test_ddp_runs_all_lists_the_runs_on_disk_and_clean_prunes_them(ip, tmp_path,
         ip.run_line_magic("ddp_runs", "--clean")
     with pytest.raises(UsageError, match=r"^%ddp_runs: argument -n: '0' is not a whole number >= 1"):
         ip.run_line_magic("ddp_runs", "-n 0")
+
+
+def test_ddp_fit_names_tags_and_trackers_and_ddp_compare(ip):
+    with capture_output():
+        assert ip.run_line_magic("ddp_fit", "train --name first --tag arch=mlp --tag lr=0.1 --wait") == 4.0
+        first = ip.user_ns["_ddp_run"]
+        assert ip.run_line_magic("ddp_fit", "train(1) --name second --report-to none --wait") == 2.0
+        second = ip.user_ns["_ddp_run"]
+    assert (first.name, first.tags, second.name) == ("first", {"arch": "mlp", "lr": 0.1}, "second")
+    assert first.config["epochs"] == 2 and second.config["epochs"] == 1
+    comparison = ip.run_line_magic("ddp_compare", f"{first.id} {second.id[-6:]} --metric loss")
+    assert comparison.run_ids == [first.id, second.id] and comparison.metrics == ["loss"]
+    assert "epochs" in repr(comparison).splitlines()[0]  # what differs between them
+    for line, words in (("train --report-to tensorbord", "%ddp_fit: report_to names 'tensorbord'"),
+                        ("train --tag arch", "%ddp_fit: argument --tag: 'arch' is not KEY=VALUE")):
+        with pytest.raises(UsageError, match=re.escape(words)):
+            ip.run_line_magic("ddp_fit", line)
+    with capture_output():  # a list is no tag value: the text written is kept
+        ip.run_line_magic("ddp_fit", "train --tag x=[1] --wait")
+    assert ip.user_ns["_ddp_run"].tags == {"x": "[1]"}
+    with pytest.raises(UsageError, match=r"^%ddp_compare: no run 'nope' in this kernel nor in "):
+        ip.run_line_magic("ddp_compare", "nope")
+    with pytest.raises(UsageError, match=r"^%ddp_compare: no run of this comparison logged 'acc'"):
+        ip.run_line_magic("ddp_compare", f"{first.id} --metric acc")

@@ -124,11 +124,14 @@ KERNEL_FIT = textwrap.dedent("""
     %load_ext ddp_notebook
     x, y = models.regression_data()
     run = ddp_notebook.fit(model=models.HeldAfter({hold!r}, after=16), train_data=(x, y), loss=torch.nn.MSELoss(),
-                           optimizer=models.sgd(0.05), epochs=4, batch_size=32, devices="cpu*2", wait=False)
+                           optimizer=models.sgd(0.05), epochs=4, batch_size=32, devices="cpu*2", wait=False,
+                           name="held", tags={{"case": "resume"}})
     print(json.dumps({{"run": run.id, "kernel": os.getpid()}}))
 """)
 LOADED = textwrap.dedent("""
     loaded = ddp_notebook.Run.load({run!r})
+    assert (loaded.name, loaded.tags, loaded.config["epochs"]) == ("held", {{"case": "resume"}}, 4)  # what it was
+    assert loaded.metrics["rank0.peak_rss"] > 0 and [r["epoch"] for r in loaded.history][:1] == [0]
     print(json.dumps({{"status": loaded.status, "reason": loaded.state.stop_reason,
                       "notebook_ended": loaded.state.notebook_ended}}))
 """)
@@ -192,10 +195,10 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
         # the earlier kernel's run, launched from this working directory: listed, with why it ended
         listed = out.strip().splitlines()
         assert listed[0].startswith("Runs launched from ") and ", newest first: 1 run, " in listed[0]
-        assert listed[2].startswith(f"  {first['run']}  stopped  cpu:0,cpu:1 ") and listed[2].endswith(crash)
+        assert listed[2].startswith(f"  {first['run']}  held  stopped  cpu:0,cpu:1 ") and listed[2].endswith(crash)
         listed = _execute(kc, "%ddp_runs --all").splitlines()
         assert listed[0].startswith(f"Runs in {root}, newest first: 1 run, ")
-        assert listed[2].startswith(f"  {first['run']}  stopped  cpu:0,cpu:1 ") and listed[2].endswith(crash)
+        assert listed[2].startswith(f"  {first['run']}  held  stopped  cpu:0,cpu:1 ") and listed[2].endswith(crash)
         assert f"  reason: {crash}" in _execute(kc, f"%ddp_status {first['run']}").splitlines()
         loaded = json.loads(_execute(kc, LOADED.format(run=first["run"])).splitlines()[-1])
         assert loaded == {"status": "stopped", "reason": crash, "notebook_ended": True}

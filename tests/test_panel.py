@@ -1,4 +1,6 @@
 """The widget panel: fed events with no kernel, then driven by a real failing 2-worker run."""
+import os
+
 import pytest
 import torch  # noqa: F401 - the workers import it; importing here keeps timings comparable
 
@@ -261,13 +263,29 @@ def test_the_title_says_data_is_being_sent_then_what_was_sent():
 
 
 @pytest.mark.processes
-def test_a_double_click_on_retry_starts_one_retry_from_one_thread_or_two():
+def fails_then_waits(ctx, marker):
+    """Rank 1 of two raises; a run on one device waits for ``marker`` (the test says when it ends)."""
+    import time
+
+    import torch.distributed as dist
+
+    if ctx.world_size > 1:
+        if ctx.rank == 1:
+            raise ValueError("boom")
+        dist.barrier()
+    while not os.path.exists(marker):
+        time.sleep(0.01)
+    return ctx.world_size
+
+
+def test_a_double_click_on_retry_starts_one_retry_from_one_thread_or_two(tmp_path):
     import threading
 
     from helpers import started_processes, wait_until
 
     before = started_processes()
-    run = ddp_notebook.launch(faults.ddp_steps, devices="cpu:0,cpu:1", kwargs={"fault": "raise", "bad_rank": 1})
+    marker = str(tmp_path / "go")
+    run = ddp_notebook.launch(fails_then_waits, devices="cpu:0,cpu:1", args=(marker,))
     panel = DDPPanel(run)
     with pytest.raises(ddp_notebook.WorkerFailedError):
         run.wait(timeout=60)
@@ -276,9 +294,11 @@ def test_a_double_click_on_retry_starts_one_retry_from_one_thread_or_two():
     assert not view.retry_single.disabled
     view.retry_single.click()
     view.retry_single.click()  # a double click: the second reaches the kernel before the button is off
+    # (the retry waits for the marker: it goes on while this is checked)
     assert len(panel.views) == 2 and view.retry_single.disabled and view.retry_without.disabled
     retry = panel.views[1].run
-    assert retry.wait(timeout=60) == [1.0, 1.0]
+    open(marker, "w").close()
+    assert retry.wait(timeout=60) == 1
     wait_until(lambda: not view.retry_single.disabled)  # on again once the retry has ended
     view.retries.sequence_s = 0.0  # the double click's sequence is over (without waiting for it to be)
     clicks = [threading.Thread(target=view.retry_single.click) for _ in range(2)]  # two threads at once
@@ -287,7 +307,7 @@ def test_a_double_click_on_retry_starts_one_retry_from_one_thread_or_two():
     for t in clicks:
         t.join(timeout=60)
     assert len(panel.views) == 3
-    assert panel.views[2].run.wait(timeout=60) == [1.0, 1.0]
+    assert panel.views[2].run.wait(timeout=60) == 1
     wait_until(lambda: started_processes() <= before)  # every worker ended
 
 

@@ -39,6 +39,21 @@ class Kernel:
         self.stream_messages = len(printed)
         return reply["content"], "".join(printed)
 
+    def shown(self, code, timeout=120):
+        """Run a cell that must succeed; return what it showed, in order: ("stream", text) and
+        (message type, its MIME bundle) for each display."""
+        shown = []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                shown.append(("stream", msg["content"]["text"]))
+            elif msg["msg_type"] in ("display_data", "execute_result", "update_display_data"):
+                shown.append((msg["msg_type"], msg["content"]["data"]))
+
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook, stop_on_error=False)
+        assert reply["content"]["status"] == "ok", (reply["content"], shown)
+        return shown
+
     def ok(self, code, timeout=120):
         content, printed = self.execute(code, timeout)
         assert content["status"] == "ok", (content, printed)

@@ -46,7 +46,9 @@ def cut_off_fit(tmp_path):
     try:
         run_dir = notebook.stdout.readline().strip()
         assert run_dir, "the notebook process did not start its fit"
-        wait_until(lambda: os.path.exists(os.path.join(run_dir, "checkpoints", "epoch-0001.pt")), timeout=120)
+        # The checkpoint as the notebook recorded it, not just its file: on a busy machine the
+        # notebook may not have read the event yet when the file is there.
+        wait_until(lambda: _logged_checkpoint(run_dir, 1), timeout=120)
         below = _descendants(notebook.pid)
     finally:
         notebook.send_signal(signal.SIGKILL)
@@ -54,6 +56,15 @@ def cut_off_fit(tmp_path):
     _wait_gone(below)  # the ranks end with their notebook: only then may the held epoch go on (it must not)
     hold.unlink()
     return run_dir
+
+
+def _logged_checkpoint(run_dir, epoch):
+    """Whether the run's log holds the checkpoint of ``epoch`` (read as it is written)."""
+    try:
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            return any('"checkpoint"' in line and f'"epoch": {epoch},' in line for line in f)
+    except OSError:
+        return False
 
 
 def _descendants(pid):

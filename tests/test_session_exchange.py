@@ -12,6 +12,7 @@ from ddp_notebook.core.failures import FailureKind
 from ddp_notebook.lifecycle.cell_names import notebook_names
 from ddp_notebook.lifecycle.session_exchange import CellOutput, Gathered, interrupts_counted
 from ddp_notebook.lifecycle.session_failures import cell_error, failures_of, push_hint
+from ddp_notebook.transfer import pickling
 
 pytestmark = pytest.mark.unit
 
@@ -26,14 +27,40 @@ def test_output_is_written_once_per_stream_per_flush_each_line_named_by_its_rank
     for i in range(500):
         out.add(i % 2, "stdout", f"line {i}\n")
     out.add(1, "stderr", "warn\n")
-    out.add(0, "stdout", "no end yet")
     out.flush()
     assert [w[0] for w in writes] == ["stdout", "stderr"]
     assert writes[0][1].count("\n") == 500 and writes[0][1].startswith("[rank 0] line 0\n[rank 1] line 1\n")
     assert writes[1][1] == "[rank 1] warn\n"
-    out.add(0, "stdout", ", now\n")  # a line in two pieces is one line
+
+
+def test_a_line_without_its_end_shows_at_once_and_goes_on_where_it_stopped():
+    writes, out = _writes()
+    out.add(0, "stdout", "epoch 1 ")  # print(..., end='')
+    out.flush()
+    assert writes == [("stdout", "[rank 0] epoch 1 ")]
+    out.add(0, "stdout", "loss 0.5\n")
+    out.flush()
+    assert writes[-1] == ("stdout", "loss 0.5\n")
+    out.add(0, "stdout", "a")
+    out.add(1, "stdout", "b\n")  # another rank: a line of its own
+    out.add(0, "stdout", "c")
+    out.close()  # a line still open is ended: what comes next starts on a line of its own
+    assert "".join(t for _, t in writes[2:]) == "[rank 0] a\n[rank 1] b\n[rank 0] c\n"
+
+
+def test_a_carriage_return_redraws_the_line_with_its_rank_named_again():
+    writes, out = _writes()
+    for pct in (10, 50, 100):
+        out.add(1, "stderr", f"\r{pct}%|###")
+        out.flush()
+    out.add(1, "stderr", "\n")
     out.close()
-    assert writes[-1] == ("stdout", "[rank 0] no end yet, now\n")
+    text = "".join(t for _, t in writes)
+    assert text == "[rank 1] 10%|###\r[rank 1] 50%|###\r[rank 1] 100%|###\n", text
+    writes, out = _writes()
+    out.add(0, "stdout", "a\r\nb\r\n")  # Windows line ends are line ends
+    out.close()
+    assert "".join(t for _, t in writes) == "[rank 0] a\n[rank 0] b\n"
 
 
 def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
@@ -47,9 +74,11 @@ def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
                                  "[rank 0] 1 more line not shown (session.current_run.output(0) has them)",
                                  "[rank 1] 2 more lines not shown (session.current_run.output(1) has them)"]
     writes, out = _writes(chars=100)
-    out.add(0, "stdout", "x" * 60 + "\n" + "y" * 60 + "\n")
+    out.add(0, "stdout", "x" * 60 + "\n" + "y" * 60 + "\n" + "z\n")
     out.close()
-    assert "[rank 0] 1 more line not shown" in "".join(t for _, t in writes)
+    text = "".join(t for _, t in writes)
+    assert text.startswith("[rank 0] " + "x" * 60 + "\n[rank 0] yyy") and "…\n" in text, text
+    assert "[rank 0] 1 more line not shown" in text, text
 
 
 def test_a_line_without_end_is_cut_and_shown_not_held_forever_and_its_rest_is_not_a_line_of_its_own():
@@ -57,11 +86,22 @@ def test_a_line_without_end_is_cut_and_shown_not_held_forever_and_its_rest_is_no
     out.add(0, "stdout", "z" * (5 * LINE_CHARS))
     out.flush()
     assert len(writes) == 1 and len(writes[0][1]) < LINE_CHARS + 100, writes
-    assert writes[0][1].endswith("… [cut at 2000 characters: the run's output has the whole line]\n"), writes
+    assert writes[0][1].endswith("… [cut at 2000 characters: the run's output has the whole line]"), writes
     out.add(0, "stdout", "z" * 100)
     out.add(0, "stdout", "zz\nnext\n")  # the end of the long line, then a line of its own
     out.close()
-    assert writes[1:] == [("stdout", "[rank 0] next\n")], writes
+    assert "".join(t for _, t in writes[1:]) == "\n[rank 0] next\n", writes
+
+
+def test_what_a_rank_displays_comes_after_what_it_printed_under_its_name():
+    shown, writes = [], []
+    out = CellOutput(lambda stream, text: writes.append(text), display=lambda d, m: shown.append((len(writes), d)))
+    out.add(1, "stdout", "before")
+    out.display(1, {"text/plain": "<HTML>", "text/html": "<b>x</b>"}, {})
+    out.display(0, {"text/plain": "just text"}, {}, label="Out: ")
+    out.close()
+    assert "".join(writes) == "[rank 1] before\n[rank 1]\n[rank 0] Out: just text\n", writes
+    assert shown == [(1, {"text/plain": "<HTML>", "text/html": "<b>x</b>"})]
 
 
 def test_an_interrupt_inside_is_counted_and_outside_raises():
@@ -87,7 +127,7 @@ def test_a_cell_takes_the_notebooks_functions_classes_and_modules_it_names_not_w
 
 def _reply(op, rank, when=0.0, interrupted=False, message="boom", name=None):
     if op == "done":
-        return {"op": "done", "value": rank * 10}
+        return {"op": "done", "value": pickling.dumps(rank * 10)}
     error = {"kind": "error", "phase": "run", "exc_type": "KeyboardInterrupt" if interrupted else "ValueError",
              "message": "" if interrupted else message, "traceback": "", "locals": [], "time": when}
     if name:

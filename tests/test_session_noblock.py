@@ -3,12 +3,18 @@
 ``close()`` with a cell stuck in native code ends the session without forming it again."""
 from __future__ import annotations
 
+import gc
+import threading
 import time
+import weakref
 
 import pytest
 
 import ddp_notebook
 from ddp_notebook.errors import SessionBusyError, SessionInterrupted
+from ddp_notebook.ui.session_view import SessionView
+
+from helpers import wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -41,3 +47,16 @@ def test_close_with_a_cell_stuck_in_native_code_ends_the_session_without_forming
     with pytest.raises(SessionInterrupted, match="as the session was closed"):
         f.result(5)
     assert s.current_run is run and run.done and not s.alive  # nothing formed again
+
+
+def test_a_closed_session_leaves_no_thread_of_its_views_and_is_collected():
+    s = ddp_notebook.session("cpu*2")
+    views = [SessionView(s) for _ in range(3)]  # as three bare %ddp_session lines make
+    s.close()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "ddp-session-view"], timeout=30)
+    for view in views:
+        view.close()
+    gone = weakref.ref(s)
+    del s, views, view
+    gc.collect()
+    assert gone() is None

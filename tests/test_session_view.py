@@ -5,9 +5,12 @@ ended (one per double click, saying the namespaces are lost), and the same in wo
 shows no widget. One test at the end runs a real session in a real kernel."""
 from __future__ import annotations
 
+import gc
 import re
 import sys
+import threading
 import time
+import weakref
 
 import ipywidgets as widgets
 import pytest
@@ -22,6 +25,8 @@ from ddp_notebook.lifecycle.session_state import (
     seconds_text,
 )
 from ddp_notebook.ui.session_view import SessionView, card_html
+
+from helpers import wait_until
 
 T0 = 1_800_000_000.0
 DEVICES = ("cpu:0", "cpu:1")
@@ -333,3 +338,31 @@ def test_the_fallback_says_since_when_a_cell_runs_not_a_clock_that_would_stop():
     assert f"Running cell 5 on ranks 0, 1 since {at}" in fallback and f"running cell 5 since {at}" in fallback
     assert " for " not in fallback.split("\n", 1)[1], fallback
     assert "Running cell 5 on ranks 0, 1 for 2.0 s" in format_session(state, now=T0 + 2)  # print(session): now
+
+
+def _view_threads():
+    return sum(1 for t in threading.enumerate() if t.name == "ddp-session-view")
+
+
+@pytest.mark.unit
+def test_a_views_thread_runs_only_while_the_session_can_change_and_never_outlives_the_view():
+    before = _view_threads()
+    session = FakeSession(ready())
+    views = [SessionView(session) for _ in range(3)]
+    wait_until(lambda: _view_threads() == before + 3, timeout=30)  # a ready session's clock ticks
+    session.state = ready(status="closed", ranks=ranks("closed", "closed"))
+    for tell in session.listeners:
+        tell()
+    wait_until(lambda: _view_threads() == before, timeout=30)  # closed: nothing moves, no thread waits
+    assert all("closed" in text_of(v.title.value) for v in views)
+    session.state = ready(run_id="r2")  # formed again (session.restart()): followed again
+    for tell in session.listeners:
+        tell()
+    wait_until(lambda: _view_threads() == before + 3, timeout=30)
+    for view in views:
+        view.close()
+    wait_until(lambda: _view_threads() == before, timeout=30)
+    gone = weakref.ref(session)
+    del views, view, session
+    gc.collect()
+    assert gone() is None  # no view keeps its session alive

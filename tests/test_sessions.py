@@ -26,7 +26,7 @@ def test_state_persists_across_cells_and_output_is_grouped_by_rank(kernel):
     printed = k.ok("%%ddp --ranks 1\nx + 5")
     assert printed == "[rank 1] Out: 15\n", printed
     # %ddp_session alone shows the live session; its namespaces stay.
-    assert k.ok("%ddp_session").startswith("Session live: 2 ranks on cpu:0, cpu:1.")
+    assert k.ok("%ddp_session").startswith("Session live: 2 ranks on cpu:0, cpu:1 (run ")
     assert "[rank 1] Out: 10\n" in k.ok("%%ddp\nx")
 
 

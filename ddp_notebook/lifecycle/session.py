@@ -57,13 +57,13 @@ from .cell_names import RANK_NAMES, notebook_names
 from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .run import Run
-from .session_exchange import INTERRUPT_GRACE, Exchange, Gathered, RankGone
+from .session_exchange import INTERRUPT_GRACE, CellOutput, Exchange, Gathered, RankGone, ValueNotSent, loaded_value
 from .session_failures import cell_error, failures_of, push_hint
 from .session_listener import RankListener, close_all
 from .session_state import SessionRecord, SessionState, format_session, ranks_text, value_text
 
-__all__ = ["Session", "CellFuture", "session", "current_session", "set_current_session", "show_sessions_with",
-           "RANK_NAMES", "INTERRUPT_GRACE"]
+__all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session", "set_current_session",
+           "show_sessions_with", "RANK_NAMES", "INTERRUPT_GRACE"]
 
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
@@ -283,13 +283,14 @@ class Session:
         if self._run is None or self._run.done:
             raise self._end_error("the session ended")
 
-    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None) -> Gathered:
+    def _request(self, ranks: list[int], message: dict[str, Any], cell: Optional[int] = None,
+                 output: Optional[CellOutput] = None) -> Gathered:
         """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes
         (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
         self._asked = list(ranks)
         exchange = Exchange(self._connections, self._readers, ranks, self.world_size, dict(message, id=next(self._ids)),
-                            cell, self._record, lambda: self._run is None or self._run.done)
+                            cell, self._record, lambda: self._run is None or self._run.done, output)
         try:
             outcome = exchange.run()
         except RankGone:
@@ -412,8 +413,15 @@ class Session:
 
     # ---- the API ---------------------------------------------------------------------------------
     def run_cell(self, code: str, ranks: Union[None, int, Iterable[int]] = None,
-                 namespace: Optional[dict[str, Any]] = None, block: bool = True) -> Union[list[Any], CellFuture]:
-        """:meth:`run`, with the notebook's namespace given (the magics pass the shell's)."""
+                 namespace: Optional[dict[str, Any]] = None, block: bool = True,
+                 show: bool = False, announce: Optional[Callable[[int], None]] = None) -> Union[list[Any], CellFuture]:
+        """:meth:`run`, with the notebook's namespace given (the magics pass the shell's).
+
+        ``show``: display each rank's value under its output (``[rank 1] Out: ...``), formatted
+        on the rank (a figure as an image), as ``%%ddp`` does; the values themselves then come
+        to the notebook only for a cell run without blocking (its future's result), so a large
+        value is never sent only to be printed. ``announce(cell)``: called for a cell run without
+        blocking before anything of it can print (the magic says the cell runs on its own line)."""
         if not isinstance(code, str):
             raise ArgumentsError(f"run() takes the cell's code as a string, not {type(code).__name__}")
         if not isinstance(block, bool):
@@ -427,7 +435,7 @@ class Session:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
         message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
-                   "sources": self._new_sources()}
+                   "sources": self._new_sources(), "show": bool(show), "value": not show or not block}
         self._cells_run = cell
         if block:
             with self._claimed():
@@ -453,19 +461,29 @@ class Session:
             context = contextvars.copy_context()
             self._background = threading.Thread(target=context.run, args=(work,), name=f"ddp-session-cell-{cell}",
                                                 daemon=True)
+            if announce is not None:
+                announce(cell)
             self._background.start()
         return future
 
     def _cell(self, cell: int, chosen: list[int], code: str, message: dict[str, Any], namespace: dict[str, Any],
               background: bool) -> list[Any]:
         with self._record.tracking(f"cell {cell}", chosen, cell, code, background=background) as said:
-            outcome = self._request(chosen, message, cell)
+            output = CellOutput()
+            outcome = self._request(chosen, message, cell, output)
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):
                 failures, done, interrupted = self._failures(cell, outcome)
                 raise self._error(cell, failures, done, interrupted=interrupted, note=push_hint(replies, namespace))
-            values = [replies[r].get("value") for r in chosen]
-            said += [f"[rank {r}] {value_text(v)}" for r, v in zip(chosen, values) if v is not None]
+            values = [loaded_value(r, replies[r]) for r in chosen]
+            for r in chosen:
+                shown = replies[r].get("shown")
+                if isinstance(shown, dict) and shown:
+                    output.display(r, shown, {}, label="Out: ")
+                text = shown.get("text/plain") if isinstance(shown, dict) else replies[r].get("text")
+                if isinstance(text, str):
+                    said.append(f"[rank {r}] {value_text(text)}")
+            output.close()
         return values
 
     def _check_free(self) -> None:
@@ -613,9 +631,17 @@ class Session:
         self._check_free()
         with self._claimed(), self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
             replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
+            values = {r: loaded_value(r, m) for r, m in replies.items() if m["op"] == "done"}
+            for r, value in values.items():
+                if isinstance(value, ValueNotSent):  # pull is for objects: one that cannot come is an error
+                    text = " ".join(value.text.split())
+                    replies[r] = {"op": "error", "error": {
+                        "kind": "error", "phase": "result", "exc_type": value.error or "ValueNotSent", "time": 0.0,
+                        "message": f"{name!r} ({text[:80] + '…' if len(text) > 80 else text}): {value.reason} "
+                                   f"(it stays in rank {r}'s namespace)"}}
             if any(m["op"] == "error" for m in replies.values()):
                 raise self._error(None, *self._failures(None, Gathered(replies)), what=f"pull {name!r}")
-        return [replies[r].get("value") for r in range(self.world_size)]
+        return [values[r] for r in range(self.world_size)]
 
     def close(self) -> None:
         """End the session: every rank leaves its loop and the run ends (succeeded).

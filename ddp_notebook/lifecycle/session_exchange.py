@@ -23,6 +23,7 @@ session's API; ``worker.session_loop`` the ranks' side).
 from __future__ import annotations
 
 import contextlib
+import re
 import select
 import signal
 import socket
@@ -38,7 +39,8 @@ from ..transfer import pickling
 from ..worker.session_loop import FrameReader, encode_frame, send_frame
 from .stall import collective_name, is_waiting_in_collective, user_site
 
-__all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
+__all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
+           "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
@@ -95,9 +97,14 @@ def interrupts_counted() -> Iterator[_Presses]:
 
 
 class CellOutput:
-    """What the ranks print during one request: each line named by its rank (``[rank 1] ...``),
-    written in batches and bounded (``SHOWN_LINES`` lines, ``SHOWN_CHARS`` characters, for all
-    ranks together; each line cut at ``LINE_CHARS``).
+    """What the ranks print during one request, shown as it comes: each line named by its rank
+    (``[rank 1] ...``), written in batches (one write per stream per ``flush``) and bounded
+    (``SHOWN_LINES`` lines, ``SHOWN_CHARS`` characters, for all ranks together; each line cut
+    at ``LINE_CHARS``).
+
+    A line without its end yet is shown at the next flush (``end=''``, a progress bar) and goes
+    on where it stopped; a carriage return (tqdm's bars) redraws the line, its rank named again;
+    another rank's text on the same stream starts a line of its own.
 
     >>> shown = []
     >>> out = CellOutput(lambda stream, text: shown.append(text), lines=2)
@@ -109,59 +116,116 @@ class CellOutput:
     """
 
     def __init__(self, write: Optional[Callable[[str, str], None]] = None, lines: int = SHOWN_LINES,
-                 chars: int = SHOWN_CHARS) -> None:
+                 chars: int = SHOWN_CHARS, display: Optional[Callable[[dict, dict], None]] = None) -> None:
         self._write = write or _write_std
+        self._display = display or _display_raw
         self._lines_left, self._chars_left = lines, chars
-        self._partial: dict[tuple[int, str], str] = {}
-        self._skipping: dict[tuple[int, str], int] = {}  # a cut line's characters not shown, until its end
+        self._open: dict[str, Optional[int]] = {"stdout": None, "stderr": None}  # the rank whose line is open
+        self._column: dict[tuple[int, str], int] = {}  # characters of the open line shown
+        self._skipping: set[tuple[int, str]] = set()  # a line shown cut: the rest of it is not shown
         self._ready: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._hidden: dict[int, int] = {}
 
     def add(self, rank: int, stream: str, text: str) -> None:
         """Take what ``rank`` printed on ``stream`` (any piece of text)."""
         stream = "stderr" if stream == "stderr" else "stdout"
-        key = (rank, stream)
-        if key in self._skipping:  # the rest of a line already shown cut: up to its end
-            end = text.find("\n")
-            self._skipping[key] += len(text) if end < 0 else end
-            if end < 0:
-                return
-            text = text[end + 1:]
-            self._skipping.pop(key)
-        lines = (self._partial.pop(key, "") + text).split("\n")
-        if len(lines[-1]) > LINE_CHARS:  # a line without end yet, already too long: show it now, cut
-            self._line(rank, stream, lines[-1])
-            self._skipping[key] = 0
-            lines[-1] = ""
-        if lines[-1]:
-            self._partial[key] = lines[-1]
-        for line in lines[:-1]:
-            self._line(rank, stream, line)
+        for piece in _PIECES.findall(text):
+            if piece in ("\n", "\r\n"):
+                self._end(rank, stream)
+            elif piece == "\r":
+                if self._open[stream] == rank and (rank, stream) not in self._skipping:
+                    self._put(stream, f"\r[rank {rank}] ")
+                    self._column[(rank, stream)] = 0
+                self._skipping.discard((rank, stream))
+            else:
+                self._text(rank, stream, piece)
 
-    def _line(self, rank: int, stream: str, line: str) -> None:
-        shown = line if len(line) <= LINE_CHARS else \
-            f"{line[:LINE_CHARS]}… [cut at {LINE_CHARS} characters: the run's output has the whole line]"
-        text = f"[rank {rank}] {shown}\n"
-        if self._lines_left <= 0 or self._chars_left < len(text):
-            self._hidden[rank] = self._hidden.get(rank, 0) + 1
-            self._lines_left = 0
+    def _text(self, rank: int, stream: str, piece: str) -> None:
+        key = (rank, stream)
+        if self._open[stream] != rank:
+            if not self._start(rank, stream):
+                return
+        if key in self._skipping:
             return
+        room = LINE_CHARS - self._column.get(key, 0)
+        if len(piece) > room:
+            piece = f"{piece[:room]}… [cut at {LINE_CHARS} characters: the run's output has the whole line]"
+            self._skipping.add(key)
+        elif len(piece) > self._chars_left:  # the request's bound: the rest of this line, and the lines after, counted
+            piece = f"{piece[:max(self._chars_left, 0)]}…"
+            self._skipping.add(key)
+            self._chars_left = 0
+        self._column[key] = self._column.get(key, 0) + len(piece)
+        self._put(stream, piece)
+
+    def _start(self, rank: int, stream: str) -> bool:
+        """Open a line of ``rank`` on ``stream`` (ending another rank's first); False when the
+        request's bounds are spent: the line is counted, not shown."""
+        if self._lines_left <= 0 or self._chars_left <= 0:
+            self._lines_left = 0
+            self._hidden[rank] = self._hidden.get(rank, 0) + 1
+            self._skipping.add((rank, stream))
+            self._open[stream] = None
+            return False
+        if self._open[stream] is not None:
+            self._put(stream, "\n")
         self._lines_left -= 1
+        self._open[stream] = rank
+        self._column[(rank, stream)] = 0
+        self._skipping.discard((rank, stream))
+        self._put(stream, f"[rank {rank}] ")
+        return True
+
+    def _end(self, rank: int, stream: str) -> None:
+        key = (rank, stream)
+        if self._open[stream] != rank and key not in self._skipping:
+            if not self._start(rank, stream):  # an empty line
+                self._skipping.discard(key)
+                return
+        if self._open[stream] == rank:
+            self._put(stream, "\n")
+            self._open[stream] = None
+        self._skipping.discard(key)
+        self._column.pop(key, None)
+
+    def _put(self, stream: str, text: str) -> None:
         self._chars_left -= len(text)
         self._ready[stream].append(text)
 
     def flush(self) -> None:
-        """Write the lines taken so far: one write per stream."""
-        for stream, lines in self._ready.items():
-            if lines:
-                self._write(stream, "".join(lines))
-                lines.clear()
+        """Write what was taken so far, lines without their end included: one write per stream."""
+        for stream, pieces in self._ready.items():
+            if pieces:
+                self._write(stream, "".join(pieces))
+                pieces.clear()
+
+    def display(self, rank: int, data: dict, metadata: dict, label: str = "") -> None:
+        """Show what ``rank`` displayed (a MIME bundle: HTML, an image, a figure), after what it
+        printed before, under a line that names the rank (``label`` after its name)."""
+        text = data.get("text/plain") if isinstance(data.get("text/plain"), str) else None
+        self._end_open("stdout")
+        if set(data) <= {"text/plain"}:  # text alone: its lines named as printed lines are (never counted)
+            lines = (text or "").split("\n")
+            self._put("stdout", "".join(f"[rank {rank}] {label if i == 0 else ''}{line}\n"
+                                        for i, line in enumerate(lines)))
+            self.flush()
+            return
+        self._put("stdout", f"[rank {rank}]{' ' + label.rstrip() if label else ''}\n")
+        self.flush()
+        self._display(data, metadata)
+
+    def _end_open(self, stream: str) -> None:
+        rank = self._open[stream]
+        if rank is not None:
+            self._put(stream, "\n")
+            self._open[stream] = None
+            self._column.pop((rank, stream), None)
 
     def close(self) -> None:
-        """Write the rest: the lines without an end yet, then what was not shown."""
-        for (rank, stream), line in sorted(self._partial.items()):
-            self._line(rank, stream, line)
-        self._partial.clear()
+        """End the lines still open, write the rest, then say what was not shown."""
+        for stream in self._ready:
+            self._end_open(stream)
+        self._skipping.clear()
         self.flush()
         for rank, count in sorted(self._hidden.items()):
             self._write("stderr", f"[rank {rank}] {count} more line{'' if count == 1 else 's'} not shown "
@@ -169,10 +233,55 @@ class CellOutput:
         self._hidden.clear()
 
 
+_PIECES = re.compile(r"\r\n|\r|\n|[^\r\n]+")
+
+
 def _write_std(stream: str, text: str) -> None:
     out = sys.stderr if stream == "stderr" else sys.stdout
     out.write(text)
     out.flush()
+
+
+def _display_raw(data: dict, metadata: dict) -> None:
+    """Show a MIME bundle in the notebook (its text outside one)."""
+    from IPython.display import display
+
+    display(data, metadata=metadata, raw=True)
+
+
+class ValueNotSent:
+    """A rank's value that could not come to the notebook (a generator cannot be pickled; a
+    DDP-wrapped model cannot be loaded outside its process group): in its place, its text as
+    the rank computed it (its ``repr``, which this object's is), and why it stayed there.
+
+    ``session.pull(name)`` raises for such a value; the rank's namespace still holds it.
+    """
+
+    def __init__(self, rank: int, text: str, reason: str, error: str = "") -> None:
+        self.rank = rank
+        self.text = text
+        self.reason = reason
+        self.error = error  # the type of the exception that kept it there
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def loaded_value(rank: int, reply: dict[str, Any]) -> Any:
+    """The value a rank's reply carries, loaded here; a :class:`ValueNotSent` when it could not
+    be pickled there or loaded here; None when it carries none."""
+    text = str(reply.get("text", ""))
+    if "unsent" in reply:
+        unsent = str(reply["unsent"])
+        return ValueNotSent(rank, text, f"it cannot be pickled on rank {rank}: {unsent}", unsent.partition(":")[0])
+    data = reply.get("value")
+    if not isinstance(data, bytes):
+        return None
+    try:
+        return pickling.loads(data)
+    except Exception as exc:  # noqa: BLE001 - unpickling runs the value's own code: any error
+        return ValueNotSent(rank, text, f"it cannot be loaded in the notebook: {type(exc).__name__}: "
+                                        f"{str(exc) or repr(exc)}", type(exc).__name__)
 
 
 @dataclass
@@ -324,6 +433,10 @@ class Exchange:
         op = reply.get("op")
         if op == "out":
             self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
+        elif op == "display" and reply.get("cell") == self.cell and self.cell is not None:
+            data, metadata = reply.get("data"), reply.get("metadata")
+            if isinstance(data, dict) and data:
+                self.output.display(rank, data, metadata if isinstance(metadata, dict) else {})
         elif op == "where" and reply.get("cell") == self.cell and self.cell is not None:
             frames = [tuple(f) for f in reply.get("frames") or []]
             place = (collective_name(frames), user_site(frames)) if is_waiting_in_collective(frames) else ()

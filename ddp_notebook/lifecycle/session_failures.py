@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ..core.errors import CellError
 from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures
-from .session_exchange import INTERRUPT_GRACE, Gathered
+from .session_exchange import INTERRUPT_GRACE, Gathered, loaded_value
 from .session_state import ranks_text
 
 __all__ = ["failures_of", "cell_error", "push_hint"]
@@ -36,7 +36,7 @@ def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
     first = min(errors, key=lambda r: errors[r].get("time") or now) if errors else None
     for rank, reply in sorted(outcome.replies.items()):
         if reply["op"] != "error":
-            values[rank] = reply.get("value")
+            values[rank] = loaded_value(rank, reply)
         elif reply.get("interrupted") and rank in outcome.knocked_on and first is not None:
             interrupted.append(rank)
         else:

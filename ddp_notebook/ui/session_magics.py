@@ -8,12 +8,13 @@ import re
 import sys
 import traceback
 from concurrent.futures import Future
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..core.devices import parse_devices
 from ..core.errors import ArgumentsError, DeviceSpecError, LaunchOptionError, SessionBusyError, SessionEndedError
 from ..core.validation import InvalidDevicesError
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
@@ -26,11 +27,33 @@ __all__ = ["SessionMagics", "SESSION_MAGICS", "show_session_view"]
 SESSION_MAGICS = (("line", "ddp_session"), ("cell", "ddp"))
 
 
-def _rank_list(text: str) -> list[int]:
-    """``--ranks``: ``0`` or ``0,2``."""
-    if not re.fullmatch(r"\s*[0-9]{1,6}(\s*,\s*[0-9]{1,6})*\s*", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or a list of ranks such as 0 or 0,2")
-    return [int(word) for word in text.split(",")]
+_RANK_ITEM = r"[0-9]{1,6}(-[0-9]{1,6})?"
+_RANK_SLICE = r"(-?[0-9]{1,6})?:(-?[0-9]{1,6})?(:(-?[0-9]{1,6})?)?"
+
+
+def _rank_choice(text: str) -> Union[list[int], slice]:
+    """``--ranks``: ``0``, ``0,2``, a range inclusive as device lists are (``0-2``, ``0,2-3``),
+    or a Python slice of the ranks (``1:``, ``::2``, ``:-1``).
+
+    >>> _rank_choice("0,2-3"), _rank_choice("1:"), _rank_choice("::2")
+    ([0, 2, 3], slice(1, None, None), slice(None, None, 2))
+    """
+    words = "".join(text.split())
+    if re.fullmatch(_RANK_SLICE, words):
+        parts = [int(p) if p else None for p in (words.split(":") + [""])[:3]]
+        if parts[2] == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: a slice's step cannot be 0")
+        return slice(*parts)
+    if not re.fullmatch(f"{_RANK_ITEM}(,{_RANK_ITEM})*", words):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a choice of ranks: a rank (0), a list (0,2), a range "
+                                         "(0-2, both ends included) or a slice (1:, ::2)")
+    out: list[int] = []
+    for item in words.split(","):
+        first, _, last = item.partition("-")
+        if last and int(last) < int(first):
+            raise argparse.ArgumentTypeError(f"{text!r}: the range {item} ends before it starts")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
 
 
 def show_session_view(value: Session) -> bool:
@@ -110,17 +133,27 @@ class SessionMagics(Magics):
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
             options["stall_timeout"] = None if args.stall_timeout == "off" else args.stall_timeout
-        if current is not None and current.alive and not args.devices and args.stall_timeout is None:
-            # Nothing asked of a new one: the live session is shown, its namespaces kept.
-            print(f"Session live: {_ranks(current.world_size)} on {', '.join(current.devices)}. "
-                  "%ddp_session DEVICES forms a new one (this one's namespaces would be lost).")
+        spec = _device_list(args.devices)
+        if current is not None and current.alive:
+            # A session lives: the line most often means "show me the session". Anything that
+            # would need new ranks is refused, never done at the cost of its namespaces.
+            try:
+                same = spec is None or [str(d) for d in parse_devices(spec)] == current.devices
+            except DeviceSpecError as e:
+                raise UsageError(f"%ddp_session: {e}") from None
+            if not same or args.stall_timeout is not None:
+                asked = f"on {spec}" if not same else "with --stall-timeout"
+                raise UsageError(
+                    f"%ddp_session: a session lives on {', '.join(current.devices)}; a new one {asked} would lose "
+                    "its namespaces. " + (f"%ddp_session --restart {spec} forms it again on those devices, "
+                                          if not same else "") + "%ddp_session --stop closes it.")
+            print(f"Session live: {_ranks(current.world_size)} on {', '.join(current.devices)} "
+                  f"(run {current.current_run.id if current.current_run else '-'}). "
+                  "%%ddp runs a cell on every rank; %ddp_session --restart forms it again.")
             show_session_view(current)
             return
-        if current is not None and current.alive:
-            current.close()
-            print("The previous session was closed (its namespaces are lost).")
         try:
-            formed = session(_device_list(args.devices), **options)
+            formed = session(spec, **options)
         except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
             raise UsageError(f"%ddp_session: {e}") from None
         self._set_current(formed)
@@ -130,7 +163,9 @@ class SessionMagics(Magics):
         show_session_view(formed)  # its live view, in a notebook
 
     @magic_arguments()
-    @argument("--ranks", type=_rank_list, metavar="R[,R...]", help="run on these ranks only (default: every rank)")
+    @argument("--ranks", type=_rank_choice, metavar="RANKS",
+              help="run on these ranks only: 0, 0,2, a range 0-2 (both ends included) or a slice 1: or ::2 "
+                   "(default: every rank)")
     @argument("--noblock", action="store_true",
               help="return at once and let the ranks run the cell: the notebook stays free, the output and values "
                    "come below as they arrive, and Stop in the session's view interrupts it")
@@ -147,36 +182,51 @@ class SessionMagics(Magics):
                 current.run_cell("", namespace=self.user_ns)  # raises what ended it
             except SessionEndedError as e:
                 raise UsageError(f"%%ddp: {e} (or %ddp_session --restart)") from None
-        ranks = args.ranks if args.ranks is not None else list(range(current.world_size))
+        ranks = _chosen(args.ranks, current.world_size)
         try:
-            done = current.run_cell(cell, ranks=ranks, namespace=self.user_ns, block=not args.noblock)
+            done = current.run_cell(cell, ranks=ranks, namespace=self.user_ns, block=not args.noblock, show=True,
+                                    announce=lambda number: print(
+                                        f"Cell {number} runs on {_rank_words(ranks)} without blocking: its output "
+                                        "and values come below; Stop in the session's view interrupts it. "
+                                        "_ddp_cell.result() waits for it.", flush=True))
         except (ArgumentsError, SessionBusyError) as e:
             raise UsageError(f"%%ddp: {e}") from None
         except SyntaxError as e:  # the cell's, said as Python says it (no frame of this package)
             raise UsageError("%%ddp: the cell is not valid Python (nothing was sent to the ranks):\n"
                              + "".join(traceback.format_exception_only(e)).rstrip()) from None
         if isinstance(done, CellFuture):
-            print(f"Cell {done.cell} runs on {_rank_words(ranks)} without blocking: its output and values come below; "
-                  "Stop in the session's view interrupts it. _ddp_cell.result() waits for it.")
             self.user_ns["_ddp_cell"] = done
             show_session_view(current)
-            done.add_done_callback(lambda future: _say_outcome(future, ranks))
-            return
-        _print_values(ranks, done)
+            done.add_done_callback(_say_error)
 
 
-def _print_values(ranks: list[int], values: list[Any]) -> None:
-    for rank, value in zip(ranks, values):
-        if value is not None:
-            print(f"[rank {rank}] Out: {value!r}")
+def _chosen(choice: Union[None, list[int], slice], world_size: int) -> list[int]:
+    """The ranks ``--ranks`` chose in a session of ``world_size`` ranks."""
+    if choice is None:
+        return list(range(world_size))
+    if isinstance(choice, slice):
+        ranks = list(range(world_size))[choice]
+        if not ranks:
+            raise UsageError(f"%%ddp: --ranks {_slice_text(choice)} chooses no rank of this session "
+                             f"(its ranks are 0 to {world_size - 1})")
+        return ranks
+    outside = [r for r in choice if r >= world_size]
+    if outside:
+        raise UsageError(f"%%ddp: --ranks: {outside[0]} is not a rank of this session (its ranks are "
+                         f"{'0' if world_size == 1 else f'0 to {world_size - 1}'})")
+    return choice
 
 
-def _say_outcome(future: Future[Any], ranks: list[int]) -> None:
-    """A cell run without blocking has ended: its values, or its error as the notebook shows one
-    (the failure report, without this package's frames)."""
+def _slice_text(choice: slice) -> str:
+    text = ":".join("" if p is None else str(p) for p in (choice.start, choice.stop, choice.step))
+    return text[:-1] if text.endswith(":") and choice.step is None else text
+
+
+def _say_error(future: Future[Any]) -> None:
+    """A cell run without blocking has ended (its values were shown as they came): its error,
+    if it raised, as the notebook shows one (the failure report, without this package's frames)."""
     error = future.exception()
     if error is None:
-        _print_values(ranks, future.result())
         return
     render = getattr(error, "_render_traceback_", None)
     lines = render() if callable(render) else [f"{type(error).__name__}: {error}"]

@@ -21,6 +21,7 @@ import io
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from html import escape
 from typing import Any, Optional
@@ -153,22 +154,61 @@ class SessionView(FullText, widgets.VBox):
         self._update_lock = threading.Lock()
         self.reform_button.on_click(lambda _: self.reform())
         self.stop_button.on_click(lambda _: self.stop())
-        session.subscribe(self._dirty.set)
+        # A thread follows the session only while something moves (its clock ticks while it is
+        # forming, ready or running); it ends when the session has ended or closed (a later
+        # change, a restart, starts one again) and when the view is closed. The session holds
+        # the view weakly: a view never keeps a session alive, nor the other way round.
+        self._live = live
+        self._following = False
+        self._view_closed = False
+        self._follow_lock = threading.Lock()
+        mine = weakref.ref(self)
+        session.subscribe(lambda: (lambda view: view._changed() if view is not None else None)(mine()))
         self.refresh()
-        if live:
-            threading.Thread(target=self._follow, name="ddp-session-view", daemon=True).start()
+        self._ensure_following()
 
     # ---- rendering -----------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self._dirty.set()
+        self._ensure_following()
+
+    def _ensure_following(self) -> None:
+        with self._follow_lock:
+            if not self._live or self._following or self._view_closed:
+                return
+            self._following = True
+        threading.Thread(target=self._follow, name="ddp-session-view", daemon=True).start()
+
     def _follow(self) -> None:
-        while True:
+        while not self._view_closed:
             try:
                 state = self.refresh()
                 ticking = state.status in ("forming", "ready", "running")  # else: nothing moves until a change
             except Exception:  # noqa: BLE001 - drawn again at the next tick; meanwhile the view goes stale, and says so
                 ticking = True
-            self._dirty.wait(TICK_S if ticking else None)
+            if ticking:
+                self._dirty.wait(TICK_S)
+            else:
+                with self._follow_lock:
+                    if not self._dirty.is_set():  # nothing to follow until the session changes
+                        self._following = False
+                        return
             self._dirty.clear()
             time.sleep(REFRESH_S)  # throttle: one redraw per period, however many changes came
+        with self._follow_lock:
+            self._following = False
+
+    def close(self) -> None:
+        """Close the view (its widgets leave the notebook) and stop following the session."""
+        self._view_closed = True
+        self._dirty.set()
+        # Every widget of the view leaves the notebook's registry, which would otherwise keep its
+        # buttons, their handlers, this view and its session alive.
+        for part in _tree(self):
+            if part is not self:
+                part.close()
+        super().close()
+
 
     def refresh(self, now: Optional[float] = None) -> SessionState:
         """Bring every widget in line with the session's state (thread-safe); the state drawn.
@@ -370,3 +410,13 @@ def show_session(session: Any, on_reform: Optional[Callable[[Any], None]] = None
     view = SessionView(session, on_reform=on_reform)
     display_kept_current(view)
     return view
+
+
+def _tree(widget: widgets.Widget) -> list[widgets.Widget]:
+    """``widget`` and every widget under it (a box's children, an accordion's), innermost last."""
+    out, todo = [], [widget]
+    while todo:
+        w = todo.pop()
+        out.append(w)
+        todo.extend(c for c in getattr(w, "children", ()) if isinstance(c, widgets.Widget))
+    return out

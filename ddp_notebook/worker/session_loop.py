@@ -10,7 +10,11 @@ carries the session's token), then serves requests until the notebook says ``clo
   with the notebook's functions and imports the cell uses put there first; what the cell prints
   goes to the notebook live (and to the rank's own output, which the run records); the reply is
   the value of the cell's last expression, or the error event a launch would send (traceback with
-  the cell's lines, the failed frame's locals);
+  the cell's lines, the failed frame's locals). The value travels pickled on its own, with its
+  text computed here (``value``: asked for; a value that cannot be pickled comes as its text
+  alone), and its display bundle when the notebook shows it (``show``: a figure as an image);
+  what the cell displays (``display()``, HTML, ``plt.show()``) goes to the notebook as a bundle
+  too (``display`` frames), through an IPython shell of the rank's own;
 - ``push`` / ``pull``: values into, and out of, the namespace (a push's large tensors and arrays
   are mapped from the notebook's shared memory, as a launch's are);
 - ``interrupt``: a SIGINT to this rank's main thread while that cell runs (a cell sleeping or
@@ -41,15 +45,18 @@ import threading
 import time
 from typing import IO, Any, Optional
 
+from ..core.bounds import LINE_CHARS
 from ..core.failures import Phase
 from ..transfer import pickling
 from ..transfer.loading import load
 from .context import WorkerContext
 from .execute import error_event
+from .rank_display import RankDisplay
 
 __all__ = ["serve_session", "send_frame", "encode_frame", "FrameReader", "HEADER", "cell_file_name", "compile_cell"]
 
 HEADER = struct.Struct("!Q")  # each frame: its length, then a pickle
+_NONE = object()
 _READ = 1 << 16
 _FRAMES_SENT = 64  # innermost frames a ``where`` reply carries
 
@@ -139,10 +146,14 @@ class _Rank:
         self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt
         self.cells_run = 0
         self.replied = False
+        self.from_notebook: dict[str, Any] = {}  # what the notebook put in the namespace, by name
+        self.display = RankDisplay(self.displayed)
         self.namespace: dict[str, Any] = {
             "__name__": "__ddp_session__", "__builtins__": builtins,
             "rank": ctx.rank, "world_size": ctx.world_size, "ctx": ctx, "torch": torch, "dist": dist,
         }
+        if self.display.show is not None:  # as in a notebook, display() needs no import
+            self.namespace["display"] = self.display.show
 
     # ---- talking to the notebook --------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -151,6 +162,26 @@ class _Rank:
             send_frame(self.sock, message)
         if message.get("op") in ("done", "error"):
             self.replied = True
+
+    def displayed(self, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """What the running cell displayed (a bundle): to the notebook, after what it printed."""
+        cell = self.cell
+        if cell is None:  # a thread of a cell that has ended: its display has no cell to go to
+            return
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        try:
+            self.send({"op": "display", "cell": cell, "data": data, "metadata": metadata})
+        except OSError:
+            pass
+
+    def take_names(self, names: dict[str, Any]) -> None:
+        """Put the notebook's functions, classes and modules the cell names in the namespace,
+        except where a cell on this rank bound the name itself: the rank's own is kept."""
+        for name, value in names.items():
+            if name in self.namespace and self.namespace[name] is not self.from_notebook.get(name, _NONE):
+                continue
+            self.namespace[name] = self.from_notebook[name] = value
 
     def output(self, cell: int, stream: str, text: str) -> None:
         try:
@@ -234,9 +265,13 @@ class _Rank:
         if op == "run":
             self.run_cell(message)
         elif op == "push":
-            self.reply(message, lambda: self.namespace.update(load(message["values"], message.get("table"))))
+            self.reply(message, lambda: self.push(load(message["values"], message.get("table"))))
         elif op == "pull":
             self.reply(message, lambda: self.pull(message["name"]))
+
+    def push(self, values: dict[str, Any]) -> None:
+        self.namespace.update(values)
+        self.from_notebook.update(values)  # the notebook's: a later cell may take its newer ones
 
     def pull(self, name: str) -> Any:
         if name not in self.namespace:  # the same words on every rank: one error, said once
@@ -249,16 +284,32 @@ class _Rank:
         except BaseException as exc:  # noqa: BLE001 - reported to the notebook; the rank serves on
             self.send({"op": "error", "id": message["id"], "error": _error(exc, time.time())})
             return
-        self.send_value(message["id"], value)
-
-    def send_value(self, request: int, value: Any) -> None:
         try:
-            self.send({"op": "done", "id": request, "value": value})
+            data = pickling.dumps(value)
         except Exception as exc:  # noqa: BLE001 - pickling raises many types: the value stays here
             error = error_event(exc, Phase.RESULT)
             error["message"] = (f"the value could not be sent to the notebook ({type(value).__qualname__}): "
                                 f"{error['message']}")
-            self.send({"op": "error", "id": request, "error": error})
+            self.send({"op": "error", "id": message["id"], "error": error})
+            return
+        self.send({"op": "done", "id": message["id"], "value": data,
+                   **({"text": self.display.text(value)} if value is not None else {})})
+
+    def cell_value(self, message: dict[str, Any], value: Any) -> dict[str, Any]:
+        """The cell's value as the notebook asked for it: pickled (or why it cannot be), with its
+        text; its display bundle when the notebook shows it. Nothing for None."""
+        reply: dict[str, Any] = {}
+        if value is None:
+            return reply
+        if message.get("show"):
+            reply["shown"] = self.display.bundle(value)
+        if message.get("value", True):
+            reply["text"] = self.display.text(value)
+            try:
+                reply["value"] = pickling.dumps(value)
+            except Exception as exc:  # noqa: BLE001 - pickling raises many types: its text goes instead
+                reply["unsent"] = f"{type(exc).__name__}: {exc}"[:LINE_CHARS]
+        return reply
 
     def run_cell(self, message: dict[str, Any]) -> None:
         cell = int(message["cell"])
@@ -266,20 +317,24 @@ class _Rank:
         code = message["code"]
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         self.cells_run += 1
-        value, failed, failed_at = None, None, 0.0
+        reply: dict[str, Any] = {}
+        failed, failed_at = None, 0.0
         out, err = sys.stdout, sys.stderr
         sys.stdout = _Tee(out, "stdout", lambda stream, text: self.output(cell, stream, text))
         sys.stderr = _Tee(err, "stderr", lambda stream, text: self.output(cell, stream, text))
         try:
             self.cell = cell
-            linecache.cache.update(message.get("sources") or {})  # the notebook's cells, for tracebacks
-            self.namespace.update(pickling.loads(message["names"]))
-            body, last = compile_cell(code, filename)
-            exec(body, self.namespace)
-            if last is not None:
-                value = eval(last, self.namespace)
-        except BaseException as exc:  # noqa: BLE001 - the cell's error, KeyboardInterrupt included, is the reply
-            failed, failed_at = exc, time.time()
+            try:
+                linecache.cache.update(message.get("sources") or {})  # the notebook's cells, for tracebacks
+                self.take_names(pickling.loads(message["names"]))
+                body, last = compile_cell(code, filename)
+                exec(body, self.namespace)
+                value = eval(last, self.namespace) if last is not None else None
+                self.display.cell_ended()  # figures drawn in the cell are shown, as IPython shows them
+                # Still in the cell: a slow repr can be interrupted, and what it prints is shown.
+                reply = self.cell_value(message, value)
+            except BaseException as exc:  # noqa: BLE001 - the cell's error, KeyboardInterrupt included, is the reply
+                failed, failed_at = exc, time.time()
         finally:
             self.cell = None
             self.interrupted = None
@@ -291,8 +346,7 @@ class _Rank:
             self.send({"op": "error", "id": message["id"], "error": _error(failed, failed_at),
                        "interrupted": isinstance(failed, KeyboardInterrupt)})
         else:
-            self.send_value(message["id"], value)
-
+            self.send({"op": "done", "id": message["id"], **reply})
 
 def _error(exc: BaseException, when: float) -> dict[str, Any]:
     """The error event of a reply: when it was raised (the first rank to raise is the cause) and,

@@ -1,0 +1,109 @@
+"""What a session's cells show and keep, in a real Jupyter kernel with a session of two ranks:
+the session line that shows the live session and never drops it unasked, ``--ranks`` ranges and
+slices, values shown as the rank formats them (never sent only to be printed; one that cannot
+travel shows its text, and the next cell is not disturbed), a rank's own definitions kept,
+output without its line end shown while the cell runs, and rich output (``display()``, HTML,
+figures) from the ranks, named by rank."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from session_kernel import kernel_fixture, strip_ansi  # noqa: F401 - a fixture
+
+from helpers import wait_until
+
+pytestmark = [pytest.mark.kernel, pytest.mark.processes]
+
+
+def _text(shown):
+    return strip_ansi("".join(part for kind, part in shown if kind == "stream"))
+
+
+def test_the_session_line_shows_the_live_session_and_ranks_take_ranges_and_slices(kernel):
+    k, _ = kernel
+    k.ok("%%ddp\nx = rank * 10")
+    for line in ("%ddp_session", "%ddp_session cpu*2", "%ddp_session cpu:0,cpu:1"):
+        assert "Session live: 2 ranks on cpu:0, cpu:1" in k.ok(line)
+    content, _ = k.execute("%ddp_session cpu*3")  # new ranks would lose the namespaces: refused, named
+    assert content["status"] == "error" and content["ename"] == "UsageError", content
+    assert "a session lives on cpu:0, cpu:1" in content["evalue"], content
+    assert "%ddp_session --restart cpu*3" in content["evalue"] and "--stop" in content["evalue"], content
+    assert "[rank 0] Out: 0\n[rank 1] Out: 10\n" in k.ok("%%ddp\nx")  # kept
+    assert _text(k.shown("%%ddp --ranks 0-1\nrank")) == "[rank 0] Out: 0\n[rank 1] Out: 1\n"
+    assert _text(k.shown("%%ddp --ranks 1:\nrank")) == "[rank 1] Out: 1\n"
+    assert _text(k.shown("%%ddp --ranks ::2\nrank")) == "[rank 0] Out: 0\n"
+    for bad, said in (("1-0", "ends before it starts"), ("0-x", "is not a choice of ranks"),
+                      ("5:", "chooses no rank of this session"), ("0-4", "--ranks: 2 is not a rank of this session (its ranks are 0 to 1)")):
+        content, _ = k.execute(f"%%ddp --ranks {bad}\nrank")
+        assert content["status"] == "error" and content["ename"] == "UsageError", (bad, content)
+        assert said in content["evalue"], (bad, content)
+    # A cell run without blocking: its notice is a line of its own, before anything the ranks print.
+    text = _text(k.shown("%%ddp --noblock\nprint('first')"))
+    assert text.startswith("Cell ") and "_ddp_cell.result() waits for it.\n" in text, text
+    k.ok("_ddp_cell.result(60)")
+
+
+def test_values_are_shown_as_the_ranks_format_them_and_the_ranks_own_definitions_are_kept(kernel):
+    k, _ = kernel
+    # Shown as the rank formats it, never pickled to be printed.
+    k.ok("%%ddp\nclass Loud:\n    def __reduce__(self):\n        raise RuntimeError('pickled')\n"
+         "    def __repr__(self):\n        return f'Loud({rank})'")
+    assert _text(k.shown("%%ddp\nLoud()")) == "[rank 0] Out: Loud(0)\n[rank 1] Out: Loud(1)\n"
+    text = _text(k.shown("%%ddp\n(i for i in range(3))"))  # cannot be pickled: its repr, as IPython shows it
+    assert text.count("Out: <generator object <genexpr> at 0x") == 2, text
+    # A DDP-wrapped model cannot be loaded outside its process group: its text, and the next cell is fine.
+    text = _text(k.shown("%%ddp\nimport torch.nn as nn\nm = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))\nm"))
+    assert "[rank 1] Out: DistributedDataParallel(\n[rank 1]   (module): Linear(in_features=2" in text, text
+    printed = k.ok("print(_ddp_session.run('m'))")
+    assert printed.startswith("[DistributedDataParallel(\n  (module): Linear"), printed
+    content, printed = k.execute("_ddp_session.pull('m')")
+    assert content["status"] == "error" and content["ename"] == "CellError", content
+    assert "cannot be loaded in the notebook" in content["evalue"] and "rank 0's namespace" in content["evalue"]
+    assert _text(k.shown("%%ddp\nrank + 100")) == "[rank 0] Out: 100\n[rank 1] Out: 101\n"
+    printed = k.ok("v = _ddp_session.run('(i for i in range(3))')\nprint(type(v[1]).__name__, v[1].reason)")
+    assert printed.startswith("ValueNotSent it cannot be pickled on rank 1: TypeError"), printed
+    # A function a cell defined on the ranks is theirs: the notebook's of the same name never replaces it.
+    k.ok("def f():\n    return 'notebook'")
+    assert "[rank 0] Out: 'rank'" in k.ok("%%ddp\ndef f():\n    return 'rank'\nf()")
+    assert "[rank 0] Out: 'rank'\n[rank 1] Out: 'rank'\n" in k.ok("%%ddp\nf()")
+    assert "[rank 0] Out: 'notebook-g'" in k.ok("def g():\n    return 'notebook-g'\n") + k.ok("%%ddp\ng()")
+    k.ok("def g():\n    return 'notebook-g2'")  # the notebook's own, changed: the ranks take the new one
+    assert "[rank 0] Out: 'notebook-g2'" in k.ok("%%ddp\ng()")
+
+
+def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_comes_named_by_rank(kernel, tmp_path):
+    k, _ = kernel
+    go = tmp_path / "go"
+    msg_id = k.kc.execute(f"%%ddp --ranks 0\nimport os, sys, time\nprint('epoch 1 ', end='', flush=True)\n"
+                          f"sys.stderr.write('\\r 50%')\nsys.stderr.flush()\n"
+                          f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\nprint('done')")
+    seen = []
+
+    def arrived():
+        try:
+            msg = k.kc.get_iopub_msg(timeout=1)
+        except Exception:  # noqa: BLE001 - queue.Empty: look again
+            return False
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen.append(msg["content"]["text"])
+        text = "".join(seen)
+        return "[rank 0] epoch 1 " in text and "[rank 0]  50%" in text
+
+    wait_until(arrived, timeout=60)  # while the cell still runs: nothing held back for a line end
+    assert not os.path.exists(go)
+    go.touch()
+    assert k.reply_to(msg_id)["status"] == "ok"
+    shown = k.shown("%%ddp\nfrom IPython.display import HTML\nprint('before')\ndisplay(HTML(f'<b>rank {rank}</b>'))")
+    for rank in (0, 1):  # each rank's display after its own text, under a line that names it
+        at = next(i for i, (kind, part) in enumerate(shown) if kind == "display_data"
+                  and part.get("text/html") == f"<b>rank {rank}</b>")
+        assert f"[rank {rank}]\n" in _text(shown[:at]) and f"[rank {rank}] before" in _text(shown[:at]), shown
+    shown = k.shown("%%ddp --ranks 1\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n"
+                    "fig = plt.figure()\nplt.plot([3, 1])\nfig", timeout=180)
+    images = [part for kind, part in shown if kind == "display_data" and "image/png" in part]
+    assert len(images) >= 2, shown  # plt.show(), and the figure as the cell's value
+    assert "[rank 1] Out:\n" in _text(shown), shown
+    time.sleep(0)  # (the session goes on)
+    assert "[rank 0] Out: 1\n" in k.ok("%%ddp\n1")

@@ -7,6 +7,7 @@ figures) from the ranks, named by rank."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -107,3 +108,35 @@ def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_c
     assert "[rank 1] Out:\n" in _text(shown), shown
     time.sleep(0)  # (the session goes on)
     assert "[rank 0] Out: 1\n" in k.ok("%%ddp\n1")
+
+
+def test_a_failed_cell_is_read_back_after_a_kernel_restart():
+    from session_kernel import SETUP, _start_kernel
+
+    k = _start_kernel()
+    try:
+        k.ok(SETUP, timeout=180)
+        run_id = k.ok("print(_ddp_session.current_run.id)").strip()
+        k.ok("%%ddp\nx = rank + 1")
+        content, _ = k.execute("%%ddp\nweights = [rank] * 3\nif rank == 1:\n    raise ValueError(f'bad shape {weights}')")
+        assert content["status"] == "error" and content["ename"] == "CellError", content
+        k.km.restart_kernel(now=True)  # the ranks end with the kernel; what the cells did is in the run's log
+        k.kc.wait_for_ready(timeout=120)
+        k.ok("%load_ext ddp_notebook")
+        listed = k.ok("%ddp_runs --all")
+        assert any(line.split()[:1] == [run_id] and "session, 2 cells" in line for line in listed.splitlines()), listed
+        status = k.ok(f"%ddp_status {run_id}")
+        assert "session: 2 cells run" in status, status
+        assert "cell 2 (weights = [rank] * 3) failed: Distributed data parallel worker 1 (cpu:1) failed: " \
+               "ValueError: bad shape [1, 1, 1]" in status, status
+        debug = k.ok(f"%ddp_debug {run_id}")
+        assert debug.startswith(f"Run {run_id}, session cell 2 (weights = [rank] * 3):\nDistributed data parallel "
+                                "worker 1 (cpu:1) failed: ValueError: bad shape [1, 1, 1]\nLocals in <module> "
+                                "(<ddp cell 2>:3) on rank 1:"), debug
+        assert re.search(r"\n  weights +\= list of 3\n", debug) and re.search(r"\n  x +\= 2\n", debug), debug
+        loaded = k.ok(f"import ddp_notebook\nc = ddp_notebook.Run.load({run_id!r}).state.failed_cell\n"
+                      "print(c.cell, c.ranks, c.status, c.failures[0].rank, repr(c.code.splitlines()[0]))")
+        assert loaded.strip() == "2 [0, 1] failed 1 'weights = [rank] * 3'", loaded
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)

@@ -70,3 +70,19 @@ def test_the_text_view_says_a_run_is_stopping_and_gives_no_eta_meanwhile():
     stopping = feed(START, *progress, {"kind": "stopping", "time": 3.0, "reason": "stopped by the user"})
     head = format_run(stopping, now=3.5).splitlines()[0]
     assert head.startswith("Run r stopping (stopped by the user) after 3.5 s") and "ETA" not in head
+
+
+def test_a_sessions_cells_are_folded_with_the_failure_of_the_last_that_failed():
+    s = RunState()
+    s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "origin": "session"})
+    failure = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=2.0, exc_type="ValueError", message="bad",
+                            locals={"t": "Tensor[3] float32 cpu"})
+    s.apply({"kind": "cell", "time": 1.0, "cell": 1, "ranks": [0, 1], "status": "ok", "code": "x = 1", "seconds": 0.1})
+    s.apply({"kind": "cell", "time": 2.0, "cell": 2, "ranks": [0, 1], "status": "failed", "code": "t.view(2)",
+             "seconds": 0.2, "message": "cell 2 failed on rank 1", "failures": [failure.to_dict()]})
+    s.apply({"kind": "cell", "time": 3.0, "cell": 3, "ranks": [1], "status": "interrupted", "code": "loop()",
+             "failures": [{"not": "a failure"}]})  # a record this version cannot read: the rest still is
+    assert s.cells == 3 and [c.status for c in s.cell_records] == ["ok", "failed", "interrupted"]
+    failed = s.failed_cell
+    assert (failed.cell, failed.code, failed.failures[0].locals) == (2, "t.view(2)", {"t": "Tensor[3] float32 cpu"})
+    assert RunState().failed_cell is None

@@ -23,7 +23,8 @@ from .console import ConsoleLines
 from .events import NOT_FINITE, EventKind
 from .failures import WorkerFailure
 
-__all__ = ["DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT", "SERIES_KEPT",
+__all__ = ["CellRecord", "DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT",
+           "SERIES_KEPT", "CELLS_KEPT",
            "train_loss_of", "valid_loss_of", "epoch_row"]
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
@@ -35,6 +36,7 @@ SILENCE_FLOOR = 30.0
 RATE_WINDOW = 1.0  # seconds: a rank's step rate is measured over windows at least this long
 SILENCE_FACTOR = 10.0
 SERIES_KEPT = 2000  # points per metric of rank 0's record (every value logged; past this, every other one)
+CELLS_KEPT = 500  # a session's latest cells a state holds (the log has every one)
 TRACKER_NOTES_KEPT = 20  # lines about the run's trackers (one per tracker that fails, falls behind...)
 TRAIN_LOSS = ("train_loss",)
 VALID_LOSS = ("valid_loss", "val_loss")
@@ -247,6 +249,35 @@ class DataState:
 
 
 @dataclass
+class CellRecord:
+    """A session's cell, as its run's log keeps it: what ran where, how it ended, and for a cell
+    that failed, each failed rank's failure (traceback, the failed frame's variables)."""
+
+    cell: int
+    ranks: list[int]
+    status: str  # ok, failed, interrupted or ended (the session ended in it)
+    code: str
+    time: float  # when it ended
+    seconds: float
+    message: str = ""  # what it raised, as the notebook said it
+    failures: list[WorkerFailure] = field(default_factory=list)
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> CellRecord:
+        """The record a ``cell`` event holds (a log of another version: what can be read)."""
+        failures = []
+        for data in event.get("failures") or []:
+            try:
+                failures.append(WorkerFailure.from_dict(data))
+            except (TypeError, ValueError):
+                pass  # not a failure this version can read: the message still says it
+        return cls(cell=int(event.get("cell") or 0), ranks=[r for r in event.get("ranks") or [] if isinstance(r, int)],
+                   status=str(event.get("status") or ""), code=str(event.get("code") or ""),
+                   time=float(event.get("time") or 0.0), seconds=float(event.get("seconds") or 0.0),
+                   message=str(event.get("message") or ""), failures=failures)
+
+
+@dataclass
 class RunState:
     """A run's status, its workers, its failures, folded from events in order."""
 
@@ -291,11 +322,17 @@ class RunState:
     best: Optional[dict[str, Any]] = None  # the monitored value's best: {"value", "step", "epoch"}
     tracker_notes: list[str] = field(default_factory=list)  # a tracker that is missing, failed or fell behind
     cells: int = 0  # a session's cells run
+    cell_records: list[CellRecord] = field(default_factory=list)  # the latest CELLS_KEPT of them
     pruned: bool = False  # stopped by an Optuna trial's pruner
 
     @property
     def world_size(self) -> int:
         return len(self.devices)
+
+    @property
+    def failed_cell(self) -> Optional[CellRecord]:
+        """A session's last cell that failed with the ranks' errors (None: none did)."""
+        return next((c for c in reversed(self.cell_records) if c.status == "failed" and c.failures), None)
 
     @property
     def finished(self) -> bool:
@@ -413,6 +450,8 @@ class RunState:
                 self.tracker_notes.append(cut(str(event.get("message", "")), LINE_CHARS))
         elif kind == EventKind.CELL:
             self.cells += 1
+            self.cell_records.append(CellRecord.from_event(event))
+            del self.cell_records[:-CELLS_KEPT]
         elif kind == EventKind.RUN_FINISHED:
             for worker in self.workers.values():
                 worker.note = None

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..core.bounds import cut
 from ..core.errors import ArgumentsError, CellError, SessionEndedError, SessionInterrupted
 from ..core.events import EventKind
 from ..core.failures import WorkerFailure
@@ -30,6 +31,8 @@ RANK_STATUSES = ("forming", "idle", "running", "finished", "failed", "ended", "c
 SESSION_STATUSES = ("forming", "ready", "running", "ended", "closed")
 OUTPUT_LINES = 20  # the last lines of each rank's output a snapshot holds
 VALUE_TEXT = 60  # characters of a rank's value kept in the last outcome's text
+CODE_CHARS = 20_000  # characters of a cell's code its run's log keeps
+MESSAGE_CHARS = 4000  # characters of what a cell raised, as its run's log keeps it
 
 
 def seconds_text(seconds: float) -> str:
@@ -363,7 +366,9 @@ class SessionRecord:
             run = getattr(self.session, "current_run", None)
             if cell is not None and run is not None and not run.state.finished:  # kept in the run's log
                 run.stream.emit({"kind": EventKind.CELL, "time": ended_at, "cell": cell, "ranks": list(ranks),
-                                 "status": outcome, "code": first[:120], "seconds": round(ended_at - started, 3)})
+                                 "status": outcome, "code": cut(code or "", CODE_CHARS),
+                                 "seconds": round(ended_at - started, 3), "message": cut(message, MESSAGE_CHARS),
+                                 "failures": [f.to_dict() for f in failures]})
 
     def _snapshot(self) -> SessionState:
         session = self.session

@@ -171,6 +171,13 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     if state.supervisor_error is not None:
         lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
     lines += [f"  tracker: {one_line(note)}" for note in state.tracker_notes]
+    if state.origin == "session" and state.cells:
+        lines.append(f"  session: {state.cells} cell{'' if state.cells == 1 else 's'} run")
+        failed = state.failed_cell
+        if failed is not None:
+            first = next((line.strip() for line in failed.code.splitlines() if line.strip()), "")
+            lines.append("  " + one_line(f"cell {failed.cell} ({_short(first, 40)}) failed: "
+                                         f"{failed.failures[0].headline()}"))
     return "\n".join(lines)
 
 

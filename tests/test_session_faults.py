@@ -5,12 +5,18 @@ short, and output by the thousand lines. Each fault ends with the session usable
 right rank; every kernel checks that no rank outlives it."""
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from session_kernel import kernel_fixture, strip_ansi  # noqa: F401 - a fixture
+
+from helpers import wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.processes]
 
@@ -37,6 +43,33 @@ def test_a_rank_that_raises_before_a_collective_is_named_within_seconds_and_the_
     printed = k.ok("%%ddp\n'x' in globals(), rank")  # a new group: it works, and its namespaces are new
     assert "[rank 0] Out: (False, 0)\n" in printed and "[rank 1] Out: (False, 1)\n" in printed, printed
     assert "[rank 0] Out: 2.0" in k.ok("%%ddp\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+
+
+def test_a_rank_outside_the_cell_killed_while_the_cell_waits_for_it_is_blamed_not_the_rank_that_noticed(
+        kernel, tmp_path):
+    """A ``--ranks 0`` cell waits in ``dist.recv`` for rank 1, which is SIGKILLed: rank 0 raises
+    "Connection closed by peer", but the cause is rank 1's death and the session has ended. Beside
+    two busy loops, so the death is seen late; the full attack runs this 20 times."""
+    k, seen = kernel
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for trial in range(2):
+            pids = k.rank_pids()
+            seen.extend(pids)
+            marker = str(tmp_path / f"in-{trial}")
+            msg_id = k.kc.execute(f"%%ddp --ranks 0\nopen({marker!r}, 'w').close()\nt = torch.zeros(1)\n"
+                                  "dist.recv(t, src=1)", stop_on_error=False)
+            wait_until(lambda path=marker: os.path.exists(path), timeout=60)
+            os.kill(pids[1], signal.SIGKILL)
+            content = k.reply_to(msg_id, timeout=120)
+            name, message, _ = _error(content)
+            assert name == "SessionEndedError", content
+            assert "worker 1 (cpu:1) failed: killed by signal SIGKILL" in message, message
+            k.ok("%ddp_session --restart", timeout=180)
+    finally:
+        for loop in busy:
+            loop.kill()
+            loop.wait()
 
 
 def test_peers_still_running_when_a_rank_raises_are_interrupted_and_the_first_to_raise_is_blamed(kernel):

@@ -41,7 +41,7 @@ from .stall import collective_name, is_waiting_in_collective, user_site
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
-           "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
+           "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "SETTLE_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
 SHOWN_LINES = 2000
@@ -49,6 +49,9 @@ SHOWN_LINES = 2000
 SHOWN_CHARS = 512 * 1024
 #: Seconds the ranks get to leave an interrupted cell before the session is formed again.
 INTERRUPT_GRACE = 10.0
+#: Seconds the ranks outside a request get to show they live once a rank in it raised (they
+#: answer in milliseconds; a dead one's socket ends).
+SETTLE_WAIT = 5.0
 #: Seconds after a rank raised before the ranks still in the cell are interrupted.
 KNOCK_ON_WAIT = 0.5
 #: Seconds a rank stays in a cell that another rank is out of before it is asked where it is ...
@@ -365,9 +368,38 @@ class Exchange:
                     if self._interrupt_sent is not None and now - self._interrupt_sent > INTERRUPT_GRACE:
                         self.outcome.stuck = self._waiting()
                         break
+                if self._first_error is not None and not self.outcome.cut:
+                    self._settle()
             finally:
                 self.output.close()
         return self.outcome
+
+    def _settle(self) -> None:
+        """A rank raised: before its error is believed, every rank outside the request is shown
+        alive. A rank waiting for a peer that died (SIGKILL, out of memory) raises too, and the
+        death is the cause, not that error: a live rank answers a ``ping`` at once (its reader
+        thread does, between cells); a dead one's socket ends (``RankGone``: the run's verdict)."""
+        others = [r for r in range(self.world_size) if r not in self.ranks]
+        for rank in others:
+            self._tell(rank, {"op": "ping"})
+        answered: set[int] = set()
+        deadline = time.monotonic() + SETTLE_WAIT
+        while len(answered) < len(others) and time.monotonic() < deadline:
+            conns = {self.connections[r]: r for r in others if r not in answered}
+            ready, _, _ = select.select(list(conns), [], [], _POLL)
+            for conn in ready:
+                rank = conns[conn]
+                try:
+                    data = conn.recv(1 << 20)
+                except OSError:
+                    data = b""
+                if not data:
+                    raise RankGone
+                self.readers[rank].feed(data)
+                if any(pickling.loads(frame).get("op") == "pong" for frame in self.readers[rank].frames()):
+                    answered.add(rank)
+            if self.run_done():
+                raise RankGone
 
     def _asked_to_stop(self, now: float, presses: int) -> bool:
         """The user asked to interrupt: the first time, ask the ranks to leave the cell; True

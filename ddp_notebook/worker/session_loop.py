@@ -24,6 +24,8 @@ carries the session's token), then serves requests until the notebook says ``clo
   first, read by the reader thread (a rank blocked in a collective has released the GIL), and
   the process's CPU time: the notebook tells from them a rank left waiting in a collective that
   can no longer complete;
+- ``ping``: answered at once by the reader thread (``pong``): a rank raised in a cell that
+  this one is not in, and the notebook makes sure this one lives before it believes that error;
 - ``idle``: every rank has finished the last cell: with a strict ``stall_timeout`` the rank
   reports progress while idle, so that the watchdog judges cells, not the time between them.
 
@@ -207,6 +209,11 @@ class _Rank:
                     self.interrupt(message.get("cell"))
                 elif message.get("op") == "where":
                     self.where(message.get("cell"))
+                elif message.get("op") == "ping":  # the notebook settles a failure: this rank lives
+                    try:
+                        self.send({"op": "pong"})
+                    except OSError:
+                        pass
                 else:
                     self.inbox.put(message)
 

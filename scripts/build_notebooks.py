@@ -31,6 +31,13 @@ def raises(text):
     return cell
 
 
+def unchecked(text):
+    """A cell whose output nbval does not compare (a figure, ranks' lines in the order they came)."""
+    cell = code(text)
+    cell.metadata["tags"] = ["nbval-ignore-output"]
+    return cell
+
+
 QUICKSTART = [
     md("""
 # Quickstart: DistributedDataParallel from a notebook
@@ -414,11 +421,33 @@ total.tolist()
 """),
     md("""
 What a rank prints shows live, each line named by its rank (ranks print at their own pace, so
-their lines interleave as they come). `--ranks` runs a cell on some ranks only:
+their lines interleave as they come). `--ranks` runs a cell on some ranks only: a rank (`1`), a
+list (`0,2`), a range with both ends included (`0-2`) or a slice (`1:`, `::2`):
 """),
     code("""
-%%ddp --ranks 1
+%%ddp --ranks 1:
 print(f"rank {rank} of {world_size}, on {ctx.device}")
+"""),
+    md("""
+## Rich output from the ranks
+
+What a rank displays comes to the cell as it would from a kernel, under a line that names the
+rank: `display()` (no import needed on a rank), HTML, images, and matplotlib's figures
+(`plt.show()`, or a figure as the cell's value). A cell's value is formatted on its rank: a
+large tensor is never sent here only to be printed.
+"""),
+    code("""
+%%ddp --ranks 0
+from IPython.display import HTML
+display(HTML(f"<b>rank {rank}</b> holds <code>{x.tolist()}</code>"))
+"""),
+    unchecked("""
+%%ddp
+import matplotlib.pyplot as plt
+plt.figure(figsize=(3, 2))
+plt.plot(x.tolist(), marker="o")
+plt.title(f"x on rank {rank}")
+plt.show()
 """),
     md("""
 The functions, classes and modules of the notebook that a cell names go to the ranks with it
@@ -488,7 +517,22 @@ print(session)
 - `%ddp_session --stop` (or `session.close()`) ends the ranks.
 """),
     code("""
+run_id = session.current_run.id
 %ddp_session --stop
+"""),
+    md("""
+## Read back from disk
+
+Every cell is kept in the log of the session's run, with the failed rank's error and variables:
+after a kernel restart, `%ddp_runs --all` lists the session with its cells, `%ddp_status` names
+its failed cell and `%ddp_debug` prints that cell's variables again (here the run just closed,
+read back from its log as a later kernel would):
+"""),
+    code("""
+%ddp_status $run_id
+"""),
+    code("""
+%ddp_debug $run_id
 """),
 ]
 

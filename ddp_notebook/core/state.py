@@ -262,6 +262,16 @@ class CellRecord:
     message: str = ""  # what it raised, as the notebook said it
     failures: list[WorkerFailure] = field(default_factory=list)
 
+    def first_line(self, limit: int = 50) -> str:
+        """The cell's first line of code, cut at ``limit`` characters: how lists name the cell.
+
+        >>> code = "\\nw = torch.zeros(8 + rank, 4)  # one row too many"
+        >>> CellRecord(3, [0, 1], "failed", code, 0.0, 0.1).first_line(20)
+        'w = torch.zeros(8 +…'
+        """
+        first = next((line.strip() for line in self.code.splitlines() if line.strip()), "")
+        return first if len(first) <= limit else first[:limit - 1] + "…"
+
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> CellRecord:
         """The record a ``cell`` event holds (a log of another version: what can be read)."""

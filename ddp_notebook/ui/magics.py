@@ -19,7 +19,6 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..core.console import one_line
 from ..core.errors import (
     ArgumentsError,
     DDPNotebookError,
@@ -481,8 +480,7 @@ class DDPMagics(Magics):
         failures = [f for f in run.failures if f.locals_frames]
         failed_cell = run.state.failed_cell
         if not failures and failed_cell is not None and any(f.locals_frames for f in failed_cell.failures):
-            first = next((line.strip() for line in failed_cell.code.splitlines() if line.strip()), "")
-            print(f"Run {run.id}, session cell {failed_cell.cell} ({one_line(first)[:60]}):")
+            print(f"Run {run.id}, session cell {failed_cell.cell} ({failed_cell.first_line()}):")
             _print_locals([f for f in failed_cell.failures if f.locals_frames])
             return
         if not failures:

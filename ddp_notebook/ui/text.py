@@ -175,8 +175,7 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
         lines.append(f"  session: {state.cells} cell{'' if state.cells == 1 else 's'} run")
         failed = state.failed_cell
         if failed is not None:
-            first = next((line.strip() for line in failed.code.splitlines() if line.strip()), "")
-            lines.append("  " + one_line(f"cell {failed.cell} ({_short(first, 40)}) failed: "
+            lines.append("  " + one_line(f"cell {failed.cell} ({failed.first_line()}) failed: "
                                          f"{failed.failures[0].headline()}"))
     return "\n".join(lines)
 

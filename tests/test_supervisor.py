@@ -340,6 +340,20 @@ def test_every_rank_done_releases_them_all():
     assert [e["text"] for e in stream.events if e["kind"] == "output"] == ["hi\n"]
 
 
+def test_a_rank_that_returned_and_dies_of_a_signal_while_its_peer_works_fails_the_run_now():
+    clock = FakeClock()
+    transport = Scripted(clock, script=[started(0) + started(1),
+                                        [WorkerEvent(0, {"kind": "done", "time": 0.0}, b"r")], 5.0,
+                                        [Exited(0, code=-9, signal="SIGKILL")]])
+    sup, stream = supervise(transport)
+    began = clock.monotonic()
+    outcome = sup.supervise()
+    assert outcome.status == RunStatus.FAILED and stream.state.root_failure.rank == 0
+    assert stream.state.root_failure.summary().startswith("killed by signal SIGKILL")
+    assert transport.called("interrupt") == [("interrupt", (1,))]  # the peer still working is ended
+    assert clock.monotonic() - began < 10  # named at once, not when the peer would have returned
+
+
 def test_a_supervisor_crash_ends_every_rank_and_is_recorded():
     class Broken(Scripted):
         def poll(self, timeout):

@@ -264,7 +264,12 @@ class Supervisor:
             self.reported.get(rank) == _STOPPED or (rank not in self.reported and ours))
         self._emit({"kind": EventKind.EXITED, "time": self.clock.time(), "rank": rank, "pid": self.pids[rank],
                     "exit_code": obs.code, "signal": obs.signal, "by_supervisor": by_us})
-        if rank in self.reported or by_us:
+        # A rank that returned dies of a signal not ours while it waits for its peers (the
+        # out-of-memory killer, a kill): its death is the run's failure, named now, not a quiet
+        # end that leaves the run "running" until the others return and then "succeeded".
+        died_after_returning = (self.reported.get(rank) == _DONE and not self.released and obs.lost is None
+                                and obs.signal is not None and not (rank in self.forced and ours))
+        if by_us or (rank in self.reported and not died_after_returning):
             return
         if obs.lost is not None:
             kind = obs.lost_kind

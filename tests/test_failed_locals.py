@@ -71,3 +71,40 @@ def test_locals_are_bounded_in_number(tmp_path):
         run.wait(timeout=120)
     names = run.root_failure.locals
     assert len(names) == NAMES_KEPT + 1 and names["…"] == "20 more"
+
+
+@pytest.mark.unit
+def test_a_repr_that_hangs_loops_or_exits_never_holds_up_nor_ends_the_report(monkeypatch):
+    import time
+
+    from ddp_notebook.worker import failed_locals as module
+
+    monkeypatch.setattr(module, "SUMMARY_SECONDS", 0.3)
+
+    class Exits:
+        def __repr__(self):
+            raise SystemExit(1)
+
+    class Hangs:
+        def __repr__(self):
+            time.sleep(1000)
+
+    class Loops:
+        def __repr__(self):
+            while True:
+                pass
+
+    def fails():
+        exits, hangs, loops, n = Exits(), Hangs(), Loops(), 3  # noqa: F841 - the locals summarized
+        raise ValueError("x")
+
+    started = time.monotonic()
+    try:
+        fails()
+    except ValueError as e:
+        frames = module.failed_locals(e.__traceback__)
+    assert time.monotonic() - started < 5
+    names = frames[0]["locals"]
+    assert names["exits"] == "<Exits: its summary raised SystemExit>"
+    assert names["hangs"] == "<Hangs: its summary took over 0.3 s>"
+    assert names["loops"] == "<Loops: not summarized, the summaries took over 0.3 s>" and names["n"] == "3"

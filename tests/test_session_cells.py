@@ -140,3 +140,33 @@ def test_a_failed_cell_is_read_back_after_a_kernel_restart():
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
+
+
+def test_hostile_values_reprs_and_displays_never_hang_nor_end_the_session(kernel):
+    k, _ = kernel
+    k.ok("%%ddp\nimport time\nclass Slow:\n    def __repr__(self):\n        time.sleep(1000)\n"
+         "class Exits:\n    def __repr__(self):\n        raise SystemExit(1)\n"
+         "class Raises:\n    def __repr__(self):\n        raise ValueError('no repr')\n"
+         "class Stops:\n    def __reduce__(self):\n        raise KeyboardInterrupt\n"
+         "class Shows:\n    def _ipython_display_(self):\n        display('shown by itself')\n"
+         "slow, exits, stops = Slow(), Exits(), Stops()")
+    started = time.monotonic()
+    content, _ = k.execute("%%ddp\n1 / 0")  # its report summarizes the namespace: never held up, nor ended
+    assert content["ename"] == "CellError" and "ZeroDivisionError" in content["evalue"], content
+    assert time.monotonic() - started < 60
+    assert _text(k.shown("%%ddp --ranks 0\nRaises()")) == "[rank 0] Out: <Raises object: its repr raised an error>\n"
+    assert "Out:" not in _text(k.shown("%%ddp --ranks 0\nShows()"))  # it displayed itself: no Out, as in IPython
+    printed = k.ok("v = _ddp_session.run('stops')\nprint(type(v[0]).__name__, v[0].reason)")
+    assert printed.startswith("ValueNotSent it cannot be pickled on rank 0: KeyboardInterrupt"), printed
+    content, _ = k.execute("_ddp_session.pull('stops')")
+    assert content["ename"] == "CellError" and "KeyboardInterrupt" in content["evalue"], content
+    content, _ = k.execute("_ddp_session.push(**{'__builtins__': {}})")
+    assert content["ename"] == "ArgumentsError" and "'__builtins__'" in content["evalue"], content
+    # A parameter of a cell's function named like a notebook module leaves the module the cell's.
+    assert "[rank 0] Out: (2,)" in k.ok("import numpy as np") + k.ok(
+        "%%ddp\ndef loss(np=None):\n    return 0\nnp.zeros(2).shape")
+    shown = k.shown("%%ddp --ranks 1\nfrom IPython.display import JSON\ndisplay(JSON({'a': [1]}))\n"
+                    "h = display('first', display_id=True)\nh.update('second')")
+    assert any(kind == "display_data" and part.get("application/json") == {"a": [1]} for kind, part in shown), shown
+    assert any(kind == "update_display_data" and part.get("text/plain") == "'second'" for kind, part in shown), shown
+    assert "[rank 1] Out: 2" in k.ok("%%ddp\nrank + 1")

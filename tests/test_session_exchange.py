@@ -10,7 +10,7 @@ import pytest
 from ddp_notebook.core.bounds import LINE_CHARS
 from ddp_notebook.core.failures import FailureKind
 from ddp_notebook.lifecycle.cell_names import notebook_names
-from ddp_notebook.lifecycle.session_exchange import CellOutput, Gathered, interrupts_counted
+from ddp_notebook.lifecycle.session_exchange import SHOWN_DISPLAYS, CellOutput, Gathered, interrupts_counted
 from ddp_notebook.lifecycle.session_failures import cell_error, failures_of, push_hint
 from ddp_notebook.transfer import pickling
 
@@ -42,10 +42,19 @@ def test_a_line_without_its_end_shows_at_once_and_goes_on_where_it_stopped():
     out.flush()
     assert writes[-1] == ("stdout", "loss 0.5\n")
     out.add(0, "stdout", "a")
-    out.add(1, "stdout", "b\n")  # another rank: a line of its own
+    out.add(1, "stdout", "b\n")  # another rank's line between the pieces of rank 0's: each stays whole
     out.add(0, "stdout", "c")
     out.close()  # a line still open is ended: what comes next starts on a line of its own
-    assert "".join(t for _, t in writes[2:]) == "[rank 0] a\n[rank 1] b\n[rank 0] c\n"
+    assert "".join(t for _, t in writes[2:]) == "[rank 1] b\n[rank 0] ac\n"
+
+
+def test_the_pieces_of_two_ranks_prints_never_split_each_others_lines():
+    writes, out = _writes()
+    for word in ("step", " ", "1", " ", "loss", " ", "0.5", "\n"):  # print('step', 1, 'loss', 0.5), as it writes
+        out.add(0, "stdout", word)
+        out.add(1, "stdout", word)
+    out.close()
+    assert "".join(t for _, t in writes) == "[rank 0] step 1 loss 0.5\n[rank 1] step 1 loss 0.5\n"
 
 
 def test_a_carriage_return_redraws_the_line_with_its_rank_named_again():
@@ -95,13 +104,38 @@ def test_a_line_without_end_is_cut_and_shown_not_held_forever_and_its_rest_is_no
 
 def test_what_a_rank_displays_comes_after_what_it_printed_under_its_name():
     shown, writes = [], []
-    out = CellOutput(lambda stream, text: writes.append(text), display=lambda d, m: shown.append((len(writes), d)))
+    out = CellOutput(lambda stream, text: writes.append(text), display=lambda d, m, **kw: shown.append((len(writes), d)))
     out.add(1, "stdout", "before")
     out.display(1, {"text/plain": "<HTML>", "text/html": "<b>x</b>"}, {})
     out.display(0, {"text/plain": "just text"}, {}, label="Out: ")
     out.close()
     assert "".join(writes) == "[rank 1] before\n[rank 1]\n[rank 0] Out: just text\n", writes
-    assert shown == [(1, {"text/plain": "<HTML>", "text/html": "<b>x</b>"})]
+    assert shown == [(2, {"text/plain": "<HTML>", "text/html": "<b>x</b>"})]
+
+
+def test_a_progress_bar_redrawn_thousands_of_times_keeps_the_bounds_and_the_lines_after_it():
+    writes, out = _writes(chars=4000)
+    for flush in range(50):
+        for i in range(1000):  # a thousand redraws between two flushes: only the last is written
+            out.add(0, "stderr", f"\r{flush * 1000 + i:>6}/50000 |{'#' * (flush // 5)}")
+        out.flush()
+    out.add(0, "stderr", "\n")
+    out.add(0, "stdout", "TRAINING DONE\n")
+    out.close()
+    text = "".join(t for _, t in writes)
+    assert len(text) < 4000 and "[rank 0] TRAINING DONE\n" in text, (len(text), text[-300:])
+    assert text.count("\r[rank 0] ") == 49 and "cut at" not in text, text[:300]
+
+
+def test_displays_past_their_bound_are_counted():
+    shown, writes = [], []
+    out = CellOutput(lambda stream, text: writes.append(text), display=lambda d, m, **kw: shown.append(d))
+    for i in range(SHOWN_DISPLAYS + 5):
+        out.display(i % 2, {"text/plain": str(i), "text/html": f"<b>{i}</b>"}, {})
+    out.display(0, {"text/plain": "7", "text/html": "<b>7</b>"}, {}, label="Out: ")  # a value: always shown
+    out.close()
+    assert len(shown) == SHOWN_DISPLAYS + 1
+    assert "[rank 0] 3 more displays not shown" in "".join(writes) and "[rank 1] 2 more displays" in "".join(writes)
 
 
 def test_an_interrupt_inside_is_counted_and_outside_raises():

@@ -89,6 +89,8 @@ def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel
     assert "worker 1 (cpu:1) failed: killed by signal SIGKILL" in content["evalue"], content["evalue"]
     assert "session.restart()" in content["evalue"] and "namespaces are lost" in content["evalue"]
     wait_until(lambda: _all_ended(seen), timeout=30)  # the other rank was ended with it
+    printed = k.ok("%ddp_session")  # shown, with why and how to form it again: never formed anew unasked
+    assert ": ended" in printed and "%ddp_session --restart forms it again on cpu:0, cpu:1" in printed, printed
     printed = k.ok("%ddp_session --restart")
     assert "namespaces were lost" in printed and "Session ready: 2 ranks" in printed, printed
     printed = k.ok("%%ddp\n'x' in globals(), rank")

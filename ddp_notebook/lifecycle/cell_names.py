@@ -4,8 +4,8 @@ cell binds itself. Data goes to the ranks with ``Session.push``.
 """
 from __future__ import annotations
 
-import ast
 import inspect
+import symtable
 import types
 from typing import Any
 
@@ -24,16 +24,17 @@ def notebook_names(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
     >>> sorted(notebook_names("f(math.pi) + x", {"f": f, "math": math, "x": 1}))
     ['f', 'math']
 
-    A name the cell binds itself (``f = 3``, ``def f``, ``import f``, a parameter) is the rank's:
-    the notebook's ``f`` is not sent.
+    A name the cell binds itself (``f = 3``, ``def f``, ``import f``) is the rank's: the
+    notebook's ``f`` is not sent. What a function of the cell binds inside (a parameter) is its
+    own, and leaves the cell's name the notebook's (Python's own scopes, ``symtable``, say which).
 
     >>> notebook_names("f = 3; f + 1", {"f": f})
     {}
+    >>> sorted(notebook_names("def loss(math=None):\\n    return 0\\nmath.pi", {"math": math}))
+    ['math']
     """
-    nodes = list(ast.walk(ast.parse(code)))
-    used = {node.id for node in nodes if isinstance(node, ast.Name)}
     out = {}
-    for name in sorted(used - RANK_NAMES - _bound_in(nodes)):
+    for name in sorted(_read_from_notebook(code) - RANK_NAMES):
         if name in namespace:
             value = namespace[name]
             if isinstance(value, types.ModuleType) or inspect.isfunction(value) or inspect.isclass(value) \
@@ -42,20 +43,15 @@ def notebook_names(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _bound_in(nodes: list[ast.AST]) -> set[str]:
-    """The names a cell binds: assigned, defined, imported, a parameter, an exception's name."""
-    bound: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-    return bound
-
-
+def _read_from_notebook(code: str) -> set[str]:
+    """The global names ``code`` reads (at its top level, or inside its functions, classes,
+    lambdas and comprehensions) that it does not bind at its top level."""
+    top = symtable.symtable(code, "<ddp cell>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    read = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    todo = list(top.get_children())
+    while todo:
+        table = todo.pop()
+        read.update(s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global())
+        todo.extend(table.get_children())
+    return read - bound

@@ -573,6 +573,10 @@ class Session:
         """
         if not values:
             raise ArgumentsError("push() takes the values to send as keywords: session.push(lr=0.1)")
+        odd = sorted(k for k in values if not k.isidentifier() or (k.startswith("__") and k.endswith("__")))
+        if odd:
+            raise ArgumentsError(f"push() takes names a cell can use, not {odd[0]!r} (an identifier such as "
+                                 "'lr', not a dunder name like '__builtins__')")
         bad = sorted(set(values) & RANK_NAMES)
         if bad:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank has its own "

@@ -36,17 +36,21 @@ from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS
 from ..transfer import pickling
+from ..worker.rank_display import DISPLAY_ID
 from ..worker.session_loop import FrameReader, encode_frame, send_frame
 from .stall import collective_name, is_waiting_in_collective, user_site
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
+           "SHOWN_DISPLAYS",
            "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "SETTLE_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
 SHOWN_LINES = 2000
 #: Characters of the ranks' output one request shows (all ranks together).
 SHOWN_CHARS = 512 * 1024
+#: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
+SHOWN_DISPLAYS = 200
 #: Seconds the ranks get to leave an interrupted cell before the session is formed again.
 INTERRUPT_GRACE = 10.0
 #: Seconds the ranks outside a request get to show they live once a rank in it raised (they
@@ -102,12 +106,13 @@ def interrupts_counted() -> Iterator[_Presses]:
 class CellOutput:
     """What the ranks print during one request, shown as it comes: each line named by its rank
     (``[rank 1] ...``), written in batches (one write per stream per ``flush``) and bounded
-    (``SHOWN_LINES`` lines, ``SHOWN_CHARS`` characters, for all ranks together; each line cut
-    at ``LINE_CHARS``).
+    (``SHOWN_LINES`` lines, ``SHOWN_CHARS`` characters, ``SHOWN_DISPLAYS`` displays, for all
+    ranks together; each line cut at ``LINE_CHARS``).
 
-    A line without its end yet is shown at the next flush (``end=''``, a progress bar) and goes
-    on where it stopped; a carriage return (tqdm's bars) redraws the line, its rank named again;
-    another rank's text on the same stream starts a line of its own.
+    A line without its end yet (``end=''``, a progress bar) is shown at the next flush and goes
+    on where it stopped; the pieces a rank's ``print`` writes in one go stay on one line. A
+    carriage return (tqdm's bars) redraws the line, its rank named again, and only the last
+    redraw of a flush is written. Another rank's text on the same stream starts a line of its own.
 
     >>> shown = []
     >>> out = CellOutput(lambda stream, text: shown.append(text), lines=2)
@@ -119,36 +124,61 @@ class CellOutput:
     """
 
     def __init__(self, write: Optional[Callable[[str, str], None]] = None, lines: int = SHOWN_LINES,
-                 chars: int = SHOWN_CHARS, display: Optional[Callable[[dict, dict], None]] = None) -> None:
+                 chars: int = SHOWN_CHARS, display: Optional[Callable[..., None]] = None) -> None:
         self._write = write or _write_std
         self._display = display or _display_raw
         self._lines_left, self._chars_left = lines, chars
         self._open: dict[str, Optional[int]] = {"stdout": None, "stderr": None}  # the rank whose line is open
         self._column: dict[tuple[int, str], int] = {}  # characters of the open line shown
         self._skipping: set[tuple[int, str]] = set()  # a line shown cut: the rest of it is not shown
+        # What a rank's line holds that is not shown yet, and whether a carriage return began it.
+        self._partial: dict[tuple[int, str], tuple[str, bool]] = {}
         self._ready: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._hidden: dict[int, int] = {}
+        self._displays_left = SHOWN_DISPLAYS
+        self._hidden_displays: dict[int, int] = {}
 
     def add(self, rank: int, stream: str, text: str) -> None:
         """Take what ``rank`` printed on ``stream`` (any piece of text)."""
         stream = "stderr" if stream == "stderr" else "stdout"
+        key = (rank, stream)
         for piece in _PIECES.findall(text):
             if piece in ("\n", "\r\n"):
-                self._end(rank, stream)
+                self._complete(rank, stream)
             elif piece == "\r":
-                if self._open[stream] == rank and (rank, stream) not in self._skipping:
-                    self._put(stream, f"\r[rank {rank}] ")
-                    self._column[(rank, stream)] = 0
-                self._skipping.discard((rank, stream))
+                self._partial[key] = ("", True)  # what the line held and was not shown yet is drawn over
             else:
-                self._text(rank, stream, piece)
+                pending, redraw = self._partial.get(key, ("", False))
+                self._partial[key] = (pending + piece, redraw)
+                if len(pending) + len(piece) > LINE_CHARS:  # long enough to be cut now
+                    self._show_partial(rank, stream)
+
+    def _show_partial(self, rank: int, stream: str) -> None:
+        """Show what ``rank``'s line holds and was not shown yet (the line stays open)."""
+        key = (rank, stream)
+        text, redraw = self._partial.pop(key, ("", False))
+        if not text and not redraw:
+            return
+        if not self._begin(rank, stream, redraw):
+            return
+        self._text(rank, stream, text)
+
+    def _begin(self, rank: int, stream: str, redraw: bool) -> bool:
+        """Make ``rank``'s line the open one of ``stream``, drawn anew when ``redraw``; False
+        when the request's bounds are spent (the line is counted, not shown)."""
+        key = (rank, stream)
+        if self._open[stream] == rank:
+            if redraw:
+                self._skipping.discard(key)
+                self._column[key] = 0
+                if self._chars_left > 0:
+                    self._put(stream, f"\r[rank {rank}] ")
+            return key not in self._skipping
+        return self._start(rank, stream)
 
     def _text(self, rank: int, stream: str, piece: str) -> None:
         key = (rank, stream)
-        if self._open[stream] != rank:
-            if not self._start(rank, stream):
-                return
-        if key in self._skipping:
+        if key in self._skipping or not piece:
             return
         room = LINE_CHARS - self._column.get(key, 0)
         if len(piece) > room:
@@ -157,7 +187,6 @@ class CellOutput:
         elif len(piece) > self._chars_left:  # the request's bound: the rest of this line, and the lines after, counted
             piece = f"{piece[:max(self._chars_left, 0)]}…"
             self._skipping.add(key)
-            self._chars_left = 0
         self._column[key] = self._column.get(key, 0) + len(piece)
         self._put(stream, piece)
 
@@ -167,11 +196,9 @@ class CellOutput:
         if self._lines_left <= 0 or self._chars_left <= 0:
             self._lines_left = 0
             self._hidden[rank] = self._hidden.get(rank, 0) + 1
-            self._skipping.add((rank, stream))
-            self._open[stream] = None
+            self._end_open(stream)
             return False
-        if self._open[stream] is not None:
-            self._put(stream, "\n")
+        self._end_open(stream)
         self._lines_left -= 1
         self._open[stream] = rank
         self._column[(rank, stream)] = 0
@@ -179,12 +206,12 @@ class CellOutput:
         self._put(stream, f"[rank {rank}] ")
         return True
 
-    def _end(self, rank: int, stream: str) -> None:
+    def _complete(self, rank: int, stream: str) -> None:
+        """``rank``'s line ended: show what it held, then its end."""
         key = (rank, stream)
-        if self._open[stream] != rank and key not in self._skipping:
-            if not self._start(rank, stream):  # an empty line
-                self._skipping.discard(key)
-                return
+        text, redraw = self._partial.pop(key, ("", False))
+        if self._begin(rank, stream, redraw):
+            self._text(rank, stream, text)
         if self._open[stream] == rank:
             self._put(stream, "\n")
             self._open[stream] = None
@@ -195,8 +222,18 @@ class CellOutput:
         self._chars_left -= len(text)
         self._ready[stream].append(text)
 
+    def _end_open(self, stream: str) -> None:
+        rank = self._open[stream]
+        if rank is not None:
+            self._put(stream, "\n")
+            self._open[stream] = None
+            self._column.pop((rank, stream), None)
+            self._skipping.discard((rank, stream))
+
     def flush(self) -> None:
         """Write what was taken so far, lines without their end included: one write per stream."""
+        for rank, stream in list(self._partial):
+            self._show_partial(rank, stream)
         for stream, pieces in self._ready.items():
             if pieces:
                 self._write(stream, "".join(pieces))
@@ -204,10 +241,24 @@ class CellOutput:
 
     def display(self, rank: int, data: dict, metadata: dict, label: str = "") -> None:
         """Show what ``rank`` displayed (a MIME bundle: HTML, an image, a figure), after what it
-        printed before, under a line that names the rank (``label`` after its name)."""
+        printed before, under a line that names the rank (``label`` after its name). A display
+        the rank keeps current (``display_id``) is updated in place. At most ``SHOWN_DISPLAYS``
+        a request; the rest are counted."""
+        metadata = dict(metadata)
+        kept = metadata.pop(DISPLAY_ID, None)
+        display_id = f"ddp-rank{rank}-{kept.get('id')}" if isinstance(kept, dict) else None
+        self.flush()  # what the ranks printed before, first
+        if display_id is not None and isinstance(kept, dict) and kept.get("update"):
+            self._display(data, metadata, display_id=display_id, update=True)
+            return
+        if not label:
+            if self._displays_left <= 0:
+                self._hidden_displays[rank] = self._hidden_displays.get(rank, 0) + 1
+                return
+            self._displays_left -= 1
         text = data.get("text/plain") if isinstance(data.get("text/plain"), str) else None
         self._end_open("stdout")
-        if set(data) <= {"text/plain"}:  # text alone: its lines named as printed lines are (never counted)
+        if set(data) <= {"text/plain"} and display_id is None:  # text alone: lines named as printed ones are
             lines = (text or "").split("\n")
             self._put("stdout", "".join(f"[rank {rank}] {label if i == 0 else ''}{line}\n"
                                         for i, line in enumerate(lines)))
@@ -215,17 +266,11 @@ class CellOutput:
             return
         self._put("stdout", f"[rank {rank}]{' ' + label.rstrip() if label else ''}\n")
         self.flush()
-        self._display(data, metadata)
-
-    def _end_open(self, stream: str) -> None:
-        rank = self._open[stream]
-        if rank is not None:
-            self._put(stream, "\n")
-            self._open[stream] = None
-            self._column.pop((rank, stream), None)
+        self._display(data, metadata, display_id=display_id)
 
     def close(self) -> None:
         """End the lines still open, write the rest, then say what was not shown."""
+        self.flush()
         for stream in self._ready:
             self._end_open(stream)
         self._skipping.clear()
@@ -234,6 +279,10 @@ class CellOutput:
             self._write("stderr", f"[rank {rank}] {count} more line{'' if count == 1 else 's'} not shown "
                                   f"(session.current_run.output({rank}) has them)\n")
         self._hidden.clear()
+        for rank, count in sorted(self._hidden_displays.items()):
+            self._write("stderr", f"[rank {rank}] {count} more display{'' if count == 1 else 's'} not shown "
+                                  f"(a request shows {SHOWN_DISPLAYS})\n")
+        self._hidden_displays.clear()
 
 
 _PIECES = re.compile(r"\r\n|\r|\n|[^\r\n]+")
@@ -245,11 +294,15 @@ def _write_std(stream: str, text: str) -> None:
     out.flush()
 
 
-def _display_raw(data: dict, metadata: dict) -> None:
-    """Show a MIME bundle in the notebook (its text outside one)."""
+def _display_raw(data: dict, metadata: dict, display_id: Optional[str] = None, update: bool = False) -> None:
+    """Show a MIME bundle in the notebook (its text outside one); with ``display_id``, one that
+    can be updated in place (``update``: this is its update)."""
     from IPython.display import display
 
-    display(data, metadata=metadata, raw=True)
+    if display_id is None:
+        display(data, metadata=metadata, raw=True)
+    else:
+        display(data, metadata=metadata, raw=True, display_id=display_id, update=update)
 
 
 class ValueNotSent:
@@ -464,7 +517,8 @@ class Exchange:
     def _take(self, rank: int, reply: dict[str, Any]) -> None:
         op = reply.get("op")
         if op == "out":
-            self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
+            if reply.get("cell") == self.cell and self.cell is not None:  # an earlier cell's thread: the run has it
+                self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
         elif op == "display" and reply.get("cell") == self.cell and self.cell is not None:
             data, metadata = reply.get("data"), reply.get("metadata")
             if isinstance(data, dict) and data:

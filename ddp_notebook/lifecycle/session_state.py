@@ -330,6 +330,7 @@ class SessionRecord:
         """A request, as ``state`` shows it: running, then its outcome (the caller adds the ranks'
         values in words to the list it is given)."""
         started = time.time()
+        ran_in = getattr(self.session, "current_run", None)  # its record goes to this run's log, whatever comes after
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
         with self._state_lock:
             self._doing = Request(what, tuple(ranks), started, cell, first[:120], background=background)
@@ -363,7 +364,7 @@ class SessionRecord:
                 self._doing = None
                 self._cells_run += cell is not None
             self.changed()
-            run = getattr(self.session, "current_run", None)
+            run = ran_in
             if cell is not None and run is not None and not run.state.finished:  # kept in the run's log
                 run.stream.emit({"kind": EventKind.CELL, "time": ended_at, "cell": cell, "ranks": list(ranks),
                                  "status": outcome, "code": cut(code or "", CODE_CHARS),

@@ -15,7 +15,14 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.devices import parse_devices
-from ..core.errors import ArgumentsError, DeviceSpecError, LaunchOptionError, SessionBusyError, SessionEndedError
+from ..core.errors import (
+    ArgumentsError,
+    DeviceSpecError,
+    LaunchOptionError,
+    NotPicklableError,
+    SessionBusyError,
+    SessionEndedError,
+)
 from ..core.validation import InvalidDevicesError
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import in_notebook
@@ -134,6 +141,12 @@ class SessionMagics(Magics):
         if args.stall_timeout is not None:
             options["stall_timeout"] = None if args.stall_timeout == "off" else args.stall_timeout
         spec = _device_list(args.devices)
+        if current is not None and not current.alive and spec is None and args.stall_timeout is None:
+            # It ended (a rank died, a stall): shown with why, as the line asks; forming it again is asked apart.
+            print(f"{current.state.header()}: %ddp_session --restart forms it again on {', '.join(current.devices)} "
+                  "(its namespaces were lost with its ranks), --restart DEVICES on others.")
+            show_session_view(current)
+            return
         if current is not None and current.alive:
             # A session lives: the line most often means "show me the session". Anything that
             # would need new ranks is refused, never done at the cost of its namespaces.
@@ -189,7 +202,7 @@ class SessionMagics(Magics):
                                         f"Cell {number} runs on {_rank_words(ranks)} without blocking: its output "
                                         "and values come below; Stop in the session's view interrupts it. "
                                         "_ddp_cell.result() waits for it.", flush=True))
-        except (ArgumentsError, SessionBusyError) as e:
+        except (ArgumentsError, SessionBusyError, NotPicklableError) as e:
             raise UsageError(f"%%ddp: {e}") from None
         except SyntaxError as e:  # the cell's, said as Python says it (no frame of this package)
             raise UsageError("%%ddp: the cell is not valid Python (nothing was sent to the ranks):\n"

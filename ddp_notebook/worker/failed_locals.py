@@ -2,7 +2,9 @@
 innermost frames of user code, for the failure report. Most DDP errors are a shape, dtype or
 device that differs on one rank: the summaries show it without a rerun.
 
-Bounded in number and size, and never failing the report: a summary that raises says so.
+Bounded in number, size and time, and never failing the report: a summary that raises says so
+(whatever it raises, ``SystemExit`` included); summaries past ``SUMMARY_SECONDS`` in all (a
+``__repr__`` that hangs or loops) give the rest by type alone.
 
 >>> import numpy as np
 >>> summarize(np.zeros((128, 3), dtype=np.int64))
@@ -13,6 +15,11 @@ Bounded in number and size, and never failing the report: a summary that raises 
 from __future__ import annotations
 
 import reprlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any, Optional
 
@@ -24,6 +31,15 @@ FRAMES_KEPT = 3  # the innermost user frame, and the frames above it toward the 
 NAMES_KEPT = 30  # per frame
 SUMMARY_CHARS = 100
 REPR_CHARS = 80
+SUMMARY_SECONDS = 2.0  # for every summary of one report together
+
+
+_PLAIN = (int, float, bool, complex, str, bytes, type(None))  # summarized in no time, whatever the budget
+
+
+class _TooSlow(BaseException):
+    """Raised by the report's timer inside a summary that took too long (a BaseException: a
+    ``__repr__`` that catches Exception does not hold it)."""
 
 _repr = reprlib.Repr()
 _repr.maxstring = REPR_CHARS
@@ -42,6 +58,8 @@ def _shape(value: Any) -> Optional[str]:
 def summarize(value: Any) -> str:
     """One line for ``value``: ``Tensor[64, 3, 28, 28] float32 cpu``, ``ndarray[128] int64``,
     ``list of 3``, else its repr cut at 80 characters."""
+    if _budget.spent and type(value) not in _PLAIN:
+        return f"<{type(value).__name__}: not summarized, the summaries took over {SUMMARY_SECONDS:g} s>"
     try:
         kind = type(value)
         name = kind.__name__
@@ -56,7 +74,10 @@ def summarize(value: Any) -> str:
             text = f"{name} of {len(value)}"
         else:
             text = _repr.repr(value)
-    except Exception as e:  # noqa: BLE001 - a broken __repr__ or property must not fail the report
+    except _TooSlow:
+        _budget.spent = True
+        text = f"<{type(value).__name__}: its summary took over {SUMMARY_SECONDS:g} s>"
+    except BaseException as e:  # noqa: BLE001 - a broken __repr__ (even one raising SystemExit) must not fail the report
         text = f"<{type(value).__name__}: its summary raised {type(e).__name__}>"
     text = " ".join(text.split())
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
@@ -83,9 +104,49 @@ def _frame_locals(frame: FrameType) -> dict[str, str]:
     return out
 
 
+class _Budget:
+    spent = False
+
+
+_budget = _Budget()
+
+
+@contextmanager
+def _time_bound(seconds: float) -> Iterator[None]:
+    """Raise ``_TooSlow`` in whatever runs here once ``seconds`` have passed (a SIGALRM timer, on
+    the main thread of a process whose SIGALRM is free; elsewhere, no bound but the others)."""
+    _budget.spent = False
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) or \
+            signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+    started = time.monotonic()
+
+    def expire(signum: int, frame: Any) -> None:
+        if not _budget.spent and time.monotonic() - started >= seconds * 0.99:
+            raise _TooSlow
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def failed_locals(tb: Optional[TracebackType]) -> list[dict[str, Any]]:
     """The innermost frames of user code in ``tb`` (at most ``FRAMES_KEPT``, innermost first),
     each ``{"function", "file", "line", "locals": {name: summary}}``; [] when none (or on any error)."""
+    try:
+        with _time_bound(SUMMARY_SECONDS):
+            return _user_frames(tb)
+    except BaseException:  # noqa: BLE001 - the locals are a help: never fail the report for them
+        return []
+
+
+def _user_frames(tb: Optional[TracebackType]) -> list[dict[str, Any]]:
     try:
         user = []
         while tb is not None:

@@ -16,18 +16,25 @@ text is kept.
 """
 from __future__ import annotations
 
+import base64
+import contextlib
 import importlib.util
+import io
+import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-__all__ = ["RankDisplay", "TEXT_CHARS", "BUNDLE_CHARS"]
+__all__ = ["RankDisplay", "TEXT_CHARS", "BUNDLE_CHARS", "DISPLAY_ID", "bound_bundle"]
 
 #: Characters of a value's text the notebook is sent (a repr can be huge).
 TEXT_CHARS = 20_000
 #: Characters of one bundle (an image is base64 text): past them, the text alone.
 BUNDLE_CHARS = 8 * 1024 * 1024
+METADATA_CHARS = 64 * 1024
+#: The metadata key a display kept current carries: ``{"id": its id on the rank, "update": bool}``.
+DISPLAY_ID = "ddp_notebook/display_id"
 _INLINE = "module://matplotlib_inline.backend_inline"
 
 Publish = Callable[[dict[str, Any], dict[str, Any]], None]
@@ -55,9 +62,13 @@ class RankDisplay:
         owner = self
 
         class _Publisher(DisplayPublisher):
-            def publish(self, data: dict[str, Any], metadata: Optional[dict[str, Any]] = None, *args: Any,
-                        **kwargs: Any) -> None:
-                owner._publish(bound_bundle(data), dict(metadata or {}))
+            def publish(self, data: dict[str, Any], metadata: Optional[dict[str, Any]] = None, source: Any = None,
+                        *, transient: Optional[dict[str, Any]] = None, update: bool = False, **kwargs: Any) -> None:
+                shown = dict(bound_metadata(metadata or {}))
+                display_id = (transient or {}).get("display_id")
+                if isinstance(display_id, str):  # display(..., display_id=True) and its handle's update()
+                    shown[DISPLAY_ID] = {"id": display_id[:100], "update": bool(update)}
+                owner._publish(bound_bundle(data), shown)
 
             def clear_output(self, wait: bool = False) -> None:
                 pass  # an output area of the rank's own has nothing to clear
@@ -73,22 +84,34 @@ class RankDisplay:
         self.shell = InteractiveShell.instance(config=config, display_pub_class=_Publisher)
         self.show = display
 
-    def bundle(self, value: Any) -> dict[str, Any]:
+    def bundle(self, value: Any) -> Optional[dict[str, Any]]:
         """``value`` as the notebook shows a cell's value: its MIME bundle (text, and HTML or
-        an image where it has one), bounded."""
+        an image where it has one), bounded; None when the value displayed itself
+        (``_ipython_display_``), as IPython then shows no ``Out``."""
         if self.shell is None:
             return {"text/plain": self.text(value)}
-        data, _metadata = self.shell.display_formatter.format(value)
-        return bound_bundle(data) if data else {"text/plain": self.text(value)}
+        with _quiet():  # a formatter that raises prints its traceback: the text below says it once
+            try:
+                data, _metadata = self.shell.display_formatter.format(value, exclude={"text/plain"})
+            except Exception:  # noqa: BLE001 - no rich form: the text alone
+                data = {}
+        if not data and callable(getattr(type(value), "_ipython_display_", None)):
+            return None
+        return bound_bundle({**data, "text/plain": self.text(value)})
 
     def text(self, value: Any) -> str:
-        """``value``'s text, as IPython prints it (``repr`` without IPython), bounded."""
+        """``value``'s text, as IPython prints it (``repr`` without IPython), bounded; a repr that
+        raises is said, never raised."""
+        failed = f"<{type(value).__qualname__} object: its repr raised"
         try:
-            text = self.shell.display_formatter.formatters["text/plain"](value) if self.shell is not None \
-                else repr(value)
-        except Exception as exc:  # noqa: BLE001 - a broken __repr__ is said, not raised
-            text = f"<{type(value).__qualname__} object: its repr raised {type(exc).__name__}>"
-        return _cut(str(text))
+            with _quiet():
+                text = self.shell.display_formatter.formatters["text/plain"](value) if self.shell is not None \
+                    else repr(value)
+        except BaseException as exc:  # noqa: BLE001 - a broken __repr__ (even SystemExit) is said, not raised
+            return f"{failed} {type(exc).__name__}>"
+        if not isinstance(text, str):  # IPython's formatter caught the repr's error and gave None
+            return f"{failed} an error>"
+        return _cut(text)
 
     def cell_ended(self) -> None:
         """Show the figures the cell drew (matplotlib's inline backend), as IPython does when a
@@ -98,12 +121,37 @@ class RankDisplay:
 
 
 def bound_bundle(data: dict[str, Any]) -> dict[str, Any]:
-    """The text parts of a bundle (an image is base64 text), each cut, the whole bounded: past
-    ``BUNDLE_CHARS``, its plain text alone."""
-    kept = {mime: _cut(v) if mime == "text/plain" else v for mime, v in data.items() if isinstance(v, str)}
-    if sum(len(v) for v in kept.values()) > BUNDLE_CHARS:
-        kept = {"text/plain": kept.get("text/plain", "<a display too large to send>")}
+    """A bundle as it can travel, bounded: text as it is (plain text cut), bytes (an image from
+    ``_repr_png_``) as base64 text, JSON types (``application/json``, Vega-Lite) as JSON;
+    past ``BUNDLE_CHARS`` in all, its plain text alone, saying so."""
+    kept: dict[str, Any] = {}
+    for mime, v in data.items():
+        if isinstance(v, bytes):
+            v = base64.b64encode(v).decode("ascii")
+        if isinstance(v, str):
+            kept[mime] = _cut(v) if mime == "text/plain" else v
+        elif mime.endswith("json") and isinstance(v, (dict, list)):
+            kept[mime] = v
+    size = sum(len(v) if isinstance(v, str) else len(json.dumps(v, default=str)) for v in kept.values())
+    if size > BUNDLE_CHARS:
+        text = kept.get("text/plain", "<a display>")
+        kept = {"text/plain": f"{text} [{size / 2**20:.0f} MB to display: over the "
+                              f"{BUNDLE_CHARS // 2**20} MB a rank sends, its text alone is shown]"}
     return kept
+
+
+def bound_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A display's metadata, or none when it is larger than a display's metadata should be."""
+    try:
+        return metadata if len(json.dumps(metadata, default=str)) <= METADATA_CHARS else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
 
 
 def _cut(text: str) -> str:

@@ -293,7 +293,7 @@ class _Rank:
             return
         try:
             data = pickling.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - pickling raises many types: the value stays here
+        except BaseException as exc:  # noqa: BLE001 - a __reduce__ may raise anything (SystemExit): the value stays here
             error = error_event(exc, Phase.RESULT)
             error["message"] = (f"the value could not be sent to the notebook ({type(value).__qualname__}): "
                                 f"{error['message']}")
@@ -309,12 +309,14 @@ class _Rank:
         if value is None:
             return reply
         if message.get("show"):
-            reply["shown"] = self.display.bundle(value)
+            shown = self.display.bundle(value)
+            if shown is not None:  # None: it displayed itself (its _ipython_display_), no Out
+                reply["shown"] = shown
         if message.get("value", True):
             reply["text"] = self.display.text(value)
             try:
                 reply["value"] = pickling.dumps(value)
-            except Exception as exc:  # noqa: BLE001 - pickling raises many types: its text goes instead
+            except BaseException as exc:  # noqa: BLE001 - a __reduce__ may raise anything: its text goes instead
                 reply["unsent"] = f"{type(exc).__name__}: {exc}"[:LINE_CHARS]
         return reply
 

@@ -5,11 +5,12 @@ cell binds itself. Data goes to the ranks with ``Session.push``.
 from __future__ import annotations
 
 import inspect
+import linecache
 import symtable
 import types
 from typing import Any
 
-__all__ = ["RANK_NAMES", "notebook_names"]
+__all__ = ["RANK_NAMES", "notebook_names", "new_sources"]
 
 #: The names every rank's namespace starts with (never sent from the notebook).
 RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
@@ -55,3 +56,12 @@ def _read_from_notebook(code: str) -> set[str]:
         read.update(s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global())
         todo.extend(table.get_children())
     return read - bound
+
+
+def new_sources(sent: set[str]) -> dict[str, Any]:
+    """The notebook cells' sources (IPython's entries in ``linecache``) not in ``sent`` yet, which
+    is updated: sent with a cell, tracebacks in the ranks show their lines."""
+    new = {name: entry for name, entry in list(linecache.cache.items())
+           if len(entry) == 4 and entry[1] is None and name not in sent}
+    sent.update(new)
+    return new

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import linecache
 import socket
 import sys
 import threading
@@ -53,11 +52,20 @@ from ..core.validation import InvalidDevicesError
 from ..transfer import packing, pickling
 from ..worker.session_loop import FrameReader, cell_file_name, send_frame, serve_session
 from .call import first_unpicklable
-from .cell_names import RANK_NAMES, notebook_names
+from .cell_names import RANK_NAMES, new_sources, notebook_names
 from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .run import Run
-from .session_exchange import INTERRUPT_GRACE, CellOutput, Exchange, Gathered, RankGone, ValueNotSent, loaded_value
+from .session_exchange import (
+    INTERRUPT_GRACE,
+    CellOutput,
+    Exchange,
+    Gathered,
+    RankGone,
+    ValueNotSent,
+    loaded_value,
+    unsent_error,
+)
 from .session_failures import cell_error, failures_of, push_hint
 from .session_listener import RankListener, close_all
 from .session_state import SessionRecord, SessionState, format_session, ranks_text, value_text
@@ -435,7 +443,7 @@ class Session:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
         message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
-                   "sources": self._new_sources(), "show": bool(show), "value": not show or not block}
+                   "sources": new_sources(self._sources_sent), "show": bool(show), "value": not show or not block}
         self._cells_run = cell
         if block:
             with self._claimed():
@@ -636,13 +644,7 @@ class Session:
         with self._claimed(), self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
             replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
             values = {r: loaded_value(r, m) for r, m in replies.items() if m["op"] == "done"}
-            for r, value in values.items():
-                if isinstance(value, ValueNotSent):  # pull is for objects: one that cannot come is an error
-                    text = " ".join(value.text.split())
-                    replies[r] = {"op": "error", "error": {
-                        "kind": "error", "phase": "result", "exc_type": value.error or "ValueNotSent", "time": 0.0,
-                        "message": f"{name!r} ({text[:80] + '…' if len(text) > 80 else text}): {value.reason} "
-                                   f"(it stays in rank {r}'s namespace)"}}
+            replies.update({r: unsent_error(name, v) for r, v in values.items() if isinstance(v, ValueNotSent)})
             if any(m["op"] == "error" for m in replies.values()):
                 raise self._error(None, *self._failures(None, Gathered(replies)), what=f"pull {name!r}")
         return [values[r] for r in range(self.world_size)]
@@ -752,12 +754,6 @@ class Session:
     def _pack_names(self, code: str, namespace: dict[str, Any]) -> bytes:
         return self._dumps(notebook_names(code, namespace), "the notebook's {!r}, which the cell uses,")
 
-    def _new_sources(self) -> dict[str, Any]:
-        """The notebook cells' sources not yet sent (tracebacks in the ranks show their lines)."""
-        new = {name: entry for name, entry in list(linecache.cache.items())
-               if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
-        self._sources_sent.update(new)
-        return new
 
 @takes_launch_options
 def session(devices: Optional[DeviceSpec] = None, *, probe: Optional[Probe] = None,

@@ -40,7 +40,7 @@ from ..worker.rank_display import DISPLAY_ID
 from ..worker.session_loop import FrameReader, encode_frame, send_frame
 from .stall import collective_name, is_waiting_in_collective, user_site
 
-__all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
+__all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS",
            "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "SETTLE_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
@@ -338,6 +338,15 @@ def loaded_value(rank: int, reply: dict[str, Any]) -> Any:
     except Exception as exc:  # noqa: BLE001 - unpickling runs the value's own code: any error
         return ValueNotSent(rank, text, f"it cannot be loaded in the notebook: {type(exc).__name__}: "
                                         f"{str(exc) or repr(exc)}", type(exc).__name__)
+
+
+def unsent_error(name: str, value: ValueNotSent) -> dict[str, Any]:
+    """The error reply ``pull(name)`` makes of a value that could not come: pull is for objects."""
+    text = " ".join(value.text.split())
+    shown = text[:80] + "…" if len(text) > 80 else text
+    return {"op": "error", "error": {
+        "kind": "error", "phase": "result", "exc_type": value.error or "ValueNotSent", "time": 0.0,
+        "message": f"{name!r} ({shown}): {value.reason} (it stays in rank {value.rank}'s namespace)"}}
 
 
 @dataclass

@@ -115,7 +115,6 @@ _budget = _Budget()
 def _time_bound(seconds: float) -> Iterator[None]:
     """Raise ``_TooSlow`` in whatever runs here once ``seconds`` have passed (a SIGALRM timer, on
     the main thread of a process whose SIGALRM is free; elsewhere, no bound but the others)."""
-    _budget.spent = False
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) or \
             signal.getitimer(signal.ITIMER_REAL)[0] > 0:
@@ -134,6 +133,7 @@ def _time_bound(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        _budget.spent = False  # (summarize() outside a report has no budget)
 
 
 def failed_locals(tb: Optional[TracebackType]) -> list[dict[str, Any]]:

@@ -83,6 +83,7 @@ def test_an_interrupt_mid_cell_reaches_every_rank_and_the_session_goes_on(kernel
 def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel):
     k, seen = kernel
     seen.extend(k.rank_pids())
+    killed_run = k.ok("print(_ddp_session.current_run.id)").strip()
     content, _ = k.execute("%%ddp\nimport os, signal, time\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
                            "time.sleep(60)")
     assert content["status"] == "error" and content["ename"] == "SessionEndedError", content
@@ -91,6 +92,10 @@ def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel
     wait_until(lambda: _all_ended(seen), timeout=30)  # the other rank was ended with it
     printed = k.ok("%ddp_session")  # shown, with why and how to form it again: never formed anew unasked
     assert ": ended" in printed and "%ddp_session --restart forms it again on cpu:0, cpu:1" in printed, printed
+    # The cell the session ended in is in its run's log, read back from disk.
+    printed = k.ok(f"import ddp_notebook\nc = ddp_notebook.Run.load({killed_run!r}).state.cell_records[-1]\n"
+                   "print(c.status, c.failures[0].rank, c.first_line())")
+    assert printed.strip() == "ended 1 import os, signal, time", printed
     printed = k.ok("%ddp_session --restart")
     assert "namespaces were lost" in printed and "Session ready: 2 ranks" in printed, printed
     printed = k.ok("%%ddp\n'x' in globals(), rank")

@@ -86,3 +86,29 @@ def test_a_sessions_cells_are_folded_with_the_failure_of_the_last_that_failed():
     failed = s.failed_cell
     assert (failed.cell, failed.code, failed.failures[0].locals) == (2, "t.view(2)", {"t": "Tensor[3] float32 cpu"})
     assert RunState().failed_cell is None
+
+
+def test_an_event_after_the_runs_end_is_folded_and_added_to_its_closed_log(tmp_path):
+    import json
+
+    from ddp_notebook.core.stream import EventStream
+
+    path = tmp_path / "events.jsonl"
+    stream = EventStream(open(path, "a", buffering=1))
+    stream.emit({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0"], "origin": "session"})
+    stream.emit({"kind": "run_finished", "time": 1.0, "status": "failed"})
+    stream.close()
+    added = []
+
+    def append(line):
+        added.append(line)
+        with open(path, "a") as f:
+            f.write(line)
+
+    stream.emit_late({"kind": "cell", "time": 2.0, "cell": 4, "ranks": [0], "status": "ended", "code": "x"}, append)
+    assert stream.state.cell_records[-1].status == "ended" and len(added) == 1
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds == ["run_started", "run_finished", "cell"]
+    live = EventStream(open(tmp_path / "other.jsonl", "a", buffering=1))  # a live log writes it itself
+    live.emit_late({"kind": "cell", "time": 2.0, "cell": 1, "ranks": [0], "status": "ok", "code": "y"}, added.append)
+    assert len(added) == 1 and '"cell"' in (tmp_path / "other.jsonl").read_text()

@@ -84,6 +84,16 @@ class EventStream:
         if full:  # said once, in the log and the state
             self.emit({"kind": EventKind.LOG_TRUNCATED, "time": event.get("time"), "limit_bytes": bounds.LOG_BYTES})
 
+    def emit_late(self, event: dict[str, Any], append: Callable[[str], None]) -> None:
+        """Keep and fold ``event``, which comes after the run ended (a session's cell that the
+        run's end cut short), and when the log is closed already, add its line with ``append``
+        (the run's directory appends to the log file)."""
+        with self._lock:
+            closed = self._log is None or self._log.closed
+        self.emit(event)
+        if closed and self._log is not None:  # (a stream read back from disk has no log to add to)
+            append(json.dumps(event, default=str) + "\n")
+
     def _write(self, event: dict[str, Any], bulk: bool) -> bool:
         """Append ``event`` to the log; False for the first progress or output the log has no
         room for (lifecycle events are always written)."""

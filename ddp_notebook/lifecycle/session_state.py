@@ -365,11 +365,13 @@ class SessionRecord:
                 self._cells_run += cell is not None
             self.changed()
             run = ran_in
-            if cell is not None and run is not None and not run.state.finished:  # kept in the run's log
-                run.stream.emit({"kind": EventKind.CELL, "time": ended_at, "cell": cell, "ranks": list(ranks),
-                                 "status": outcome, "code": cut(code or "", CODE_CHARS),
-                                 "seconds": round(ended_at - started, 3), "message": cut(message, MESSAGE_CHARS),
-                                 "failures": [f.to_dict() for f in failures]})
+            if cell is not None and run is not None:  # kept in the log of the run it ran in
+                record = {"kind": EventKind.CELL, "time": ended_at, "cell": cell, "ranks": list(ranks),
+                          "status": outcome, "code": cut(code or "", CODE_CHARS),
+                          "seconds": round(ended_at - started, 3), "message": cut(message, MESSAGE_CHARS),
+                          "failures": [f.to_dict() for f in failures]}
+                # A cell the session ended in ends after its run: added to the log all the same.
+                run.stream.emit_late(record, lambda line: run.dir.append_private(run.dir.events_path, line))
 
     def _snapshot(self) -> SessionState:
         session = self.session

@@ -447,21 +447,8 @@ class Exchange:
         answered: set[int] = set()
         deadline = time.monotonic() + SETTLE_WAIT
         while len(answered) < len(others) and time.monotonic() < deadline:
-            conns = {self.connections[r]: r for r in others if r not in answered}
-            ready, _, _ = select.select(list(conns), [], [], _POLL)
-            for conn in ready:
-                rank = conns[conn]
-                try:
-                    data = conn.recv(1 << 20)
-                except OSError:
-                    data = b""
-                if not data:
-                    raise RankGone
-                self.readers[rank].feed(data)
-                if any(pickling.loads(frame).get("op") == "pong" for frame in self.readers[rank].frames()):
-                    answered.add(rank)
-            if self.run_done():
-                raise RankGone
+            self._read([r for r in others if r not in answered],
+                       lambda rank, reply: answered.add(rank) if reply.get("op") == "pong" else None)
 
     def _asked_to_stop(self, now: float, presses: int) -> bool:
         """The user asked to interrupt: the first time, ask the ranks to leave the cell; True
@@ -507,7 +494,12 @@ class Exchange:
             self.outcome.interrupted = presses.count > 0
 
     def _pump(self) -> None:
-        conns = {self.connections[r]: r for r in self._waiting()}
+        self._read(self._waiting(), self._take)
+
+    def _read(self, ranks: list[int], take: Callable[[int, dict[str, Any]], Any]) -> None:
+        """Wait up to ``_POLL`` for what ``ranks`` send and hand each frame to ``take``; a socket
+        that ends, or the run's end, raises ``RankGone``."""
+        conns = {self.connections[r]: r for r in ranks}
         ready, _, _ = select.select(list(conns), [], [], _POLL)
         for conn in ready:
             rank = conns[conn]
@@ -519,7 +511,7 @@ class Exchange:
                 raise RankGone
             self.readers[rank].feed(data)
             for frame in self.readers[rank].frames():
-                self._take(rank, pickling.loads(frame))
+                take(rank, pickling.loads(frame))
         if self.run_done():
             raise RankGone
 

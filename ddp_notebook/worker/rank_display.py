@@ -26,6 +26,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
+from ..core.bounds import cut
+
 __all__ = ["RankDisplay", "TEXT_CHARS", "BUNDLE_CHARS", "DISPLAY_ID", "bound_bundle"]
 
 #: Characters of a value's text the notebook is sent (a repr can be huge).
@@ -111,7 +113,7 @@ class RankDisplay:
             return f"{failed} {type(exc).__name__}>"
         if not isinstance(text, str):  # IPython's formatter caught the repr's error and gave None
             return f"{failed} an error>"
-        return _cut(text)
+        return cut(text, TEXT_CHARS)
 
     def cell_ended(self) -> None:
         """Show the figures the cell drew (matplotlib's inline backend), as IPython does when a
@@ -129,7 +131,7 @@ def bound_bundle(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, bytes):
             v = base64.b64encode(v).decode("ascii")
         if isinstance(v, str):
-            kept[mime] = _cut(v) if mime == "text/plain" else v
+            kept[mime] = cut(v, TEXT_CHARS) if mime == "text/plain" else v
         elif mime.endswith("json") and isinstance(v, (dict, list)):
             kept[mime] = v
     size = sum(len(v) if isinstance(v, str) else len(json.dumps(v, default=str)) for v in kept.values())
@@ -152,9 +154,3 @@ def bound_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
 def _quiet() -> Iterator[None]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         yield
-
-
-def _cut(text: str) -> str:
-    if len(text) <= TEXT_CHARS:
-        return text
-    return f"{text[:TEXT_CHARS]}… [cut at {TEXT_CHARS} characters]"

@@ -203,3 +203,126 @@ def test_the_same_error_on_every_rank_is_said_once_and_a_notebook_name_gets_its_
     error = cell_error(None, failures, values, 2, note=hint, what="pull 'data'")
     assert str(error).startswith("pull 'data' failed on every rank (cpu:0, cpu:1) the same way: ValueError")
     assert str(error).endswith("The session goes on: its namespaces are kept. " + hint + ".")
+
+
+# ---- one request, on a scripted transport: what the ranks answer is put in the answers queue as
+# the run's supervisor puts it (rank, event, attachment), and a rank's end as the session's
+# subscription does ({"op": "exited"}).
+class _Attached:
+    def __init__(self, data):
+        self.data = data
+
+
+class _Record:
+    def __init__(self):
+        self.replied = []
+
+    def mark_replied(self, rank, op):
+        self.replied.append((rank, op))
+
+    def mark_interrupting(self):
+        pass
+
+    def interrupt_asked(self):
+        return False
+
+
+class _Ranks:
+    """A world of ranks that answer each request as ``answer(rank, message)`` says: a list of
+    answers (dicts, or "exited")."""
+
+    def __init__(self, answer):
+        from ddp_notebook.lifecycle.session_exchange import Answers
+
+        self.answers = Answers()
+        self.answer = answer
+        self.sent = []
+
+    def tell(self, ranks, header, body, give_up):
+        message = {**header, **(pickling.loads(body) if body else {})}
+        self.sent.append((list(ranks), message))
+        for rank in ranks:
+            for reply in self.answer(rank, message):
+                if reply == "exited":
+                    self.answers.put((rank, {"op": "exited"}, None))
+                    continue
+                from ddp_notebook.lifecycle.session_exchange import split
+
+                head, rest = split(reply)
+                self.answers.put((rank, {"kind": "session", **head}, _Attached(rest) if rest else None))
+        return []
+
+    def exchange(self, ranks, world, cell=1, output=None):
+        from ddp_notebook.lifecycle.session_exchange import Exchange
+
+        return Exchange(self.tell, self.answers, ranks, world, {"op": "run", "id": 7, "cell": cell, "code": "x"},
+                        cell, _Record(), lambda: False, output or CellOutput(lambda s, t: None))
+
+
+def _error_reply(message):
+    return {"op": "error", "id": message["id"], "error": _reply("error", 0)["error"]}
+
+
+def test_a_rank_that_raised_is_believed_once_the_ranks_outside_the_cell_answered_that_they_live():
+    def answer(rank, message):
+        if message["op"] == "run":
+            return [_error_reply(message)]
+        return [{"op": "pong"}] if message["op"] == "ping" else []
+
+    ranks = _Ranks(answer)
+    outcome = ranks.exchange([0], world=3).run()
+    assert outcome.replies[0]["op"] == "error" and not outcome.cut
+    assert [(r, m["op"]) for r, m in ranks.sent] == [([0], "run"), ([1], "ping"), ([2], "ping")]
+
+
+def test_a_rank_outside_the_cell_that_died_ends_the_request_its_death_not_the_peers_error_is_the_cause():
+    from ddp_notebook.lifecycle.session_exchange import RankGone
+
+    def answer(rank, message):
+        if message["op"] == "run":
+            return [_error_reply(message)]  # e.g. "Connection closed by peer": a knock-on of rank 1's death
+        return ["exited"] if message["op"] == "ping" and rank == 1 else [{"op": "pong"}]
+
+    with pytest.raises(RankGone):
+        _Ranks(answer).exchange([0], world=2).run()
+
+
+def test_a_rank_that_ends_while_the_cell_runs_ends_the_request():
+    from ddp_notebook.lifecycle.session_exchange import RankGone
+
+    ranks = _Ranks(lambda rank, m: (["exited"] if rank == 1 else [{"op": "done", "id": m["id"]}])
+                   if m["op"] == "run" else [])
+    with pytest.raises(RankGone):
+        ranks.exchange([0, 1], world=2).run()
+
+
+def test_only_this_cells_output_is_shown_an_earlier_cells_thread_is_the_runs_alone():
+    shown = []
+
+    def answer(rank, message):
+        if message["op"] != "run":
+            return []
+        return [{"op": "out", "cell": 1, "stream": "stdout", "text": "late from cell 1\n"},
+                {"op": "out", "cell": 2, "stream": "stdout", "text": "from cell 2\n"},
+                {"op": "done", "id": message["id"]}]
+
+    outcome = _Ranks(answer).exchange([0], world=1, cell=2, output=CellOutput(lambda s, t: shown.append(t))).run()
+    assert outcome.replies[0]["op"] == "done" and "".join(shown) == "[rank 0] from cell 2\n"
+
+
+def test_a_second_interrupt_while_a_request_is_sent_abandons_it_and_a_rank_not_reached_ends_it():
+    from ddp_notebook.lifecycle.session_exchange import RankGone
+
+    def pressed_twice(ranks, header, body, give_up):
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        assert give_up()
+        return list(ranks)
+
+    ranks = _Ranks(lambda rank, m: [])
+    ranks.tell = pressed_twice
+    outcome = ranks.exchange([0, 1], world=2).run()
+    assert outcome.abandoned and outcome.interrupted and outcome.cut
+    ranks.tell = lambda ranks, header, body, give_up: [1]  # rank 1's pipe is gone
+    with pytest.raises(RankGone):
+        ranks.exchange([0, 1], world=2).run()

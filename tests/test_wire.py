@@ -35,3 +35,31 @@ def test_metric_values():
         to_json_value([1, 2], "loss")
     with pytest.raises(TypeError, match="one-element tensor"):
         to_json_value(torch.ones(3), "acc")
+
+
+def test_the_control_pipe_carries_frames_stop_flush_a_sessions_request_with_its_body_then_release():
+    import os
+    import threading
+
+    from ddp_notebook.core.events import Control
+    from ddp_notebook.worker.channel import take_requests, watch_lifeline
+
+    r, w = os.pipe()
+    got, flushed = [], threading.Event()
+    stop, release = threading.Event(), threading.Event()
+    take_requests(got.append)
+    try:
+        body = b"\x80" * 100_000  # bigger than a pipe holds: read whole all the same
+        data = b"".join([encode({"kind": Control.STOP}), encode({"kind": Control.FLUSH}),
+                         encode({"kind": Control.REQUEST, "op": "run", "id": 3}, body),
+                         encode({"kind": Control.RELEASE})])
+        writer = threading.Thread(target=os.write, args=(w, data))
+        writer.start()
+        watch_lifeline(r, stop, release, flushed.set)  # returns at release
+        writer.join()
+        assert stop.is_set() and release.is_set() and flushed.wait(10)
+        assert len(got) == 1 and got[0]["op"] == "run" and got[0]["id"] == 3 and got[0]["blob"] == body
+    finally:
+        take_requests(None)
+        os.close(r)
+        os.close(w)

@@ -22,8 +22,8 @@ from typing import Any, Optional, TypedDict
 from ._text import TextEnum
 from .bounds import METRIC_CHARS, cut
 
-__all__ = ["EventKind", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame", "write_all", "to_json_value",
-           "NOT_FINITE"]
+__all__ = ["EventKind", "Control", "SESSION_ROUTED", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame",
+           "write_all", "to_json_value", "NOT_FINITE"]
 
 _LEN = struct.Struct(">I")
 
@@ -48,6 +48,9 @@ class EventKind(TextEnum):
     MEETING = "meeting"  # rank 0 on an engine serves the run's store (port): the other ranks may start
     ALIVE = "alive"  # a rank on an engine is alive (every second; its host's link is up)
     STACKS = "stacks"  # a rank on an engine dumped its stacks (text), for the stall watchdog
+    # A session's rank answers the notebook (op: hello, out, display, where, pong, done, error; its
+    # body pickled as the attachment): for the session, never an event of the run.
+    SESSION = "session"
 
     # run id, devices, backend, directory, parent, places; what the run was: name, tags, config,
     # origin, cwd, monitor, monitor_mode, code, versions, report_to (core.experiment)
@@ -67,6 +70,23 @@ class EventKind(TextEnum):
     SUPERVISOR_ERROR = "supervisor_error"  # ddp_notebook's supervision itself failed (message)
     RUN_FINISHED = "run_finished"  # the run's status; its record: rank 0's last metrics, the monitored best
     LOG_TRUNCATED = "log_truncated"  # the log on disk reached its limit: later progress and output not written
+
+
+class Control(TextEnum):
+    """What the notebook says to a rank, one frame each on the rank's control pipe, after its
+    assignment (``worker.channel.watch_lifeline`` reads them)."""
+
+    STOP = "stop"  # the run asks the rank to stop (ctx.should_stop)
+    FLUSH = "flush"  # send the progress report held back by throttling, if any
+    RELEASE = "release"  # every rank is done: leave
+    # A session's request (op: run, push, pull, interrupt, where, ping, idle, close; its body
+    # pickled as the attachment), for the session's loop on the rank.
+    REQUEST = "request"
+
+
+#: What a session's request or answer carries in the open, in its frame's JSON: the rest of it
+#: travels pickled as the frame's attachment.
+SESSION_ROUTED = ("op", "id", "cell")
 
 
 # Spawn mode: "host:port" of the TCPStore the notebook serves for the function's own rendezvous.

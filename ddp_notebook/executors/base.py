@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -137,6 +137,19 @@ class Transport(ABC):
 
     def release(self, ranks: Sequence[int]) -> None:
         """``ranks`` returned and every rank is done: they may leave."""
+
+    def send(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,
+             give_up: Optional[Callable[[], bool]] = None) -> list[int]:
+        """Send a session's ``request`` (``op`` and what routes it; ``body``: the rest, pickled)
+        to ``ranks``, from any thread; the ranks it could not reach (gone, or ``give_up()`` said
+        so while it was on its way).
+
+        Raises
+        ------
+        NotImplementedError
+            This executor's ranks cannot be sent requests.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot send requests to its ranks")
 
     @abstractmethod
     def interrupt(self, ranks: Sequence[int]) -> None:

@@ -1,6 +1,6 @@
-"""What a session cell takes from the notebook: the functions, classes and modules it names
-(sent as a launch sends its function), never the names each rank has of its own or that the
-cell binds itself. Data goes to the ranks with ``Session.push``.
+"""What a session's requests take from the notebook: the functions, classes and modules a cell
+names (sent as a launch sends its function), never the names each rank has of its own or that
+the cell binds itself; and the values ``Session.push`` sends (placed as a launch's data is).
 """
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import inspect
 import linecache
 import symtable
 import types
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["RANK_NAMES", "notebook_names", "new_sources"]
+from ..core.errors import NotPicklableError
+from ..transfer import packing, pickling
+from .call import first_unpicklable
+
+__all__ = ["RANK_NAMES", "notebook_names", "new_sources", "pickled_names", "packed"]
 
 #: The names every rank's namespace starts with (never sent from the notebook).
 RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
@@ -65,3 +69,42 @@ def new_sources(sent: set[str]) -> dict[str, Any]:
            if len(entry) == 4 and entry[1] is None and name not in sent}
     sent.update(new)
     return new
+
+
+def pickled_names(code: str, namespace: dict[str, Any]) -> bytes:
+    """The notebook's names ``code`` uses (``notebook_names``), pickled.
+
+    Raises
+    ------
+    NotPicklableError
+        One of them cannot be sent (named).
+    """
+    return _pickled(notebook_names(code, namespace), "the notebook's {!r}, which the cell uses,")
+
+
+def packed(values: dict[str, Any]) -> tuple[bytes, Optional[packing.Placement]]:
+    """The values to push: their large tensors and arrays placed once in shared memory, each
+    rank mapping them (copy-on-write), as a launch sends its data; pickled whole where memory
+    cannot be shared.
+
+    Raises
+    ------
+    NotPicklableError
+        A value cannot be sent (named).
+    """
+    if not packing.supported():
+        return _pickled(values, "the value of {!r}"), None
+    try:
+        packed = packing.pack(values)
+    except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
+        found = first_unpicklable([(f"the value of {k!r}", v) for k, v in values.items()])
+        raise (found or NotPicklableError("the values", "dict", str(whole))) from None
+    return packed.data, packed.place()
+
+
+def _pickled(values: dict[str, Any], what: str) -> bytes:
+    try:
+        return pickling.dumps(values)
+    except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
+        found = first_unpicklable([(what.format(k), v) for k, v in values.items()])
+        raise (found or NotPicklableError("the values", "dict", str(whole))) from None

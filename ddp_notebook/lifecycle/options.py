@@ -200,10 +200,13 @@ class RunSettings:
     # An Optuna trial the monitored value is reported to, which may prune the run; notebook-only:
     # never kept on disk, never passed on to a retry.
     trial: Any = field(default=None, compare=False)
+    # A session's run: where its ranks' answers go (rank, event, attachment), from the thread
+    # that supervises the run (``lifecycle.session``); never passed on to a retry.
+    answers: Optional[Callable[[int, dict[str, Any], Any], None]] = field(default=None, compare=False)
 
     def kept(self) -> RunSettings:
-        """These settings as a run keeps them for a retry: without the trial."""
-        return replace(self, trial=None)
+        """These settings as a run keeps them for a retry: without the trial or a session's answers."""
+        return replace(self, trial=None, answers=None)
 
 
 # The options a run's config records when set (core.experiment): the others say where and how it

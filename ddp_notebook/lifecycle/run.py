@@ -87,10 +87,9 @@ def restart_loaded_runs_with(restart_of_payload: Callable[[bytes], Restart]) -> 
 class Run:
     """A DDP run in background workers (one per device; rank 0 is the main worker).
 
-    Created by :func:`ddp_notebook.launch`, :func:`ddp_notebook.fit` (``wait=False``) and
-    :func:`ddp_notebook.spawn` (``join=False``), or read back with :meth:`Run.load`; never made
-    directly. Everything here is safe to call from any thread. The value of a notebook cell, a
-    run shows its live panel.
+    Made by :func:`ddp_notebook.launch`, :func:`ddp_notebook.fit` (``wait=False``) and
+    :func:`ddp_notebook.spawn` (``join=False``), or read back with :meth:`Run.load`. Everything
+    here is safe to call from any thread; the value of a notebook cell, a run shows its panel.
 
     Examples
     --------
@@ -108,8 +107,7 @@ class Run:
         self.dir = directory
         #: The run's id, such as ``"20261129-174217-5266c4"`` (what the magics and ``Run.load`` take).
         self.id = directory.id
-        #: The path of the run's directory (its event log, call, result and checkpoints).
-        self.run_dir = directory.path
+        self.run_dir = directory.path  #: The path of the run's directory (its log, call, result, checkpoints).
         #: The run's event stream: its state, and the events for ``subscribe``.
         self.stream = stream
         #: The devices, one per rank, in rank order.
@@ -184,19 +182,16 @@ class Run:
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def _start(self, payload: Packed) -> Run:
-        """Start the ranks of this run (once) on its backend, and the thread that supervises them.
-        The call's large tensors and arrays are placed for the ranks here, once (see
-        ``transfer.packing``), or sent by value to ranks that cannot map them."""
+        """Start the ranks of this run (once) on its backend, and the thread that supervises them;
+        the call's large tensors and arrays placed for them once (``transfer.packing``)."""
         assert self._executor is not None and self._supervisor is None
         # Read before anything starts (a bad value is refused with nothing running), and only when used.
         floor = auto_floor() if self.options.stall_timeout == AUTO else DEFAULT_FLOOR
         n = len(self.devices)
-        config: RankConfig = {
-            "world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
-            "timeout": self.options.timeout, "sys_path": _sys_path(), "cwd": os.getcwd(),
-            "progress_interval": self.options.progress_interval, "resume_from": self._settings.resume_from,
-            "mode": self._settings.mode,
-        }
+        config: RankConfig = {"world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
+                              "timeout": self.options.timeout, "sys_path": _sys_path(), "cwd": os.getcwd(),
+                              "progress_interval": self.options.progress_interval,
+                              "resume_from": self._settings.resume_from, "mode": self._settings.mode}
         self.stream.emit({"kind": EventKind.RUN_STARTED, "time": time.time(), "run_id": self.id,
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
@@ -225,7 +220,8 @@ class Run:
                 transport, [self._executor.label(r, d) for r, d in enumerate(self.devices)], self.dir.stack_file,
                 SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                   stall_timeout=self.options.stall_timeout, stall_floor=floor),
-                self.stream.emit, QueueFeeder(payload.queues).deliver if payload.queues else None,
+                self.stream.emit,  # and beside the run's events: a session's answers, or the call's queues' items
+                self._settings.answers or (QueueFeeder(payload.queues).deliver if payload.queues else None),
                 functools.partial(changed_files, placement.table if placement else None))
             live.track(self)
             thread.start()
@@ -290,13 +286,18 @@ class Run:
         live.run_ended()
 
     def _leave_with_notebook(self) -> None:
-        """The notebook process exits: the run's end is written first, and the log closed (the
-        ranks' deaths that follow are the notebook's leaving, not a failure: status and reason as
-        a crash reads them back), then every rank is ended."""
+        """The notebook process exits: the run's end is written and the log closed first (the ranks'
+        deaths after are the notebook's leaving, as a crash reads back), then every rank is ended."""
         if self._supervisor is not None and not self.done:
             end_with_notebook(self.stream, exited=True)
             self.stream.close()
             self._supervisor.abandon()
+
+    def _tell(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,
+              give_up: Optional[Callable[[], bool]] = None) -> list[int]:
+        """A session's request to ``ranks`` (``Transport.send``): the ranks it did not reach."""
+        sup = self._supervisor
+        return list(ranks) if sup is None or self.done else sup.transport.send(ranks, request, body, give_up)
 
     def _held(self) -> list[str]:
         """What the run's ranks hold alone while it runs (a GPU, an engine; see ``Executor.held``)."""
@@ -770,7 +771,6 @@ class Run:
     def checkpoint_dir(self) -> str:
         """Where ``ctx.save_checkpoint`` (and ``fit``) saved this run's checkpoints."""
         return self.dir.checkpoint_dir
-
     # ---- what a front end offers for a relaunch -------------------------------------------------
     def _device_choices(self) -> list[str]:
         """The devices a relaunch of this run can choose from (where its executor runs ranks)."""

@@ -1,8 +1,8 @@
 """Sessions: ranks that stay, and run the cells the notebook sends them.
 
 A session is one launched run (``launch_with``), whose function (``worker.session_loop``) keeps
-its rank and the process group alive and serves the notebook's requests over a Unix socket (in
-an owner-only folder; each rank's first frame carries the session's secret token). So everything
+its rank and the process group alive and serves the notebook's requests, which travel on the
+run's own transport (the ranks' control pipes there, their event pipes back). So everything
 a launch has, a session has: the fork server, the process group, the event log, the supervisor
 that names a rank that died (and ends the others), the stall watchdog, the lifeline that ends
 every rank when the kernel dies, ``last_run()`` and the magics.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import socket
 import sys
 import threading
 import weakref
@@ -40,34 +39,33 @@ from ..core.errors import (
     CellError,
     DDPNotebookError,
     LaunchOptionError,
-    NotPicklableError,
     SessionBusyError,
     SessionEndedError,
     SessionInterrupted,
 )
+from ..core.events import EventKind
 from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.state import RunStatus
 from ..core.validation import InvalidDevicesError
-from ..transfer import packing, pickling
-from ..worker.session_loop import FrameReader, cell_file_name, send_frame, serve_session
-from .call import first_unpicklable
-from .cell_names import RANK_NAMES, new_sources, notebook_names
+from ..worker.session_loop import cell_file_name, serve_session
+from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
 from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .run import Run
 from .session_exchange import (
     INTERRUPT_GRACE,
+    Answers,
     CellOutput,
     Exchange,
     Gathered,
     RankGone,
     ValueNotSent,
+    hellos,
     loaded_value,
     unsent_error,
 )
 from .session_failures import cell_error, failures_of, push_hint
-from .session_listener import RankListener, close_all
 from .session_state import SessionRecord, SessionState, format_session, ranks_text, value_text
 
 __all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session", "set_current_session",
@@ -136,8 +134,7 @@ class Session:
         self.options = options
         self._probe = probe
         self._run: Optional[Run] = None
-        self._connections: dict[int, socket.socket] = {}
-        self._readers: dict[int, FrameReader] = {}
+        self._answers: Answers = Answers()
         self._pids: dict[int, int] = {}
         self._ids = itertools.count(1)
         self._cells_run = 0  # the session's cells, numbered from 1 (its own count, not In[N])
@@ -150,7 +147,8 @@ class Session:
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
         self._closing = False  # close() is stopping a cell run without blocking
         self._record = SessionRecord(self)  # what the view reads: state, subscribe, interrupt
-        weakref.finalize(self, close_all, self._connections)
+        self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
+        weakref.finalize(self, _close_ranks, self._formed)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
@@ -163,28 +161,28 @@ class Session:
             self._record.set_forming(False)
 
     def _form(self) -> None:
-        listener = RankListener()
+        strict = self.options.stall_timeout
+        is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
+        heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
+        self._answers = answers = Answers()
         try:
-            strict = self.options.stall_timeout
-            is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
-            heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
-            # Its record names it a session, with no config: its call holds the session's secret token.
-            self._run = run = launch_with(serve_session, self._spec, (listener.address, listener.token, heartbeat), {},
-                                          self.options, RunSettings(origin="session"), probe=self._probe)
+            # Its record names it a session, with no config; its ranks' answers come to ``answers``.
+            settings = RunSettings(origin="session", answers=lambda *answer: answers.put(answer))
+            self._run = run = launch_with(serve_session, self._spec, (heartbeat,), {}, self.options, settings,
+                                          probe=self._probe)
+            self._formed[:] = [run]
             mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
-            run.subscribe(lambda _event: (lambda s: s._record.changed() if s is not None else None)(mine()))
+            run.subscribe(lambda event: _on_run_event(mine, answers, event))
             self._ended, self._closed = None, False
-            self._readers = {}
-            # Every rank connects once the run has started (the fork server, the process group).
-            if not listener.accept(len(run.devices), lambda: run.done, self._connections, self._readers, self._pids):
+            # Every rank says hello once the run has started (the fork server, the process group).
+            pids = hellos(answers, len(run.devices), lambda: run.done)
+            if pids is None:
                 raise self._end_error("the session could not start")
+            self._pids = pids
         except BaseException:
             if self._run is not None and not self._run.done:
                 self._run.stop(grace=0.0)
-            close_all(self._connections)
             raise
-        finally:
-            listener.close()
 
     # ---- what it is ------------------------------------------------------------------------------
     @property
@@ -297,7 +295,7 @@ class Session:
         (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
         self._asked = list(ranks)
-        exchange = Exchange(self._connections, self._readers, ranks, self.world_size, dict(message, id=next(self._ids)),
+        exchange = Exchange(self._tell, self._answers, ranks, self.world_size, dict(message, id=next(self._ids)),
                             cell, self._record, lambda: self._run is None or self._run.done, output)
         try:
             outcome = exchange.run()
@@ -320,11 +318,12 @@ class Session:
 
     def _tell_idle(self) -> None:
         """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
-        for conn in self._connections.values():
-            try:
-                send_frame(conn, {"op": "idle"})
-            except OSError:
-                pass
+        self._tell(list(range(self.world_size)), {"op": "idle"})
+
+    def _tell(self, ranks: list[int], message: dict[str, Any], body: Optional[bytes] = None,
+              give_up: Optional[Callable[[], bool]] = None) -> list[int]:
+        """Send to ``ranks`` on the run's transport; the ranks it did not reach."""
+        return self._run._tell(ranks, message, body, give_up) if self._run is not None else list(ranks)
 
     def _cut(self, cell: Optional[int], message: dict[str, Any], outcome: Gathered) -> None:
         """Some ranks are still in the request and cannot leave it (a collective that will not
@@ -344,7 +343,6 @@ class Session:
         if self._closing:  # the session is being closed: its run ends, nothing is formed again
             self._run._request_stop(0.0, f"{where} was cut as the session was closed: {why}")
             self._wait_end(END_WAIT)
-            close_all(self._connections)
             raise SessionInterrupted(f"{where.capitalize()} interrupted as the session was closed; {why}")
         note = self._form_again(f"{where} was cut: {why}")
         raised = [r for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")]
@@ -361,7 +359,6 @@ class Session:
         old = self._run
         old._request_stop(0.0, reason)
         self._wait_end(END_WAIT)
-        close_all(self._connections)
         try:
             self._run = None
             self._start()
@@ -415,7 +412,6 @@ class Session:
         assert self._run is not None
         error = SessionEndedError(self._end_text(what, extra), self._run.root_failure, self._run.failures)
         self._ended = error
-        close_all(self._connections)
         self._record.changed()
         return error
 
@@ -442,7 +438,7 @@ class Session:
         if namespace is None:
             main = sys.modules.get("__main__")
             namespace = vars(main) if main is not None else {}
-        message = {"op": "run", "cell": cell, "code": code, "names": self._pack_names(code, namespace),
+        message = {"op": "run", "cell": cell, "code": code, "names": pickled_names(code, namespace),
                    "sources": new_sources(self._sources_sent), "show": bool(show), "value": not show or not block}
         self._cells_run = cell
         if block:
@@ -593,7 +589,7 @@ class Session:
         self._check_free()
         with self._claimed(), self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
             try:
-                data, placed = self._pack(values)
+                data, placed = packed(values)
             except KeyboardInterrupt:
                 raise SessionInterrupted("Push interrupted while its values were being packed: nothing was sent, "
                                          "the ranks' namespaces are as they were") from None
@@ -605,19 +601,6 @@ class Session:
                     placed.release()
             if any(m["op"] == "error" for m in replies.values()):
                 raise self._error(None, *self._failures(None, Gathered(replies)), what="push")
-
-    def _pack(self, values: dict[str, Any]) -> tuple[bytes, Optional[packing.Placement]]:
-        """The values to push: their large tensors and arrays placed once in shared memory, each
-        rank mapping them (copy-on-write), as a launch sends its data; pickled whole where memory
-        cannot be shared."""
-        if not packing.supported():
-            return self._dumps(values, "the value of {!r}"), None
-        try:
-            packed = packing.pack(values)
-        except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
-            found = first_unpicklable([(f"the value of {k!r}", v) for k, v in values.items()])
-            raise (found or NotPicklableError("the values", "dict", str(whole))) from None
-        return packed.data, packed.place()
 
     def pull(self, name: str) -> list[Any]:
         """The value ``name`` holds on every rank, as a list by rank.
@@ -663,17 +646,12 @@ class Session:
             self.interrupt()  # a cell run without blocking: stopped first, as Stop would
             background.join(INTERRUPT_GRACE + END_WAIT)
         self._closed = True
-        for conn in self._connections.values():
-            try:
-                send_frame(conn, {"op": "close"})
-            except OSError:
-                pass
+        self._tell(list(range(self.world_size)), {"op": "close"})
         if not run.done:
             self._wait_end(run.options.stop_grace + run.options.kill_grace + 10.0)
             if not run.done:
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
-        close_all(self._connections)
         self._record.changed()
 
     def restart(self, devices: Optional[DeviceSpec] = None, without_failed: bool = False) -> Session:
@@ -720,7 +698,6 @@ class Session:
         if devices is not None:
             self._spec = devices
         self._run = None
-        self._connections.clear()
         self._start()
         self._closed = False
         print(f"Session formed again on {', '.join(self.devices)}"
@@ -743,16 +720,22 @@ class Session:
                interrupted: Iterable[int] = (), **how: Any) -> CellError:
         return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
 
-    # ---- helpers ---------------------------------------------------------------------------------
-    def _dumps(self, values: dict[str, Any], what: str) -> bytes:
-        try:
-            return pickling.dumps(values)
-        except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
-            found = first_unpicklable([(what.format(k), v) for k, v in values.items()])
-            raise (found or NotPicklableError("the values", "dict", str(whole))) from None
 
-    def _pack_names(self, code: str, namespace: dict[str, Any]) -> bytes:
-        return self._dumps(notebook_names(code, namespace), "the notebook's {!r}, which the cell uses,")
+def _on_run_event(session: weakref.ref[Session], answers: Answers, event: dict[str, Any]) -> None:
+    """An event of a session's run: a rank's end goes to the request in flight (it is over); any
+    event may change what the session's view shows."""
+    if event.get("kind") == EventKind.EXITED:
+        answers.put((event.get("rank", -1), {"op": "exited"}, None))
+    s = session()
+    if s is not None:
+        s._record.changed()
+
+
+def _close_ranks(formed: list[Run]) -> None:
+    """A session collected without ``close()``: its ranks leave their loops (its run ends)."""
+    for run in formed:
+        if not run.done:
+            run._tell(list(range(len(run.devices))), {"op": "close"})
 
 
 @takes_launch_options

@@ -23,10 +23,9 @@ session's API; ``worker.session_loop`` the ranks' side).
 from __future__ import annotations
 
 import contextlib
+import queue
 import re
-import select
 import signal
-import socket
 import sys
 import threading
 import time
@@ -35,12 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS
+from ..core.events import SESSION_ROUTED
 from ..transfer import pickling
 from ..worker.rank_display import DISPLAY_ID
-from ..worker.session_loop import FrameReader, encode_frame, send_frame
 from .stall import collective_name, is_waiting_in_collective, user_site
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",
+           "Answers", "Tell", "answer_of", "split", "hellos",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS",
            "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "SETTLE_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
@@ -70,11 +70,31 @@ SKIPPED_AFTER = 5.0
 IDLE_CPU = 0.02
 _POLL = 0.1
 _SAMPLES_KEPT = 600  # looks kept per rank (10 minutes of them): since when it waits there
-_SEND_CHUNK = 1 << 20
+
+#: Where a session's run puts what its ranks send the session: (rank, event, attachment), and
+#: (rank, ``{"op": "exited"}``, None) when a rank ends.
+Answers = queue.SimpleQueue[tuple[int, dict[str, Any], Any]]
+#: How a request goes to ranks (``Run._tell``): (ranks, what routes it, the rest pickled, give up) →
+#: the ranks it did not reach.
+Tell = Callable[[list[int], dict[str, Any], Optional[bytes], Optional[Callable[[], bool]]], list[int]]
 
 
 class RankGone(Exception):
-    """A rank's socket closed or the session's run ended while the request was in flight."""
+    """A rank ended, or the session's run did, while the request was in flight."""
+
+
+def split(message: dict[str, Any]) -> tuple[dict[str, Any], Optional[bytes]]:
+    """A message as it travels: what routes it in the open, the rest pickled (None: no rest)."""
+    rest = {k: v for k, v in message.items() if k not in SESSION_ROUTED}
+    return {k: message[k] for k in SESSION_ROUTED if k in message}, (pickling.dumps(rest) if rest else None)
+
+
+def answer_of(event: dict[str, Any], attachment: Any) -> dict[str, Any]:
+    """A rank's answer whole again: what routed it, and its pickled rest (a ``Received``)."""
+    answer = {k: event[k] for k in SESSION_ROUTED if k in event}
+    if attachment is not None:
+        answer.update(pickling.loads(attachment.data))
+    return answer
 
 
 class _Presses:
@@ -101,6 +121,22 @@ def interrupts_counted() -> Iterator[_Presses]:
         yield presses
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def hellos(answers: Answers, world: int, ended: Callable[[], bool]) -> Optional[dict[int, int]]:
+    """Wait until every rank of a session just formed says hello: their pids by rank (None: the
+    run ended first)."""
+    pids: dict[int, int] = {}
+    while len(pids) < world:
+        if ended():
+            return None
+        try:
+            rank, event, attached = answers.get(timeout=_POLL)
+        except queue.Empty:
+            continue
+        if event.get("op") == "hello":
+            pids[rank] = answer_of(event, attached).get("pid", 0)
+    return pids
 
 
 class CellOutput:
@@ -379,10 +415,10 @@ class Exchange:
     """Send one request to ``ranks`` and gather their replies (``run()``), keeping the guarantees
     the module describes. ``record`` is the session's record (what its view reads)."""
 
-    def __init__(self, connections: dict[int, socket.socket], readers: dict[int, FrameReader], ranks: list[int],
+    def __init__(self, tell: Tell, answers: Answers, ranks: list[int],
                  world_size: int, message: dict[str, Any], cell: Optional[int], record: Any,
                  run_done: Callable[[], bool], output: Optional[CellOutput] = None) -> None:
-        self.connections, self.readers = connections, readers
+        self.tell, self.answers = tell, answers
         self.ranks, self.world_size = ranks, world_size
         self.message, self.cell, self.record = message, cell, record
         self.run_done = run_done
@@ -396,6 +432,7 @@ class Exchange:
         self._probes = 0
         # rank → (probe, when, place, cpu seconds), the newest last
         self._samples: dict[int, list[tuple[int, float, tuple, Optional[float]]]] = {}
+        self._alive: set[int] = set()  # the ranks that answered a ping
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> Gathered:
@@ -439,16 +476,14 @@ class Exchange:
     def _settle(self) -> None:
         """A rank raised: before its error is believed, every rank outside the request is shown
         alive. A rank waiting for a peer that died (SIGKILL, out of memory) raises too, and the
-        death is the cause, not that error: a live rank answers a ``ping`` at once (its reader
-        thread does, between cells); a dead one's socket ends (``RankGone``: the run's verdict)."""
+        death is the cause, not that error: a live rank answers a ``ping`` at once (its lifeline's
+        thread does, between cells); a dead one's end is seen (``RankGone``: the run's verdict)."""
         others = [r for r in range(self.world_size) if r not in self.ranks]
         for rank in others:
             self._tell(rank, {"op": "ping"})
-        answered: set[int] = set()
         deadline = time.monotonic() + SETTLE_WAIT
-        while len(answered) < len(others) and time.monotonic() < deadline:
-            self._read([r for r in others if r not in answered],
-                       lambda rank, reply: answered.add(rank) if reply.get("op") == "pong" else None)
+        while not self._alive.issuperset(others) and time.monotonic() < deadline:
+            self._pump()
 
     def _asked_to_stop(self, now: float, presses: int) -> bool:
         """The user asked to interrupt: the first time, ask the ranks to leave the cell; True
@@ -467,57 +502,39 @@ class Exchange:
         return [r for r in self.ranks if r not in self.outcome.replies]
 
     def _send(self, presses: _Presses) -> None:
-        """Send the frame to each rank whole; a second interrupt while it is sent abandons it."""
-        frame = memoryview(encode_frame(self.message))
-        left = {r: 0 for r in self.ranks}
+        """Send the request to each rank whole; a second interrupt while it is sent abandons it."""
         try:
-            while left:
-                if presses.count >= 2:
-                    self.outcome.abandoned = True
-                    return
-                conns = {self.connections[r]: r for r in left}
-                _, ready, _ = select.select([], list(conns), [], _POLL)
-                for conn in ready:
-                    rank = conns[conn]
-                    try:
-                        sent = conn.send(frame[left[rank]:left[rank] + _SEND_CHUNK], socket.MSG_DONTWAIT)
-                    except BlockingIOError:
-                        continue
-                    left[rank] += sent
-                    if left[rank] == len(frame):
-                        del left[rank]
-                if self.run_done():
-                    raise RankGone
-        except OSError:
-            raise RankGone from None
+            header, body = split(self.message)
+            missed = self.tell(self.ranks, header, body, lambda: presses.count >= 2 or self.run_done())
+            if presses.count >= 2:
+                self.outcome.abandoned = True
+            elif missed:
+                raise RankGone
         finally:
             self.outcome.interrupted = presses.count > 0
 
     def _pump(self) -> None:
-        self._read(self._waiting(), self._take)
-
-    def _read(self, ranks: list[int], take: Callable[[int, dict[str, Any]], Any]) -> None:
-        """Wait up to ``_POLL`` for what ``ranks`` send and hand each frame to ``take``; a socket
-        that ends, or the run's end, raises ``RankGone``."""
-        conns = {self.connections[r]: r for r in ranks}
-        ready, _, _ = select.select(list(conns), [], [], _POLL)
-        for conn in ready:
-            rank = conns[conn]
-            try:
-                data = conn.recv(1 << 20)
-            except OSError:
-                data = b""
-            if not data:
+        """Wait up to ``_POLL`` for what the ranks send and take each answer; a rank's end, or
+        the run's, raises ``RankGone``."""
+        got = []
+        try:
+            got.append(self.answers.get(timeout=_POLL))
+            while True:
+                got.append(self.answers.get_nowait())
+        except queue.Empty:
+            pass
+        for rank, event, attachment in got:
+            if event.get("op") == "exited":
                 raise RankGone
-            self.readers[rank].feed(data)
-            for frame in self.readers[rank].frames():
-                take(rank, pickling.loads(frame))
+            self._take(rank, answer_of(event, attachment))
         if self.run_done():
             raise RankGone
 
     def _take(self, rank: int, reply: dict[str, Any]) -> None:
         op = reply.get("op")
-        if op == "out":
+        if op == "pong":
+            self._alive.add(rank)
+        elif op == "out":
             if reply.get("cell") == self.cell and self.cell is not None:  # an earlier cell's thread: the run has it
                 self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
         elif op == "display" and reply.get("cell") == self.cell and self.cell is not None:
@@ -554,10 +571,7 @@ class Exchange:
         self._interrupt_sent = now
 
     def _tell(self, rank: int, message: dict[str, Any]) -> None:
-        try:  # a small frame: sent whole, or the socket is gone (the pump says so)
-            send_frame(self.connections[rank], message)
-        except OSError:
-            pass
+        self.tell([rank], message, None, None)  # small: sent whole, or the rank is gone (the pump says so)
 
     # ---- ranks left waiting ---------------------------------------------------------------------
     def _probe(self, now: float) -> None:

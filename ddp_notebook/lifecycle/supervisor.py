@@ -49,6 +49,7 @@ __all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW"]
 log = logging.getLogger(__name__)
 
 _DONE, _ERROR, _STOPPED = "done", "error", "stopped"  # how a rank reported its end
+_FOR_THE_NOTEBOOK = (EventKind.QUEUE_PUT, EventKind.SESSION)
 _STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
 # Seconds the first error raised by the function waits for the other ranks' before the cause is
 # named: ranks in step raise the same error within milliseconds of each other.
@@ -84,11 +85,13 @@ class Supervisor:
 
     def __init__(self, transport: Transport, labels: Sequence[str], stack_file: Callable[[int], str],
                  options: SupervisorOptions, emit: Callable[[dict[str, Any]], None],
-                 deliver: Optional[Callable[[Any, Received], None]] = None,
+                 deliver: Optional[Callable[[int, dict[str, Any], Optional[Received]], None]] = None,
                  changed_files: Callable[[], list[str]] = list, clock: Clock = REAL_CLOCK) -> None:
         self.transport = transport
         self.clock = clock
-        self._deliver = deliver  # where items the ranks put in the call's queues go (transfer.queues)
+        # Where what a rank sends for the notebook, not for the run, goes: an item put in a queue
+        # of the call (transfer.queues), a session's answer (lifecycle.session).
+        self._deliver = deliver
         self._changed_files = changed_files
         self.labels = list(labels)
         self.ranks = range(len(self.labels))
@@ -200,14 +203,14 @@ class Supervisor:
                 self._on_exited(obs)
 
     def _on_event(self, rank: int, event: dict[str, Any], result: Optional[Received]) -> None:
+        kind = event.get("kind")
+        if kind in _FOR_THE_NOTEBOOK:  # not an event of the run
+            if self._deliver is not None:
+                self._deliver(rank, event, result)
+            return
         event = bound_event(event)  # whatever a worker sends, the notebook holds a bounded copy
         event["rank"] = rank
         event.pop("blob", None)
-        kind = event.get("kind")
-        if kind == EventKind.QUEUE_PUT:  # an item for the notebook's queue: not an event of the run
-            if result is not None and self._deliver is not None:
-                self._deliver(event.get("queue"), result)
-            return
         if kind == EventKind.STARTED:
             self.main_ident[rank] = event.get("main_thread", 0)
             self.pids[rank] = event.get("pid")

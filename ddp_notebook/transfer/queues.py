@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..core.errors import QueueUseError
+from ..core.events import EventKind
 
 if TYPE_CHECKING:
     from .loading import Received
@@ -106,9 +107,12 @@ class QueueFeeder:
         self._lock = threading.Lock()
         self._feeding = False
 
-    def deliver(self, index: Any, received: Received) -> None:
-        """The item a rank put in queue ``index`` of the call (its tensors mapped, not copied)."""
-        if not (isinstance(index, int) and 0 <= index < len(self.queues)):
+    def deliver(self, rank: int, event: dict[str, Any], received: Optional[Received]) -> None:
+        """The item a rank put in a queue of the call (``event``'s ``queue`` is its index; its
+        tensors mapped, not copied)."""
+        index = event.get("queue")
+        if event.get("kind") != EventKind.QUEUE_PUT or received is None or \
+                not (isinstance(index, int) and 0 <= index < len(self.queues)):
             return  # not a queue of this call: nothing a worker of ours sends
         try:
             item = received.load()

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     Prctl = Callable[[int, int, int, int, int], int]
 
 __all__ = ["MODULE", "ZYGOTE_MODULE", "READY", "FORKED", "FAILED", "EXITED", "BOOT_ENV", "WATCHER_ENV",
-           "EXIT_FAILED", "EXIT_ORPHANED", "STOP", "RELEASE",
-           "FLUSH", "STACK_SIGNAL", "tie_to_parent", "take_watcher", "dismiss_watcher", "set_name"]
+           "EXIT_FAILED", "EXIT_ORPHANED", "STACK_SIGNAL", "tie_to_parent", "take_watcher", "dismiss_watcher",
+           "set_name"]
 
 MODULE = "ddp_notebook.worker.process"
 ZYGOTE_MODULE = "ddp_notebook.worker.zygote"  # the fork server (``zygote``), run the same way
@@ -35,13 +35,10 @@ BOOT_ENV = "DDP_NOTEBOOK_WORKER"
 WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``tie_to_parent``), for ``process``
 EXIT_FAILED = 1  # the rank reported an error
 EXIT_ORPHANED = 75  # the notebook process went away
-STOP = b"s"  # on the control pipe: the run asks the rank to stop (ctx.should_stop)
-RELEASE = b"x"  # on the control pipe: every rank is done, leave
 # The signal that makes a rank dump its stacks for the stall watchdog: a real-time signal where
 # there is one, so user code that handles SIGUSR1 (a cluster's checkpoint-and-requeue handler) is
 # never triggered by the watchdog, nor hides the dump.
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
-FLUSH = b"f"  # on the control pipe: send the progress report held back by throttling, if any
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PR_SET_NAME = 15

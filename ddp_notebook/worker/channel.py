@@ -1,4 +1,5 @@
-"""How a rank's events leave it: one ``Channel`` with two carriers.
+"""How a rank's events leave it (one ``Channel`` with two carriers), and how the notebook's
+control frames reach it (``watch_lifeline``).
 
 ``PipeChannel`` writes frames (``core.events``) to the pipe a worker process inherited;
 ``DataChannel`` publishes ipyparallel data messages from an engine, under increasing keys that
@@ -15,12 +16,36 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..core.events import encode, write_all
-from .boot import EXIT_ORPHANED, FLUSH, RELEASE, STOP
+from ..core.events import Control, encode, read_frame, write_all
+from .boot import EXIT_ORPHANED
 
-__all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline"]
+__all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline", "rank_channel", "take_requests"]
 
 _channels: weakref.WeakSet[Channel] = weakref.WeakSet()
+_rank_channel: Optional[Channel] = None  # this worker's (one per worker process)
+# Who serves the notebook's requests on this rank (a session's loop): called on the lifeline's
+# thread with each request frame, its body under ``blob``.
+_requests: Optional[Callable[[dict[str, Any]], None]] = None
+
+
+def rank_channel() -> Channel:
+    """This worker's channel (a session's loop answers the notebook through it).
+
+    Raises
+    ------
+    RuntimeError
+        Outside a worker process.
+    """
+    if _rank_channel is None:
+        raise RuntimeError("no rank's channel in this process: a session's loop runs only in a worker")
+    return _rank_channel
+
+
+def take_requests(handler: Optional[Callable[[dict[str, Any]], None]]) -> None:
+    """Hand the notebook's requests (``Control.REQUEST`` frames) to ``handler`` from now on
+    (None: they are dropped, as they are before anyone takes them)."""
+    global _requests
+    _requests = handler
 
 
 def _after_fork_in_child() -> None:
@@ -56,8 +81,10 @@ class PipeChannel(Channel):
     """Frames on an inherited pipe; a broken pipe means the notebook is gone: leave at once."""
 
     def __init__(self, fd: int, rank: int) -> None:
+        global _rank_channel
         super().__init__(rank)
         self.fd = fd
+        _rank_channel = self
 
     def _carry(self, event: dict[str, Any], blob: Optional[bytes]) -> None:
         try:
@@ -85,21 +112,22 @@ class DataChannel(Channel):
 
 def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event,
                    flush: Optional[Callable[[], None]] = None) -> None:
-    """Read the control pipe of a worker process: ``STOP`` = stop asked, ``RELEASE`` = every rank
-    is done, ``FLUSH`` = send held-back progress (the stall watchdog asks, so a hung rank's
-    report names its true last step); EOF = the notebook is gone, so leave at once."""
+    """Read the control pipe of a worker process, one frame at a time (``core.events.Control``):
+    stop asked; send held-back progress (the stall watchdog asks, so a hung rank's report names
+    its true last step); every rank is done (leave); a session's request (to ``take_requests``'
+    handler). EOF = the notebook is gone, so leave at once."""
     while True:
-        try:
-            data = os.read(fd, 64)
-        except OSError:
-            data = b""
-        if not data:
+        frame = read_frame(fd)
+        if frame is None:
             os._exit(EXIT_ORPHANED)
-        if STOP in data:
+        kind = frame.get("kind")
+        if kind == Control.STOP:
             stop.set()
-        if FLUSH in data and flush is not None:
+        elif kind == Control.FLUSH and flush is not None:
             # Its own thread: this one must never wait on a lock the main thread may hold.
             threading.Thread(target=flush, name="ddp-flush", daemon=True).start()
-        if RELEASE in data:
+        elif kind == Control.RELEASE:
             release.set()
             return
+        elif kind == Control.REQUEST and _requests is not None:
+            _requests(frame)

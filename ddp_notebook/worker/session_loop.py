@@ -1,8 +1,12 @@
 """A rank of a session: the function a session launches, which keeps the rank and its process
 group alive and runs the cells the notebook sends (``lifecycle.session`` is the notebook's side).
 
-The rank connects to the notebook's Unix socket (in an owner-only folder, and the first frame
-carries the session's token), then serves requests until the notebook says ``close`` or goes:
+The notebook's requests come as frames on the rank's control pipe (``core.events.Control``,
+read by the lifeline's thread, ``worker.channel``), and the rank answers through its channel, as
+``session`` events beside the run's own (the run's supervisor hands them to the session): one
+transport and one codec for the run and its cells. Each frame carries what routes it (``op``,
+``id``, ``cell``) and the rest pickled as its attachment. The rank says ``hello`` once it serves,
+then serves requests until the notebook says ``close`` or goes (the lifeline ends it):
 
 - ``run``: the cell's code, compiled under a file name of its own (its source goes into
   ``linecache``, so a traceback shows the cell's lines), executed in the rank's namespace (kept
@@ -21,16 +25,16 @@ carries the session's token), then serves requests until the notebook says ``clo
   in a Python loop gets a ``KeyboardInterrupt``; one blocked in native code, a collective, is not
   interrupted);
 - ``where``: while that cell runs, the main thread's frames (file, line, function), innermost
-  first, read by the reader thread (a rank blocked in a collective has released the GIL), and
+  first, read by the lifeline's thread (a rank blocked in a collective has released the GIL), and
   the process's CPU time: the notebook tells from them a rank left waiting in a collective that
   can no longer complete;
-- ``ping``: answered at once by the reader thread (``pong``): a rank raised in a cell that
+- ``ping``: answered at once by the lifeline's thread (``pong``): a rank raised in a cell that
   this one is not in, and the notebook makes sure this one lives before it believes that error;
 - ``idle``: every rank has finished the last cell: with a strict ``stall_timeout`` the rank
   reports progress while idle, so that the watchdog judges cells, not the time between them.
 
-Everything the rank sends on the socket is one stream, in order: a cell's output always
-arrives before its reply.
+Everything the rank sends is one stream, in order: a cell's output always arrives before its
+reply.
 """
 from __future__ import annotations
 
@@ -40,59 +44,24 @@ import linecache
 import os
 import queue
 import signal
-import socket
-import struct
 import sys
 import threading
 import time
 from typing import IO, Any, Optional
 
 from ..core.bounds import LINE_CHARS
+from ..core.events import SESSION_ROUTED, EventKind
 from ..core.failures import Phase
 from ..transfer import pickling
 from ..transfer.loading import load
+from .channel import Channel, rank_channel, take_requests
 from .context import WorkerContext
 from .execute import error_event
 from .rank_display import RankDisplay
 
-__all__ = ["serve_session", "send_frame", "encode_frame", "FrameReader", "HEADER", "cell_file_name", "compile_cell"]
-
-HEADER = struct.Struct("!Q")  # each frame: its length, then a pickle
+__all__ = ["serve_session", "cell_file_name", "compile_cell"]
 _NONE = object()
-_READ = 1 << 16
 _FRAMES_SENT = 64  # innermost frames a ``where`` reply carries
-
-
-def encode_frame(message: dict[str, Any]) -> bytes:
-    """``message`` as one frame: its length, then its pickle (cloudpickle, code objects with
-    their file names)."""
-    data = pickling.dumps(message)
-    return HEADER.pack(len(data)) + data
-
-
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send ``message`` as one frame."""
-    sock.sendall(encode_frame(message))
-
-
-class FrameReader:
-    """Splits what a socket delivers into frames (``feed`` the bytes read, then ``frames()``)."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-
-    def frames(self) -> list[bytes]:
-        out = []
-        while len(self._buffer) >= HEADER.size:
-            (size,) = HEADER.unpack_from(self._buffer)
-            if len(self._buffer) < HEADER.size + size:
-                break
-            out.append(bytes(self._buffer[HEADER.size:HEADER.size + size]))
-            del self._buffer[:HEADER.size + size]
-        return out
 
 
 def cell_file_name(cell: int) -> str:
@@ -135,14 +104,13 @@ class _Tee:
 
 
 class _Rank:
-    def __init__(self, ctx: WorkerContext, sock: socket.socket, heartbeat: Optional[float]) -> None:
+    def __init__(self, ctx: WorkerContext, channel: Channel, heartbeat: Optional[float]) -> None:
         import torch
         import torch.distributed as dist
 
         self.ctx = ctx
-        self.sock = sock
+        self.channel = channel
         self.heartbeat = heartbeat
-        self.send_lock = threading.Lock()
         self.inbox: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
         self.cell: Optional[int] = None  # the cell running now
         self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt
@@ -159,9 +127,11 @@ class _Rank:
 
     # ---- talking to the notebook --------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
-        message["rank"] = self.ctx.rank
-        with self.send_lock:  # a thread the cell started may print while the main thread replies
-            send_frame(self.sock, message)
+        """Answer the notebook: what routes the answer in the open, the rest pickled (whole,
+        whichever thread sends: a thread the cell started may print while the main thread replies)."""
+        body = {k: v for k, v in message.items() if k not in SESSION_ROUTED}
+        self.channel.send({"kind": EventKind.SESSION, **{k: message[k] for k in SESSION_ROUTED if k in message}},
+                          pickling.dumps(body))
         if message.get("op") in ("done", "error"):
             self.replied = True
 
@@ -172,10 +142,7 @@ class _Rank:
             return
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        try:
-            self.send({"op": "display", "cell": cell, "data": data, "metadata": metadata})
-        except OSError:
-            pass
+        self.send({"op": "display", "cell": cell, "data": data, "metadata": metadata})
 
     def take_names(self, names: dict[str, Any]) -> None:
         """Put the notebook's functions, classes and modules the cell names in the namespace,
@@ -186,36 +153,21 @@ class _Rank:
             self.namespace[name] = self.from_notebook[name] = value
 
     def output(self, cell: int, stream: str, text: str) -> None:
-        try:
-            self.send({"op": "out", "cell": cell, "stream": stream, "text": text})
-        except OSError:  # the notebook is gone: the lifeline ends this process
-            pass
+        self.send({"op": "out", "cell": cell, "stream": stream, "text": text})
 
-    def read(self) -> None:
-        """The reader thread: frames into the inbox; an interrupt is acted on at once."""
-        reader = FrameReader()
-        while True:
-            try:
-                data = self.sock.recv(_READ)
-            except OSError:
-                data = b""
-            if not data:
-                self.inbox.put(None)
-                return
-            reader.feed(data)
-            for frame in reader.frames():
-                message = pickling.loads(frame)
-                if message.get("op") == "interrupt":
-                    self.interrupt(message.get("cell"))
-                elif message.get("op") == "where":
-                    self.where(message.get("cell"))
-                elif message.get("op") == "ping":  # the notebook settles a failure: this rank lives
-                    try:
-                        self.send({"op": "pong"})
-                    except OSError:
-                        pass
-                else:
-                    self.inbox.put(message)
+    def requested(self, frame: dict[str, Any]) -> None:
+        """A request, on the lifeline's thread: an interrupt, a ``where`` or a ``ping`` is acted
+        on at once, the rest goes to the inbox (the main thread serves it)."""
+        op = frame.get("op")
+        if op == "interrupt":
+            self.interrupt(frame.get("cell"))
+        elif op == "where":
+            self.where(frame.get("cell"))
+        elif op == "ping":  # the notebook settles a failure: this rank lives
+            self.send({"op": "pong"})
+        else:
+            body = frame.pop("blob", None)
+            self.inbox.put({**frame, **(pickling.loads(body) if body else {})})
 
     def interrupt(self, cell: Any) -> None:
         if cell is not None and cell == self.cell:
@@ -232,10 +184,7 @@ class _Rank:
             frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
             frame = frame.f_back
         if cell == self.cell:  # still in it (not a frame of the loop between cells)
-            try:
-                self.send({"op": "where", "cell": cell, "frames": frames, "cpu": time.process_time()})
-            except OSError:
-                pass
+            self.send({"op": "where", "cell": cell, "frames": frames, "cpu": time.process_time()})
 
     def on_sigint(self, signum: int, frame: Any) -> None:
         # Only the cell the notebook asked to interrupt is interrupted; a SIGINT at any other
@@ -367,30 +316,24 @@ def _error(exc: BaseException, when: float) -> dict[str, Any]:
     return event
 
 
-def serve_session(ctx: WorkerContext, address: str, token: str, heartbeat: Optional[float] = None) -> None:
-    """A session's rank: connect to the notebook at ``address`` and run what it sends, until it
-    says ``close`` (the run then ends, succeeded) or goes (the lifeline ends the process).
+def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None:
+    """A session's rank: say ``hello``, then run what the notebook sends, until it says
+    ``close`` (the run then ends, succeeded) or goes (the lifeline ends the process).
 
     Parameters
     ----------
     ctx : WorkerContext
         The rank's context (the launch makes it).
-    address : str
-        The notebook's Unix socket.
-    token : str
-        The session's secret: the first frame says it, so the notebook knows its ranks.
     heartbeat : float, optional
         Seconds between progress reports while every rank is idle (with a strict
         ``stall_timeout``); None: none.
     """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(address)
-    rank = _Rank(ctx, sock, heartbeat)
-    rank.send({"op": "hello", "token": token, "pid": os.getpid()})
+    rank = _Rank(ctx, rank_channel(), heartbeat)
     previous = signal.signal(signal.SIGINT, rank.on_sigint)
-    threading.Thread(target=rank.read, name="ddp-session-reader", daemon=True).start()
+    take_requests(rank.requested)
     try:
+        rank.send({"op": "hello", "pid": os.getpid()})
         rank.serve()
     finally:
+        take_requests(None)
         signal.signal(signal.SIGINT, previous)
-        sock.close()

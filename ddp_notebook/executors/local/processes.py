@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Optional, Protocol
 
@@ -31,6 +32,7 @@ from .spawner import in_spawner_thread
 __all__ = ["ProcessHandle", "SpawnedProcess", "WorkerProcess", "Prestarted", "spawn_process", "start_interpreter",
            "start_worker"]
 
+_WRITE_POLL = 0.1  # seconds between two looks at a control pipe that is full
 # The directory holding the ddp_notebook package: workers must import this very copy.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -91,13 +93,14 @@ class WorkerProcess:
     device: Device
     proc: ProcessHandle
     event_fd: int  # read end: frames from the worker
-    control_fd: Optional[int]  # write end: boot.STOP, boot.RELEASE; closing it = lifeline cut
+    control_fd: Optional[int]  # write end: core.events.Control frames; closing it = lifeline cut
     pidfd: Optional[int]
     signalled: Optional[int] = None  # the first signal the supervisor sent, if any
     returncode: Optional[int] = None
     # Control bytes wait until the assignment frame, written from its own thread, has gone out.
     _assigned: threading.Event = field(default_factory=threading.Event)
     _held: bytearray = field(default_factory=bytearray)
+    _frame_cut: bool = False
     _control_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -112,12 +115,16 @@ class WorkerProcess:
     def stderr(self) -> IO[bytes]:
         return self.proc.stderr
 
-    def send_control(self, byte: bytes) -> None:
+    def send_control(self, frame: bytes, give_up: Optional[Callable[[], bool]] = None) -> bool:
+        """Write one whole frame (``core.events``) on the control pipe; False when the worker is
+        gone, or when ``give_up()`` said so while the frame was on its way (the worker's lifeline
+        reads at once; a stopped process does not): then the rest of the frame is never sent,
+        and the pipe can carry nothing more that the worker could read whole."""
         with self._control_lock:
             if not self._assigned.is_set():
-                self._held += byte  # a stop asked while the assignment is still being written
-                return
-            self._write_control(byte)
+                self._held += frame  # a stop asked while the assignment is still being written
+                return True
+            return self._write_control(frame, give_up)
 
     def assignment_sent(self) -> None:
         with self._control_lock:
@@ -126,13 +133,23 @@ class WorkerProcess:
                 self._write_control(bytes(self._held))
                 self._held.clear()
 
-    def _write_control(self, data: bytes) -> None:
-        if self.control_fd is None:
-            return
+    def _write_control(self, data: bytes, give_up: Optional[Callable[[], bool]] = None) -> bool:
+        if self.control_fd is None or self._frame_cut:
+            return False
+        view = memoryview(data)
         try:
-            os.write(self.control_fd, data)
+            if give_up is None:
+                write_all(self.control_fd, data)
+                return True
+            while view:
+                if give_up():
+                    self._frame_cut = True  # nothing after a cut frame could be read: stops come as signals
+                    return False
+                if select.select([], [self.control_fd], [], _WRITE_POLL)[1]:
+                    view = view[os.write(self.control_fd, view[:select.PIPE_BUF]):]  # never blocks
         except OSError:  # already gone: its exit will be seen by the supervisor
-            pass
+            return False
+        return True
 
     def signal_group(self, signum: int) -> None:
         """Signal the worker's whole process group (it and anything it started); nothing once it

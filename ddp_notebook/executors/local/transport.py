@@ -3,7 +3,8 @@
 Its first polls get the processes (``RankStarter``: forked, or fresh interpreters), so that
 ``launch`` never waits for them; a run interrupted before they exist starts none. Then one
 selector multiplexes every worker's event pipe, stdout, stderr and exit (pidfd), so a death is
-seen the moment it happens. Requests are a byte on a worker's control pipe (stop, release) or a
+seen the moment it happens. Requests are a frame on a worker's control pipe (stop, release, a
+session's request) or a
 signal to its process group (TERM, KILL; STACK_SIGNAL to the worker for its stacks).
 """
 from __future__ import annotations
@@ -15,15 +16,15 @@ import selectors
 import signal
 import threading
 import time
-from collections.abc import Sequence
-from typing import Optional, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, Protocol
 
 import psutil
 
-from ...core.events import FrameDecoder
+from ...core.events import Control, FrameDecoder, encode
 from ...core.failures import FailureKind
 from ...transfer.loading import Received
-from ...worker.boot import FLUSH, RELEASE, STACK_SIGNAL, STOP
+from ...worker.boot import STACK_SIGNAL
 from ..base import Exited, Observation, Output, Transport, WorkerEvent, signal_name
 from .processes import WorkerProcess
 
@@ -31,6 +32,7 @@ __all__ = ["LocalTransport", "Starter"]
 
 _CHUNK = 1 << 16
 _STREAMS = ("event", "stdout", "stderr")
+_STOP, _FLUSH, _RELEASE = (encode({"kind": kind}) for kind in (Control.STOP, Control.FLUSH, Control.RELEASE))
 
 
 def _cpu_with_children(pid: int) -> Optional[float]:
@@ -274,17 +276,24 @@ class LocalTransport(Transport):
     def request_stop(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
             if rank in self.workers:
-                self.workers[rank].send_control(STOP)
+                self.workers[rank].send_control(_STOP)
 
     def request_flush(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
             if rank in self.workers:
-                self.workers[rank].send_control(FLUSH)
+                self.workers[rank].send_control(_FLUSH)
 
     def release(self, ranks: Sequence[int]) -> None:
         for rank in ranks:
             if rank in self.workers:
-                self.workers[rank].send_control(RELEASE)
+                self.workers[rank].send_control(_RELEASE)
+
+    def send(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,
+             give_up: Optional[Callable[[], bool]] = None) -> list[int]:
+        frame = encode(dict(request, kind=Control.REQUEST), body)  # once, for every rank
+        with self._lock:
+            workers = dict(self.workers)
+        return [r for r in ranks if r not in workers or not workers[r].send_control(frame, give_up)]
 
     def interrupt(self, ranks: Sequence[int]) -> None:
         self._signal(ranks, signal.SIGTERM)

@@ -237,6 +237,7 @@ class _Ranks:
         self.answers = Answers()
         self.answer = answer
         self.sent = []
+        self.settle = lambda live: None
 
     def tell(self, ranks, header, body, give_up):
         message = {**header, **(pickling.loads(body) if body else {})}
@@ -255,7 +256,7 @@ class _Ranks:
     def exchange(self, ranks, world, cell=1, output=None):
         from ddp_notebook.lifecycle.session_exchange import Exchange
 
-        return Exchange(self.tell, self.answers, ranks, world, {"op": "run", "id": 7, "cell": cell, "code": "x"},
+        return Exchange(self.tell, self.answers, self.settle, ranks, world, {"op": "run", "id": 7, "cell": cell, "code": "x"},
                         cell, _Record(), lambda: False, output or CellOutput(lambda s, t: None))
 
 
@@ -263,28 +264,38 @@ def _error_reply(message):
     return {"op": "error", "id": message["id"], "error": _reply("error", 0)["error"]}
 
 
-def test_a_rank_that_raised_is_believed_once_the_ranks_outside_the_cell_answered_that_they_live():
-    def answer(rank, message):
-        if message["op"] == "run":
-            return [_error_reply(message)]
-        return [{"op": "pong"}] if message["op"] == "ping" else []
+def test_a_rank_that_raised_is_believed_once_the_runs_supervisor_has_settled_the_ranks_outside_the_cell():
+    import threading
 
-    ranks = _Ranks(answer)
+    settled, asked = threading.Event(), []
+
+    def settle(live):
+        asked.append(live)
+        settled.set()
+        return settled
+
+    ranks = _Ranks(lambda rank, m: [_error_reply(m)] if m["op"] == "run" else [])
+    ranks.settle = settle
     outcome = ranks.exchange([0], world=3).run()
-    assert outcome.replies[0]["op"] == "error" and not outcome.cut
-    assert [(r, m["op"]) for r, m in ranks.sent] == [([0], "run"), ([1], "ping"), ([2], "ping")]
+    assert asked == [[1, 2]] and outcome.replies[0]["op"] == "error" and not outcome.cut
 
 
-def test_a_rank_outside_the_cell_that_died_ends_the_request_its_death_not_the_peers_error_is_the_cause():
+def test_a_death_the_settling_made_visible_ends_the_request_its_verdict_not_the_peers_error_is_the_cause():
+    import threading
+
     from ddp_notebook.lifecycle.session_exchange import RankGone
 
-    def answer(rank, message):
-        if message["op"] == "run":
-            return [_error_reply(message)]  # e.g. "Connection closed by peer": a knock-on of rank 1's death
-        return ["exited"] if message["op"] == "ping" and rank == 1 else [{"op": "pong"}]
+    ranks = _Ranks(lambda rank, m: [_error_reply(m)] if m["op"] == "run" else [])  # "Connection closed by peer"
 
+    def settle(live):  # the supervisor saw rank 1's exit as it settled: the session's subscription says so
+        ranks.answers.put((1, {"op": "exited"}, None))
+        done = threading.Event()
+        done.set()
+        return done
+
+    ranks.settle = settle
     with pytest.raises(RankGone):
-        _Ranks(answer).exchange([0], world=2).run()
+        ranks.exchange([0], world=2).run()
 
 
 def test_a_rank_that_ends_while_the_cell_runs_ends_the_request():

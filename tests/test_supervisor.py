@@ -520,3 +520,71 @@ def test_engines_without_cpu_times_get_notes_without_cpu_and_a_stop_clears_them(
     sup.supervise()
     notes = [n for _, n in quiet_events(stream)]
     assert notes == [{"0": "waits in all_reduce (train.py:9) for rank 1", "1": "runs at train.py:12"}, {}]
+
+
+def _session_supervisor(transport, clock, delivered):
+    stream = EventStream()
+    stream.emit({"kind": "run_started", "time": clock.time(), "run_id": "r", "devices": ["cpu:0", "cpu:1"]})
+    sup = Supervisor(transport, ["cpu:0", "cpu:1"], lambda r: "/nonexistent", SupervisorOptions(), stream.emit,
+                     deliver=lambda rank, event, attached: delivered.append((rank, event["op"], attached)),
+                     clock=clock)
+    return sup, stream
+
+
+def _pong(rank):
+    return WorkerEvent(rank, {"kind": "session", "op": "pong", "time": 0.0})
+
+
+class SessionRanks(Scripted):
+    """Scripted ranks of a session: a ping is answered by the ranks in ``answers`` after
+    ``delay`` seconds; ``dies`` (rank -> seconds) ends a rank by SIGKILL that long after the ping."""
+
+    def __init__(self, clock, answers=(), delay=0.0, dies=None, **kw):
+        super().__init__(clock, **kw)
+        self.answers, self.delay, self.dies = set(answers), delay, dies or {}
+
+    def send(self, ranks, request, body=None, give_up=None):
+        self._call("send", tuple(ranks), request["op"])
+        if request["op"] == "ping":
+            if self.delay:
+                self.script.append(self.delay)
+            self.script.append([_pong(r) for r in ranks if r in self.answers])
+            for rank, after in self.dies.items():
+                self.script += [after, [Exited(rank, code=-9, signal="SIGKILL")]]
+        return []
+
+
+def test_a_sessions_answers_go_to_the_session_and_a_settle_believes_a_cells_error_once_the_others_show_they_live():
+    clock = FakeClock()
+    answer = WorkerEvent(0, {"kind": "session", "op": "error", "id": 3, "time": 0.0}, b"body")
+    transport = SessionRanks(clock, answers={1}, delay=0.3, script=[started(0) + started(1) + [answer]])
+    delivered = []
+    sup, stream = _session_supervisor(transport, clock, delivered)
+    settled = sup.request_settle([1])  # the session's rank 0 raised in a cell that rank 1 is not in
+    sup._take_commands = _then_stop(sup, sup._take_commands)
+    outcome = sup.supervise()
+    assert settled.is_set() and transport.called("send") == [("send", (1,), "ping")]
+    assert delivered == [(0, "error", b"body")]  # the pong was the supervisor's
+    assert not [e for e in stream.events if e["kind"] == "session"] and sup.root is None
+    assert outcome.status == RunStatus.STOPPED
+
+
+def _then_stop(sup, take):
+    """After the first settle, the run is stopped (what a session's close would do)."""
+    def commands():
+        settles = bool(sup._settles)
+        take()
+        if settles:
+            sup.request_stop(0.0, "test over")
+    return commands
+
+
+def test_a_rank_outside_the_cell_that_never_answers_and_then_dies_is_the_cause_not_the_peers_error():
+    clock = FakeClock()
+    transport = SessionRanks(clock, dies={1: 1.5}, script=[started(0) + started(1)])
+    sup, _ = _session_supervisor(transport, clock, [])
+    settled = sup.request_settle([1])
+    outcome = sup.supervise()
+    assert settled.is_set() and outcome.status == RunStatus.FAILED
+    assert sup.root.rank == 1 and sup.root.signal == "SIGKILL"
+    assert sup.request_settle([1]).is_set()  # the run has ended: nothing to wait for

@@ -299,6 +299,10 @@ class Run:
         sup = self._supervisor
         return list(ranks) if sup is None or self.done else sup.transport.send(ranks, request, body, give_up)
 
+    def _settle(self, live: Sequence[int]) -> Optional[threading.Event]:
+        """A session's cell failed on some rank: see ``Supervisor.request_settle`` (None: no ranks)."""
+        return self._supervisor.request_settle(live) if self._supervisor is not None else None
+
     def _held(self) -> list[str]:
         """What the run's ranks hold alone while it runs (a GPU, an engine; see ``Executor.held``)."""
         return self._executor.held(self.devices) if self._executor is not None else []
@@ -411,8 +415,7 @@ class Run:
         return os.path.exists(self.dir.join(RunDir.PINNED))
 
     def pin(self) -> None:
-        """Keep the run whatever the runs folder's limits (as a named or tagged run is kept);
-        only ``delete()`` removes it."""
+        """Keep the run whatever the runs folder's limits (as named or tagged): only ``delete()`` removes it."""
         if not self.pinned:
             self.dir.write_private(RunDir.PINNED, b"")
 
@@ -421,8 +424,8 @@ class Run:
         self.dir.remove(RunDir.PINNED)
 
     def delete(self) -> None:
-        """Remove the run's directory (its log, result, call and checkpoints): how a named, tagged
-        or pinned run goes. The run object keeps what it holds in memory.
+        """Remove the run's directory (log, result, call, checkpoints): how a named, tagged or pinned
+        run goes; the run object keeps what it holds in memory.
 
         Raises
         ------
@@ -461,7 +464,6 @@ class Run:
                                  f"({', '.join(map(str, sorted(self.state.workers)))}), not {rank!r}")
         if stream not in (None, "stdout", "stderr"):
             raise ArgumentsError(f"output() takes stream='stdout', 'stderr' or None (both), not {stream!r}")
-
         return output_of(self.stream, self.dir, self.id, rank, stream)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
@@ -592,11 +594,9 @@ class Run:
             self._finished.wait()
 
     def _interrupted(self) -> RunInterrupted:
-        """Stop the run the notebook was waiting for, and wait until it has stopped: a worker sees
-        ``ctx.should_stop`` and may finish its step (those still running after ``stop_grace`` are
-        ended); a ``spawn`` function cannot see it, so its workers are ended at once, and are gone
-        when the prompt comes back (running the cell again finds its ports free). A second
-        interrupt meanwhile ends the workers at once."""
+        """Stop the run the notebook waited for, and wait until it has: a worker sees ``ctx.should_stop``
+        (ended after ``stop_grace``); a ``spawn`` function cannot, so its workers end at once (the cell
+        run again finds its ports free). A second interrupt meanwhile ends the workers at once."""
         reason = "interrupted in the notebook"
         grace = 0.0 if self._settings.mode == CallMode.SPAWN else self.options.stop_grace
         self._request_stop(grace, reason)

@@ -295,8 +295,9 @@ class Session:
         (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
         self._asked = list(ranks)
-        exchange = Exchange(self._tell, self._answers, ranks, self.world_size, dict(message, id=next(self._ids)),
-                            cell, self._record, lambda: self._run is None or self._run.done, output)
+        exchange = Exchange(self._tell, self._answers, self._settle, ranks, self.world_size,
+                            dict(message, id=next(self._ids)), cell, self._record,
+                            lambda: self._run is None or self._run.done, output)
         try:
             outcome = exchange.run()
         except RankGone:
@@ -319,6 +320,9 @@ class Session:
     def _tell_idle(self) -> None:
         """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
         self._tell(list(range(self.world_size)), {"op": "idle"})
+
+    def _settle(self, live: list[int]) -> Optional[threading.Event]:
+        return self._run._settle(live) if self._run is not None else None
 
     def _tell(self, ranks: list[int], message: dict[str, Any], body: Optional[bytes] = None,
               give_up: Optional[Callable[[], bool]] = None) -> list[int]:

@@ -53,9 +53,9 @@ SHOWN_CHARS = 512 * 1024
 SHOWN_DISPLAYS = 200
 #: Seconds the ranks get to leave an interrupted cell before the session is formed again.
 INTERRUPT_GRACE = 10.0
-#: Seconds the ranks outside a request get to show they live once a rank in it raised (they
-#: answer in milliseconds; a dead one's socket ends).
-SETTLE_WAIT = 5.0
+#: Seconds the run's supervisor gets to settle once a rank in a request raised (milliseconds,
+#: up to its ``PROOF_WAIT`` for the ranks outside the request to show they live).
+SETTLE_WAIT = 10.0
 #: Seconds after a rank raised before the ranks still in the cell are interrupted.
 KNOCK_ON_WAIT = 0.5
 #: Seconds a rank stays in a cell that another rank is out of before it is asked where it is ...
@@ -415,10 +415,10 @@ class Exchange:
     """Send one request to ``ranks`` and gather their replies (``run()``), keeping the guarantees
     the module describes. ``record`` is the session's record (what its view reads)."""
 
-    def __init__(self, tell: Tell, answers: Answers, ranks: list[int],
-                 world_size: int, message: dict[str, Any], cell: Optional[int], record: Any,
+    def __init__(self, tell: Tell, answers: Answers, settle: Callable[[list[int]], Optional[threading.Event]],
+                 ranks: list[int], world_size: int, message: dict[str, Any], cell: Optional[int], record: Any,
                  run_done: Callable[[], bool], output: Optional[CellOutput] = None) -> None:
-        self.tell, self.answers = tell, answers
+        self.tell, self.answers, self.settle = tell, answers, settle
         self.ranks, self.world_size = ranks, world_size
         self.message, self.cell, self.record = message, cell, record
         self.run_done = run_done
@@ -432,7 +432,6 @@ class Exchange:
         self._probes = 0
         # rank → (probe, when, place, cpu seconds), the newest last
         self._samples: dict[int, list[tuple[int, float, tuple, Optional[float]]]] = {}
-        self._alive: set[int] = set()  # the ranks that answered a ping
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> Gathered:
@@ -474,16 +473,15 @@ class Exchange:
         return self.outcome
 
     def _settle(self) -> None:
-        """A rank raised: before its error is believed, every rank outside the request is shown
-        alive. A rank waiting for a peer that died (SIGKILL, out of memory) raises too, and the
-        death is the cause, not that error: a live rank answers a ``ping`` at once (its lifeline's
-        thread does, between cells); a dead one's end is seen (``RankGone``: the run's verdict)."""
-        others = [r for r in range(self.world_size) if r not in self.ranks]
-        for rank in others:
-            self._tell(rank, {"op": "ping"})
-        deadline = time.monotonic() + SETTLE_WAIT
-        while not self._alive.issuperset(others) and time.monotonic() < deadline:
-            self._pump()
+        """A rank raised: before its error is believed, the run's supervisor makes visible what
+        has already happened to the ranks, has the ranks outside the request show they live, and
+        judges it (``Supervisor.request_settle``). A rank waiting for a peer that died (SIGKILL,
+        out of memory) raises too, and the death is the cause, not that error: the death's
+        verdict is the run's, and the rank's end reaches the answers (``RankGone``)."""
+        done = self.settle([r for r in range(self.world_size) if r not in self.ranks])
+        if done is not None:
+            done.wait(SETTLE_WAIT)
+        self._pump(timeout=0.0)
 
     def _asked_to_stop(self, now: float, presses: int) -> bool:
         """The user asked to interrupt: the first time, ask the ranks to leave the cell; True
@@ -513,12 +511,12 @@ class Exchange:
         finally:
             self.outcome.interrupted = presses.count > 0
 
-    def _pump(self) -> None:
-        """Wait up to ``_POLL`` for what the ranks send and take each answer; a rank's end, or
+    def _pump(self, timeout: float = _POLL) -> None:
+        """Wait up to ``timeout`` for what the ranks send and take each answer; a rank's end, or
         the run's, raises ``RankGone``."""
         got = []
         try:
-            got.append(self.answers.get(timeout=_POLL))
+            got.append(self.answers.get(timeout=timeout))
             while True:
                 got.append(self.answers.get_nowait())
         except queue.Empty:
@@ -532,9 +530,7 @@ class Exchange:
 
     def _take(self, rank: int, reply: dict[str, Any]) -> None:
         op = reply.get("op")
-        if op == "pong":
-            self._alive.add(rank)
-        elif op == "out":
+        if op == "out":
             if reply.get("cell") == self.cell and self.cell is not None:  # an earlier cell's thread: the run has it
                 self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
         elif op == "display" and reply.get("cell") == self.cell and self.cell is not None:

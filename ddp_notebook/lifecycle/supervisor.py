@@ -44,7 +44,7 @@ from ..transfer.loading import Received
 from .clock import REAL_CLOCK, Clock
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
-__all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW"]
+__all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW", "PROOF_WAIT"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ _STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
 # Seconds the first error raised by the function waits for the other ranks' before the cause is
 # named: ranks in step raise the same error within milliseconds of each other.
 SAME_ERROR_WINDOW = 1.0
+# Seconds a session's ranks outside a failed cell get to show they live (they answer in
+# milliseconds; a dead one's exit is seen within that).
+PROOF_WAIT = 5.0
 _WINDOW_POLL = 0.05  # seconds between two looks while the window is open
 
 
@@ -99,6 +102,10 @@ class Supervisor:
         self._emit = emit
         self._commands: list[tuple[float, str, bool]] = []
         self._cmd_lock = threading.Lock()
+        # A session's settles asked for, each with the ranks that must show they live; None once
+        # the loop has ended.
+        self._settles: Optional[list[tuple[threading.Event, tuple[int, ...]]]] = []
+        self._live: set[int] = set()  # the ranks that answered the last ping
         # what the ranks said
         self.pids: dict[int, Optional[int]] = {}
         self.main_ident: dict[int, int] = {}
@@ -132,6 +139,23 @@ class Supervisor:
             self._commands.append((grace, reason, pruned))
         self.transport.wake()
 
+    def request_settle(self, live: Sequence[int] = ()) -> threading.Event:
+        """Make visible what has already happened to the ranks (``transport.settle``) and judge it,
+        on the supervisor's thread, as a run's first failure is settled: a session's rank raised
+        in a cell, and a peer's death, had there been one, must be known before that error is
+        believed. The ranks ``live`` (a session's ranks outside the cell) must show they live:
+        each answers a ping from its lifeline's thread at once, which a dying rank cannot (its
+        pipes may close after its peers saw its sockets close), within ``PROOF_WAIT``. The event
+        returned is set once done, or once the run has ended."""
+        done = threading.Event()
+        with self._cmd_lock:
+            if self._settles is None:
+                done.set()
+            else:
+                self._settles.append((done, tuple(live)))
+        self.transport.wake()
+        return done
+
     def abandon(self) -> None:
         """The notebook process is leaving: end every rank now (their ends are ours, not failures)."""
         self.forced.update(self.ranks)
@@ -155,6 +179,10 @@ class Supervisor:
             self.transport.abandon()
         finally:
             self.transport.close()
+            with self._cmd_lock:
+                settles, self._settles = self._settles or [], None
+            for done, _ in settles:
+                done.set()
         if self.error is not None:
             self._report_own_error()
         return Outcome(self._status(), self.result, self.error)
@@ -204,6 +232,9 @@ class Supervisor:
 
     def _on_event(self, rank: int, event: dict[str, Any], result: Optional[Received]) -> None:
         kind = event.get("kind")
+        if kind == EventKind.SESSION and event.get("op") == "pong":  # a settle's proof of life
+            self._live.add(rank)
+            return
         if kind in _FOR_THE_NOTEBOOK:  # not an event of the run
             if self._deliver is not None:
                 self._deliver(rank, event, result)
@@ -324,6 +355,22 @@ class Supervisor:
                 return
             self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
 
+    def _settle_cell(self, live: list[int]) -> None:
+        """Settle for a session's cell (``request_settle``): what has happened made visible, the
+        ranks ``live`` pinged until each answered or one of them ended, then judged."""
+        self._collect(self.transport.settle([r for r in self._alive() if r not in self.reported]))
+        asked = [r for r in live if r not in self.exited]
+        self._live -= set(asked)
+        if asked:
+            self.transport.send(asked, {"op": "ping"})  # one it cannot reach has ended: its exit shows
+            deadline = self.clock.monotonic() + PROOF_WAIT
+            while not self._live.issuperset(asked) and not self.exited.intersection(asked):
+                left = deadline - self.clock.monotonic()
+                if left <= 0:
+                    break
+                self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
+        self._judge()
+
     def _decide(self, found: list[WorkerFailure]) -> None:
         """Name the root cause among every failure known, record the new ones and those whose
         verdict changed (under the same id), and interrupt the peers once the run has failed."""
@@ -366,6 +413,11 @@ class Supervisor:
     def _take_commands(self) -> None:
         with self._cmd_lock:
             commands, self._commands = self._commands, []
+            settles, self._settles = self._settles or [], []
+        if settles:
+            self._settle_cell(sorted({r for _, live in settles for r in live}))
+            for done, _ in settles:
+                done.set()
         for grace, reason, pruned in commands:
             alive = self._alive()
             if self.stop_reason is None and self.root is None and not self.released and alive:

@@ -29,7 +29,8 @@ then serves requests until the notebook says ``close`` or goes (the lifeline end
   the process's CPU time: the notebook tells from them a rank left waiting in a collective that
   can no longer complete;
 - ``ping``: answered at once by the lifeline's thread (``pong``): a rank raised in a cell that
-  this one is not in, and the notebook makes sure this one lives before it believes that error;
+  this one is not in, and the run's supervisor makes sure this one lives before that error is
+  believed;
 - ``idle``: every rank has finished the last cell: with a strict ``stall_timeout`` the rank
   reports progress while idle, so that the watchdog judges cells, not the time between them.
 
@@ -163,7 +164,7 @@ class _Rank:
             self.interrupt(frame.get("cell"))
         elif op == "where":
             self.where(frame.get("cell"))
-        elif op == "ping":  # the notebook settles a failure: this rank lives
+        elif op == "ping":  # the run's supervisor settles a failed cell: this rank lives
             self.send({"op": "pong"})
         else:
             body = frame.pop("blob", None)

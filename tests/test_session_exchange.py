@@ -205,9 +205,10 @@ def test_the_same_error_on_every_rank_is_said_once_and_a_notebook_name_gets_its_
     assert str(error).endswith("The session goes on: its namespaces are kept. " + hint + ".")
 
 
-# ---- one request, on a scripted transport: what the ranks answer is put in the answers queue as
-# the run's supervisor puts it (rank, event, attachment), and a rank's end as the session's
-# subscription does ({"op": "exited"}).
+# ---- one request, on scripted answers: what the ranks answer is put in the answers queue as the
+# run's supervisor puts it (rank, event, attachment), a rank's end as the session's subscription
+# does ({"op": "exited"}); the verdict is the supervisor's (its own tests judge phases): here, the
+# phase ends once every rank asked has answered.
 class _Attached:
     def __init__(self, data):
         self.data = data
@@ -237,9 +238,17 @@ class _Ranks:
         self.answers = Answers()
         self.answer = answer
         self.sent = []
-        self.settle = lambda live: None
+        self.phase = None
+
+    def begin(self, request_id, cell, ranks):
+        from ddp_notebook.lifecycle.cell_phase import CellPhase
+
+        self.phase = CellPhase(request_id, cell, ranks, 2, 0.0)
+        return self.phase
 
     def tell(self, ranks, header, body, give_up):
+        from ddp_notebook.lifecycle.session_exchange import split
+
         message = {**header, **(pickling.loads(body) if body else {})}
         self.sent.append((list(ranks), message))
         for rank in ranks:
@@ -247,64 +256,19 @@ class _Ranks:
                 if reply == "exited":
                     self.answers.put((rank, {"op": "exited"}, None))
                     continue
-                from ddp_notebook.lifecycle.session_exchange import split
-
                 head, rest = split(reply)
                 self.answers.put((rank, {"kind": "session", **head}, _Attached(rest) if rest else None))
+                if reply["op"] in ("done", "error"):
+                    self.phase.answered(rank, reply["op"], False, 0.0)
+        if not self.phase.waiting():
+            self.phase.outcome.ended.set()
         return []
 
-    def exchange(self, ranks, world, cell=1, output=None):
+    def exchange(self, ranks, cell=1, output=None):
         from ddp_notebook.lifecycle.session_exchange import Exchange
 
-        return Exchange(self.tell, self.answers, self.settle, ranks, world, {"op": "run", "id": 7, "cell": cell, "code": "x"},
-                        cell, _Record(), lambda: False, output or CellOutput(lambda s, t: None))
-
-
-def _error_reply(message):
-    return {"op": "error", "id": message["id"], "error": _reply("error", 0)["error"]}
-
-
-def test_a_rank_that_raised_is_believed_once_the_runs_supervisor_has_settled_the_ranks_outside_the_cell():
-    import threading
-
-    settled, asked = threading.Event(), []
-
-    def settle(live):
-        asked.append(live)
-        settled.set()
-        return settled
-
-    ranks = _Ranks(lambda rank, m: [_error_reply(m)] if m["op"] == "run" else [])
-    ranks.settle = settle
-    outcome = ranks.exchange([0], world=3).run()
-    assert asked == [[1, 2]] and outcome.replies[0]["op"] == "error" and not outcome.cut
-
-
-def test_a_death_the_settling_made_visible_ends_the_request_its_verdict_not_the_peers_error_is_the_cause():
-    import threading
-
-    from ddp_notebook.lifecycle.session_exchange import RankGone
-
-    ranks = _Ranks(lambda rank, m: [_error_reply(m)] if m["op"] == "run" else [])  # "Connection closed by peer"
-
-    def settle(live):  # the supervisor saw rank 1's exit as it settled: the session's subscription says so
-        ranks.answers.put((1, {"op": "exited"}, None))
-        done = threading.Event()
-        done.set()
-        return done
-
-    ranks.settle = settle
-    with pytest.raises(RankGone):
-        ranks.exchange([0], world=2).run()
-
-
-def test_a_rank_that_ends_while_the_cell_runs_ends_the_request():
-    from ddp_notebook.lifecycle.session_exchange import RankGone
-
-    ranks = _Ranks(lambda rank, m: (["exited"] if rank == 1 else [{"op": "done", "id": m["id"]}])
-                   if m["op"] == "run" else [])
-    with pytest.raises(RankGone):
-        ranks.exchange([0, 1], world=2).run()
+        return Exchange(self.tell, self.answers, self.begin, ranks, {"op": "run", "id": 7, "cell": cell, "code": "x"},
+                        cell, _Record(), output or CellOutput(lambda s, t: None))
 
 
 def test_only_this_cells_output_is_shown_an_earlier_cells_thread_is_the_runs_alone():
@@ -317,8 +281,20 @@ def test_only_this_cells_output_is_shown_an_earlier_cells_thread_is_the_runs_alo
                 {"op": "out", "cell": 2, "stream": "stdout", "text": "from cell 2\n"},
                 {"op": "done", "id": message["id"]}]
 
-    outcome = _Ranks(answer).exchange([0], world=1, cell=2, output=CellOutput(lambda s, t: shown.append(t))).run()
+    outcome = _Ranks(answer).exchange([0], cell=2, output=CellOutput(lambda s, t: shown.append(t))).run()
     assert outcome.replies[0]["op"] == "done" and "".join(shown) == "[rank 0] from cell 2\n"
+
+
+def test_a_rank_that_ends_while_the_cell_runs_ends_the_request_and_a_run_that_ended_refuses_it():
+    from ddp_notebook.lifecycle.session_exchange import RankGone
+
+    ranks = _Ranks(lambda rank, m: (["exited"] if rank == 1 else [{"op": "done", "id": m["id"]}])
+                   if m["op"] == "run" else [])
+    with pytest.raises(RankGone):
+        ranks.exchange([0, 1]).run()
+    ranks.begin = lambda *request: None  # no run to judge it
+    with pytest.raises(RankGone):
+        ranks.exchange([0, 1]).run()
 
 
 def test_a_second_interrupt_while_a_request_is_sent_abandons_it_and_a_rank_not_reached_ends_it():
@@ -332,8 +308,8 @@ def test_a_second_interrupt_while_a_request_is_sent_abandons_it_and_a_rank_not_r
 
     ranks = _Ranks(lambda rank, m: [])
     ranks.tell = pressed_twice
-    outcome = ranks.exchange([0, 1], world=2).run()
-    assert outcome.abandoned and outcome.interrupted and outcome.cut
+    outcome = ranks.exchange([0, 1]).run()
+    assert outcome.abandoned and outcome.interrupted and outcome.cut and ranks.phase.abandon_asked
     ranks.tell = lambda ranks, header, body, give_up: [1]  # rank 1's pipe is gone
     with pytest.raises(RankGone):
-        ranks.exchange([0, 1], world=2).run()
+        ranks.exchange([0, 1]).run()

@@ -522,69 +522,113 @@ def test_engines_without_cpu_times_get_notes_without_cpu_and_a_stop_clears_them(
     assert notes == [{"0": "waits in all_reduce (train.py:9) for rank 1", "1": "runs at train.py:12"}, {}]
 
 
-def _session_supervisor(transport, clock, delivered):
+# ---- a session's request: a phase of the run --------------------------------------------------------
+def _session_supervisor(transport, clock, delivered=None, stack_dir="/nonexistent"):
     stream = EventStream()
     stream.emit({"kind": "run_started", "time": clock.time(), "run_id": "r", "devices": ["cpu:0", "cpu:1"]})
-    sup = Supervisor(transport, ["cpu:0", "cpu:1"], lambda r: "/nonexistent", SupervisorOptions(), stream.emit,
-                     deliver=lambda rank, event, attached: delivered.append((rank, event["op"], attached)),
-                     clock=clock)
+    sup = Supervisor(transport, ["cpu:0", "cpu:1"], lambda r: os.path.join(stack_dir, f"stacks-{r}"),
+                     SupervisorOptions(), stream.emit,
+                     deliver=lambda rank, event, attached: (delivered if delivered is not None else []).append(
+                         (rank, event["op"], attached)), clock=clock)
     return sup, stream
 
 
-def _pong(rank):
-    return WorkerEvent(rank, {"kind": "session", "op": "pong", "time": 0.0})
+def _answer(rank, op, request_id=3, **routed):
+    return WorkerEvent(rank, {"kind": "session", "op": op, "id": request_id, "time": 0.0, **routed}, b"body")
 
 
 class SessionRanks(Scripted):
     """Scripted ranks of a session: a ping is answered by the ranks in ``answers`` after
-    ``delay`` seconds; ``dies`` (rank -> seconds) ends a rank by SIGKILL that long after the ping."""
+    ``delay`` seconds; ``dies`` (rank -> seconds) ends a rank by SIGKILL that long after the ping;
+    an interrupt makes the ranks in ``leave`` answer as interrupted."""
 
-    def __init__(self, clock, answers=(), delay=0.0, dies=None, **kw):
+    def __init__(self, clock, answers=(), delay=0.0, dies=None, leave=(), **kw):
         super().__init__(clock, **kw)
-        self.answers, self.delay, self.dies = set(answers), delay, dies or {}
+        self.answers, self.delay, self.dies, self.leave = set(answers), delay, dies or {}, set(leave)
 
     def send(self, ranks, request, body=None, give_up=None):
         self._call("send", tuple(ranks), request["op"])
+        later = []
         if request["op"] == "ping":
-            if self.delay:
-                self.script.append(self.delay)
-            self.script.append([_pong(r) for r in ranks if r in self.answers])
+            later += [self.delay, [WorkerEvent(r, {"kind": "session", "op": "pong", "time": 0.0})
+                                   for r in ranks if r in self.answers]]
             for rank, after in self.dies.items():
-                self.script += [after, [Exited(rank, code=-9, signal="SIGKILL")]]
+                later += [after, [Exited(rank, code=-9, signal="SIGKILL")]]
+        elif request["op"] == "interrupt":
+            later += [[_answer(r, "error", interrupted=True) for r in ranks if r in self.leave]]
+        self.script[:0] = [b if isinstance(b, (int, float)) else list(b) for b in later if b != 0.0]
         return []
 
 
-def test_a_sessions_answers_go_to_the_session_and_a_settle_believes_a_cells_error_once_the_others_show_they_live():
+def _ends():
+    return [[done(0), done(1)]]
+
+
+def test_a_cells_error_is_believed_once_the_ranks_outside_it_show_they_live_and_its_answers_go_to_the_session():
     clock = FakeClock()
-    answer = WorkerEvent(0, {"kind": "session", "op": "error", "id": 3, "time": 0.0}, b"body")
-    transport = SessionRanks(clock, answers={1}, delay=0.3, script=[started(0) + started(1) + [answer]])
+    transport = SessionRanks(clock, answers={1}, delay=0.3, script=[started(0) + started(1) + [_answer(0, "error")]]
+                             + _ends())
     delivered = []
     sup, stream = _session_supervisor(transport, clock, delivered)
-    settled = sup.request_settle([1])  # the session's rank 0 raised in a cell that rank 1 is not in
-    sup._take_commands = _then_stop(sup, sup._take_commands)
+    phase = sup.begin_cell(3, 1, [0])  # cell 1, on rank 0 only
     outcome = sup.supervise()
-    assert settled.is_set() and transport.called("send") == [("send", (1,), "ping")]
+    assert phase.outcome.ended.is_set() and not phase.outcome.gone and not phase.outcome.cut
+    assert transport.called("send") == [("send", (1,), "ping")]
     assert delivered == [(0, "error", b"body")]  # the pong was the supervisor's
     assert not [e for e in stream.events if e["kind"] == "session"] and sup.root is None
-    assert outcome.status == RunStatus.STOPPED
-
-
-def _then_stop(sup, take):
-    """After the first settle, the run is stopped (what a session's close would do)."""
-    def commands():
-        settles = bool(sup._settles)
-        take()
-        if settles:
-            sup.request_stop(0.0, "test over")
-    return commands
+    assert outcome.status == RunStatus.SUCCEEDED
 
 
 def test_a_rank_outside_the_cell_that_never_answers_and_then_dies_is_the_cause_not_the_peers_error():
     clock = FakeClock()
-    transport = SessionRanks(clock, dies={1: 1.5}, script=[started(0) + started(1)])
-    sup, _ = _session_supervisor(transport, clock, [])
-    settled = sup.request_settle([1])
+    transport = SessionRanks(clock, dies={1: 1.5}, script=[started(0) + started(1) + [_answer(0, "error")]])
+    sup, _ = _session_supervisor(transport, clock)
+    phase = sup.begin_cell(3, 1, [0])
     outcome = sup.supervise()
-    assert settled.is_set() and outcome.status == RunStatus.FAILED
+    assert phase.outcome.ended.is_set() and outcome.status == RunStatus.FAILED
     assert sup.root.rank == 1 and sup.root.signal == "SIGKILL"
-    assert sup.request_settle([1]).is_set()  # the run has ended: nothing to wait for
+    assert sup.begin_cell(4, 2, [0]).outcome.gone  # the run has ended: nothing to judge
+
+
+def test_the_ranks_still_in_a_cell_a_rank_raised_in_are_interrupted_after_the_knock_on_wait():
+    clock = FakeClock()
+    transport = SessionRanks(clock, leave={1}, script=[started(0) + started(1) + [_answer(0, "error")], 3.0]
+                             + _ends())
+    sup, _ = _session_supervisor(transport, clock)
+    phase = sup.begin_cell(3, 1, [0, 1])
+    sup.supervise()
+    sent = [c for c in transport.calls if c[0] == "send"]
+    assert [(c[1], c[2]) for c in sent] == [((1,), "interrupt")]
+    assert sent[0][-1] - 1000.0 == pytest.approx(0.5, abs=0.06)  # KNOCK_ON_WAIT, on the fake clock
+    assert phase.outcome.knocked_on == [1] and phase.outcome.ended.is_set() and not phase.outcome.cut
+
+
+def test_a_rank_left_waiting_in_a_collective_its_peer_skipped_is_judged_after_the_looks_say_so(tmp_path):
+    clock = FakeClock()
+    in_cell = stack((os.path.join(torch_dir(), "distributed", "distributed_c10d.py"), 2800, "all_reduce"),
+                    ("<ddp cell 1>", 2, "<module>"))
+    transport = SessionRanks(clock, script=[started(0) + started(1) + [_answer(1, "done")], 20.0] + _ends(),
+                             stacks={0: in_cell}, stack_dir=str(tmp_path), cpu={0: 0.0, 1: 0.0})
+    sup, _ = _session_supervisor(transport, clock, stack_dir=str(tmp_path))
+    phase = sup.begin_cell(3, 1, [0, 1])
+    sup.supervise()
+    outcome = phase.outcome
+    assert outcome.left_waiting == {0: "all_reduce (<ddp cell 1>:2) while rank 1 had finished the cell"}
+    assert outcome.cut and outcome.waited[0] >= 4.0
+    assert transport.called("stacks") and not transport.called("send")  # looked at, never interrupted
+
+
+def test_a_rank_that_does_not_leave_an_interrupted_cell_is_stuck_after_the_grace(tmp_path):
+    clock = FakeClock()
+    spinning = stack(("<ddp cell 1>", 3, "<module>"))  # a loop in native code: the interrupt never lands
+    transport = SessionRanks(clock, leave={1}, script=[started(0) + started(1), 15.0] + _ends(),
+                             stacks={0: spinning}, stack_dir=str(tmp_path), cpu={0: 1.0, 1: 0.0})
+    sup, _ = _session_supervisor(transport, clock, stack_dir=str(tmp_path))
+    phase = sup.begin_cell(3, 1, [0, 1])
+    phase.interrupt()  # Kernel → Interrupt in the notebook
+    sup.supervise()
+    outcome = phase.outcome
+    assert outcome.interrupted and outcome.stuck == [0] and outcome.cut and not outcome.left_waiting
+    interrupted = [c for c in transport.calls if c[0] == "send"]
+    assert [(c[1], c[2]) for c in interrupted] == [((0, 1), "interrupt")]
+    assert phase.outcome.ended.is_set() and sup.root is None

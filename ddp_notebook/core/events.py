@@ -48,7 +48,7 @@ class EventKind(TextEnum):
     MEETING = "meeting"  # rank 0 on an engine serves the run's store (port): the other ranks may start
     ALIVE = "alive"  # a rank on an engine is alive (every second; its host's link is up)
     STACKS = "stacks"  # a rank on an engine dumped its stacks (text), for the stall watchdog
-    # A session's rank answers the notebook (op: hello, out, display, where, pong, done, error; its
+    # A session's rank answers the notebook (op: hello, out, display, pong, done, error; its
     # body pickled as the attachment): for the session, never an event of the run.
     SESSION = "session"
 
@@ -79,14 +79,14 @@ class Control(TextEnum):
     STOP = "stop"  # the run asks the rank to stop (ctx.should_stop)
     FLUSH = "flush"  # send the progress report held back by throttling, if any
     RELEASE = "release"  # every rank is done: leave
-    # A session's request (op: run, push, pull, interrupt, where, ping, idle, close; its body
+    # A session's request (op: run, push, pull, interrupt, ping, idle, close; its body
     # pickled as the attachment), for the session's loop on the rank.
     REQUEST = "request"
 
 
 #: What a session's request or answer carries in the open, in its frame's JSON: the rest of it
 #: travels pickled as the frame's attachment.
-SESSION_ROUTED = ("op", "id", "cell")
+SESSION_ROUTED = ("op", "id", "cell", "interrupted")
 
 
 # Spawn mode: "host:port" of the TCPStore the notebook serves for the function's own rendezvous.

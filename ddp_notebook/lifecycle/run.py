@@ -45,6 +45,7 @@ from ..transfer.loading import Received, changed_files
 from ..transfer.packing import Packed
 from ..transfer.queues import QueueFeeder
 from . import live
+from .cell_phase import CellPhase
 from .options import (
     CallMode,
     LaunchKwargs,
@@ -299,9 +300,9 @@ class Run:
         sup = self._supervisor
         return list(ranks) if sup is None or self.done else sup.transport.send(ranks, request, body, give_up)
 
-    def _settle(self, live: Sequence[int]) -> Optional[threading.Event]:
-        """A session's cell failed on some rank: see ``Supervisor.request_settle`` (None: no ranks)."""
-        return self._supervisor.request_settle(live) if self._supervisor is not None else None
+    def _begin_cell(self, request_id: int, cell: Optional[int], ranks: Sequence[int]) -> Optional[CellPhase]:
+        """A session's request, judged as a phase of the run: ``Supervisor.begin_cell`` (None: no ranks)."""
+        return self._supervisor.begin_cell(request_id, cell, ranks) if self._supervisor is not None else None
 
     def _held(self) -> list[str]:
         """What the run's ranks hold alone while it runs (a GPU, an engine; see ``Executor.held``)."""

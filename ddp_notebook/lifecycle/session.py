@@ -50,11 +50,11 @@ from ..core.state import RunStatus
 from ..core.validation import InvalidDevicesError
 from ..worker.session_loop import cell_file_name, serve_session
 from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
+from .cell_phase import INTERRUPT_GRACE, CellPhase
 from .launch import launch_with, validate_for
 from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .run import Run
 from .session_exchange import (
-    INTERRUPT_GRACE,
     Answers,
     CellOutput,
     Exchange,
@@ -295,9 +295,8 @@ class Session:
         (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
         self._asked = list(ranks)
-        exchange = Exchange(self._tell, self._answers, self._settle, ranks, self.world_size,
-                            dict(message, id=next(self._ids)), cell, self._record,
-                            lambda: self._run is None or self._run.done, output)
+        exchange = Exchange(self._tell, self._answers, self._begin, ranks, dict(message, id=next(self._ids)), cell,
+                            self._record, output)
         try:
             outcome = exchange.run()
         except RankGone:
@@ -321,8 +320,8 @@ class Session:
         """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
         self._tell(list(range(self.world_size)), {"op": "idle"})
 
-    def _settle(self, live: list[int]) -> Optional[threading.Event]:
-        return self._run._settle(live) if self._run is not None else None
+    def _begin(self, request_id: int, cell: Optional[int], ranks: list[int]) -> Optional[CellPhase]:
+        return self._run._begin_cell(request_id, cell, ranks) if self._run is not None and not self._run.done else None
 
     def _tell(self, ranks: list[int], message: dict[str, Any], body: Optional[bytes] = None,
               give_up: Optional[Callable[[], bool]] = None) -> list[int]:

@@ -1,24 +1,18 @@
-"""One request of a session in flight: sent to some ranks, their replies gathered, their output
-shown, and what a launch guarantees kept while the notebook waits (``lifecycle.session`` is the
-session's API; ``worker.session_loop`` the ranks' side).
+"""One request of a session in flight, as the notebook sees it: sent to some ranks, their
+replies gathered, their output shown (``lifecycle.session`` is the session's API;
+``worker.session_loop`` the ranks' side; the run's supervisor judges the request as a phase of
+the run, ``lifecycle.cell_phase``: knock-ons, settling, ranks left waiting or stuck).
 
 - **Output** (``CellOutput``): each line named by its rank, written in batches (one write per
   stream per look, a few a second, under Jupyter's output rate limit) and bounded per request;
   the lines not shown are counted and said at the end (the run's output has them all). What a
   thread of the cell prints after the cell has ended is in the run's output only.
 - **Interrupts**: while the request is in flight, Kernel → Interrupt (SIGINT) only counts
-  (``interrupts_counted``), so it never lands between reading a rank's bytes and keeping them,
-  nor in the middle of a frame sent; the exchange asks the ranks still in the cell to leave it.
-- **A rank that raised while others run**: after ``KNOCK_ON_WAIT`` the ranks still in the cell
-  are interrupted (a knock-on, as a launch stops the others when one fails).
-- **A rank left waiting in a collective that cannot complete** (a peer raised, finished the
-  cell or is not in it): ranks still in the cell are asked where they are (``where``); one whose
-  main thread waits in torch.distributed, DDP or autograd, at the same place in two looks in a
-  row taken after the last rank left the cell, using almost no CPU between them (for
-  ``SKIPPED_AFTER`` seconds when nobody asked it to leave), is ``left_waiting``. Its process
-  group cannot be trusted: the session forms it again.
-- **A rank that does not leave an interrupted cell** within ``INTERRUPT_GRACE`` is ``stuck``
-  (native code); the session forms it again too.
+  (``interrupts_counted``), so it never lands between reading an answer and keeping it, nor in
+  the middle of a frame sent; the supervisor asks the ranks still in the cell to leave it.
+- **Travel**: requests and answers are frames of the run's transport, in the run's codec: what
+  routes them in the open (``core.events.SESSION_ROUTED``), the rest pickled (``split``,
+  ``answer_of``).
 """
 from __future__ import annotations
 
@@ -28,22 +22,19 @@ import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS
 from ..core.events import SESSION_ROUTED
 from ..transfer import pickling
 from ..worker.rank_display import DISPLAY_ID
-from .stall import collective_name, is_waiting_in_collective, user_site
+from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",
            "Answers", "Tell", "answer_of", "split", "hellos",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
-           "SHOWN_DISPLAYS",
-           "INTERRUPT_GRACE", "KNOCK_ON_WAIT", "SETTLE_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER", "IDLE_CPU"]
+           "SHOWN_DISPLAYS", "Begin"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
 SHOWN_LINES = 2000
@@ -51,29 +42,13 @@ SHOWN_LINES = 2000
 SHOWN_CHARS = 512 * 1024
 #: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
 SHOWN_DISPLAYS = 200
-#: Seconds the ranks get to leave an interrupted cell before the session is formed again.
-INTERRUPT_GRACE = 10.0
-#: Seconds the run's supervisor gets to settle once a rank in a request raised (milliseconds,
-#: up to its ``PROOF_WAIT`` for the ranks outside the request to show they live).
-SETTLE_WAIT = 10.0
-#: Seconds after a rank raised before the ranks still in the cell are interrupted.
-KNOCK_ON_WAIT = 0.5
-#: Seconds a rank stays in a cell that another rank is out of before it is asked where it is ...
-PROBE_AFTER = 0.5
-#: ... and then between two asks.
-PROBE_EVERY = 1.0
-#: Seconds a rank nobody asked to leave must wait in a collective that a rank out of the cell
-#: would have to join before it is judged left waiting (a collective of a subgroup may be slow).
-SKIPPED_AFTER = 5.0
-#: Share of a core a rank may use between two looks and still be judged waiting: a rank blocked
-#: in a collective uses none (0.000 measured); one computing gets far more, even on a busy machine.
-IDLE_CPU = 0.02
 _POLL = 0.1
-_SAMPLES_KEPT = 600  # looks kept per rank (10 minutes of them): since when it waits there
 
 #: Where a session's run puts what its ranks send the session: (rank, event, attachment), and
 #: (rank, ``{"op": "exited"}``, None) when a rank ends.
 Answers = queue.SimpleQueue[tuple[int, dict[str, Any], Any]]
+#: How a request begins as a phase of its run (``Run._begin_cell``: id, cell, ranks; None: no run).
+Begin = Callable[[int, Optional[int], list[int]], Optional[CellPhase]]
 #: How a request goes to ranks (``Run._tell``): (ranks, what routes it, the rest pickled, give up) →
 #: the ranks it did not reach.
 Tell = Callable[[list[int], dict[str, Any], Optional[bytes], Optional[Callable[[], bool]]], list[int]]
@@ -385,135 +360,86 @@ def unsent_error(name: str, value: ValueNotSent) -> dict[str, Any]:
         "message": f"{name!r} ({shown}): {value.reason} (it stays in rank {value.rank}'s namespace)"}}
 
 
-@dataclass
-class Gathered:
-    """How a request ended: the replies by rank, and what the notebook had to do meanwhile."""
-
-    replies: dict[int, dict] = field(default_factory=dict)
-    #: The user interrupted it (Kernel → Interrupt, or ``Session.interrupt()``).
-    interrupted: bool = False
-    #: Interrupted again while it was being sent: the frame was not sent whole.
-    abandoned: bool = False
-    #: Ranks interrupted because another rank raised.
-    knocked_on: list[int] = field(default_factory=list)
-    #: Ranks left waiting in a collective that cannot complete: rank → where (``all_reduce (cell 3:2)``).
-    left_waiting: dict[int, str] = field(default_factory=dict)
-    #: Seconds each rank in ``left_waiting`` had waited there when judged.
-    waited: dict[int, float] = field(default_factory=dict)
-    #: Ranks that did not leave an interrupted cell within ``INTERRUPT_GRACE``.
-    stuck: list[int] = field(default_factory=list)
-    #: Where each rank still in the cell was last seen waiting in a collective (``all_reduce (<ddp cell 3>:2)``).
-    places: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def cut(self) -> bool:
-        """True when some rank is still in the request: the session cannot go on with it."""
-        return bool(self.left_waiting or self.stuck or self.abandoned)
-
-
 class Exchange:
-    """Send one request to ``ranks`` and gather their replies (``run()``), keeping the guarantees
-    the module describes. ``record`` is the session's record (what its view reads)."""
+    """Send one request to ``ranks`` and gather their replies (``run()``): the run's supervisor
+    judges it as a phase of the run (``begin``: ``Run._begin_cell``); this shows what the ranks
+    send as it comes, keeps their replies, and hands the user's interrupts on. ``record`` is
+    the session's record (what its view reads)."""
 
-    def __init__(self, tell: Tell, answers: Answers, settle: Callable[[list[int]], Optional[threading.Event]],
-                 ranks: list[int], world_size: int, message: dict[str, Any], cell: Optional[int], record: Any,
-                 run_done: Callable[[], bool], output: Optional[CellOutput] = None) -> None:
-        self.tell, self.answers, self.settle = tell, answers, settle
-        self.ranks, self.world_size = ranks, world_size
-        self.message, self.cell, self.record = message, cell, record
-        self.run_done = run_done
+    def __init__(self, tell: Tell, answers: Answers, begin: Begin, ranks: list[int], message: dict[str, Any],
+                 cell: Optional[int], record: Any, output: Optional[CellOutput] = None) -> None:
+        self.tell, self.answers, self.begin = tell, answers, begin
+        self.ranks, self.message, self.cell, self.record = ranks, message, cell, record
         self.output = output or CellOutput()
         self.outcome = Gathered()
-        self._interrupt_sent: Optional[float] = None
-        self._first_error: Optional[float] = None
-        self._out_since: Optional[float] = None  # since when some rank is out of the cell
-        self._left_at = 0.0  # when the last rank left it (replied)
-        self._next_probe = 0.0
-        self._probes = 0
-        # rank → (probe, when, place, cpu seconds), the newest last
-        self._samples: dict[int, list[tuple[int, float, tuple, Optional[float]]]] = {}
+        self.phase: Optional[CellPhase] = None
 
-    # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> Gathered:
-        """Send the request and wait for every reply, or until the request is cut.
+        """Send the request and wait until it is judged.
 
         Raises
         ------
         RankGone
-            A rank's socket closed or the run ended meanwhile.
+            A rank ended, or the run did, meanwhile.
         """
         with interrupts_counted() as presses:
             try:
+                self.phase = self.begin(self.message["id"], self.cell, self.ranks)
+                if self.phase is None or self.phase.outcome.gone:
+                    raise RankGone
+                self.outcome = outcome = self.phase.outcome
                 self._send(presses)
-                if self.outcome.abandoned:
-                    return self.outcome
-                handled = 0
-                while self._waiting():
+                if outcome.abandoned:
+                    return outcome
+                handled, stopping = 0, False
+                while not outcome.ended.is_set():
                     self._pump()
                     self.output.flush()
-                    now = time.monotonic()
                     pressed, handled = presses.count > handled, presses.count
-                    if (pressed or self.record.interrupt_asked()) and self._asked_to_stop(now, presses.count):
-                        self.outcome.stuck = self._waiting()  # asked again: do not wait for them
-                        break
-                    if self._first_error is not None and self._interrupt_sent is None and \
-                            now - self._first_error >= KNOCK_ON_WAIT:
-                        self.outcome.knocked_on = self._waiting()
-                        self._interrupt(now)
-                    self._probe(now)
-                    if self._judge(now):
-                        break
-                    if self._interrupt_sent is not None and now - self._interrupt_sent > INTERRUPT_GRACE:
-                        self.outcome.stuck = self._waiting()
-                        break
-                if self._first_error is not None and not self.outcome.cut:
-                    self._settle()
+                    if pressed or (self.record.interrupt_asked() and not stopping):
+                        stopping = True
+                        self._asked_to_stop(presses.count)
+                self._pump(timeout=0.0)  # what came before the verdict
+                if outcome.gone:
+                    raise RankGone
             finally:
                 self.output.close()
-        return self.outcome
+        return outcome
 
-    def _settle(self) -> None:
-        """A rank raised: before its error is believed, the run's supervisor makes visible what
-        has already happened to the ranks, has the ranks outside the request show they live, and
-        judges it (``Supervisor.request_settle``). A rank waiting for a peer that died (SIGKILL,
-        out of memory) raises too, and the death is the cause, not that error: the death's
-        verdict is the run's, and the rank's end reaches the answers (``RankGone``)."""
-        done = self.settle([r for r in range(self.world_size) if r not in self.ranks])
-        if done is not None:
-            done.wait(SETTLE_WAIT)
-        self._pump(timeout=0.0)
-
-    def _asked_to_stop(self, now: float, presses: int) -> bool:
-        """The user asked to interrupt: the first time, ask the ranks to leave the cell; True
-        when it is time to stop waiting for them (asked again, or thrice for a push or a pull,
-        which the ranks cannot leave midway)."""
-        if self.cell is None:
-            self.outcome.interrupted = True  # said when it ends
-            return presses >= 3
-        if self.outcome.interrupted and self._interrupt_sent is not None:
-            return presses >= 2
+    def _asked_to_stop(self, presses: int) -> None:
+        """The user asked to interrupt: the first time, the ranks still in the cell are asked to
+        leave it; asked again (thrice for a push or a pull, which the ranks cannot leave midway),
+        the request is given up on."""
+        phase_asked = self.outcome.interrupted
         self.outcome.interrupted = True
-        self._interrupt(now)
-        return False
+        if self.cell is None:
+            if presses >= 3:
+                self._phase("abandon")
+            return
+        if not phase_asked:
+            self._phase("interrupt")
+            self.record.mark_interrupting()
+        elif presses >= 2:
+            self._phase("abandon")
 
-    def _waiting(self) -> list[int]:
-        return [r for r in self.ranks if r not in self.outcome.replies]
+    def _phase(self, what: str) -> None:
+        if self.phase is not None:
+            self.phase.abandon() if what == "abandon" else self.phase.interrupt()
 
     def _send(self, presses: _Presses) -> None:
         """Send the request to each rank whole; a second interrupt while it is sent abandons it."""
-        try:
-            header, body = split(self.message)
-            missed = self.tell(self.ranks, header, body, lambda: presses.count >= 2 or self.run_done())
-            if presses.count >= 2:
-                self.outcome.abandoned = True
-            elif missed:
-                raise RankGone
-        finally:
-            self.outcome.interrupted = presses.count > 0
+        header, body = split(self.message)
+        missed = self.tell(self.ranks, header, body, lambda: presses.count >= 2 or self.outcome.ended.is_set())
+        if presses.count >= 2:
+            self.outcome.abandoned = True
+            self._phase("abandon")
+        elif missed:
+            raise RankGone
+        self.outcome.interrupted = presses.count > 0
 
     def _pump(self, timeout: float = _POLL) -> None:
-        """Wait up to ``timeout`` for what the ranks send and take each answer; a rank's end, or
-        the run's, raises ``RankGone``."""
+        """Wait up to ``timeout`` for what the ranks send and take each answer; a rank's end
+        raises ``RankGone``."""
         got = []
         try:
             got.append(self.answers.get(timeout=timeout))
@@ -525,8 +451,6 @@ class Exchange:
             if event.get("op") == "exited":
                 raise RankGone
             self._take(rank, answer_of(event, attachment))
-        if self.run_done():
-            raise RankGone
 
     def _take(self, rank: int, reply: dict[str, Any]) -> None:
         op = reply.get("op")
@@ -537,113 +461,6 @@ class Exchange:
             data, metadata = reply.get("data"), reply.get("metadata")
             if isinstance(data, dict) and data:
                 self.output.display(rank, data, metadata if isinstance(metadata, dict) else {})
-        elif op == "where" and reply.get("cell") == self.cell and self.cell is not None:
-            frames = [tuple(f) for f in reply.get("frames") or []]
-            place = (collective_name(frames), user_site(frames)) if is_waiting_in_collective(frames) else ()
-            cpu = reply.get("cpu") if isinstance(reply.get("cpu"), (int, float)) else None
-            self._samples.setdefault(rank, []).append((self._probes, time.monotonic(), place, cpu))
-            del self._samples[rank][:-_SAMPLES_KEPT]
-            if place:
-                self.outcome.places[rank] = f"{place[0]} ({place[1]})"
-            else:
-                self.outcome.places.pop(rank, None)
         elif op in ("done", "error") and reply.get("id") == self.message["id"]:
-            # Looks before this moment judge nothing: the ranks still in the cell may have waited
-            # for this one, and be about to leave too.
-            self._left_at = time.monotonic()
-            self._next_probe = min(self._next_probe, self._left_at + PROBE_AFTER) if self._out_since else 0.0
             self.outcome.replies[rank] = reply
             self.record.mark_replied(rank, op)
-            if op == "error" and not reply.get("interrupted") and self._first_error is None:
-                self._first_error = time.monotonic()
-
-    def _interrupt(self, now: float) -> None:
-        """Ask the ranks still in the cell to leave it (a SIGINT in each)."""
-        if self._interrupt_sent is not None:
-            return
-        for rank in self._waiting():
-            self._tell(rank, {"op": "interrupt", "cell": self.cell})
-        self.record.mark_interrupting()
-        self._interrupt_sent = now
-
-    def _tell(self, rank: int, message: dict[str, Any]) -> None:
-        self.tell([rank], message, None, None)  # small: sent whole, or the rank is gone (the pump says so)
-
-    # ---- ranks left waiting ---------------------------------------------------------------------
-    def _probe(self, now: float) -> None:
-        """Ask the ranks still in the cell where they are, once some rank is out of it."""
-        waiting = self._waiting()
-        if self.cell is None or not waiting:
-            return
-        if len(waiting) == self.world_size and self._interrupt_sent is None:
-            self._out_since = None  # every rank is in the cell: a collective among them can complete
-            return
-        if self._out_since is None:
-            self._out_since = now
-            self._next_probe = now + PROBE_AFTER
-        if now < self._next_probe:
-            return
-        self._probes += 1
-        self._next_probe = now + PROBE_EVERY
-        for rank in waiting:
-            self._tell(rank, {"op": "where", "cell": self.cell})
-
-    def _judge(self, now: float) -> bool:
-        """True when every rank still in the cell waits in a collective, at the same place in its
-        last two looks, and some rank is out of the cell (or, when nobody asked them to leave, has
-        been for ``SKIPPED_AFTER``)."""
-        waiting = self._waiting()
-        if not waiting or self._out_since is None or len(waiting) == self.world_size:
-            return False
-        if self._interrupt_sent is None and now - self._out_since < SKIPPED_AFTER:
-            return False
-        places = {}
-        for rank in waiting:
-            last = self._samples.get(rank, [])
-            if len(last) < 2 or last[-1][0] != self._probes or not last[-1][2] or last[-1][2] != last[-2][2]:
-                return False
-            (_, then, _, cpu_then), (_, when, place, cpu_now) = last[-2:]
-            if then <= self._left_at:  # seen before the last rank left the cell: it may have waited for that one
-                return False
-            if cpu_then is None or cpu_now is None or cpu_now - cpu_then > IDLE_CPU * max(when - then, 0.1):
-                return False  # it works (a long backward alone, say): not waiting
-            places[rank] = place
-        out = sorted(set(range(self.world_size)) - set(waiting))
-        for rank, (name, site) in places.items():
-            self.outcome.left_waiting[rank] = f"{name} ({site})" + _for_whom(out, self.outcome.replies, self.ranks)
-            since = now
-            for _, when, place, _ in reversed(self._samples[rank]):  # the looks at that place, in a row
-                if place != places[rank]:
-                    break
-                since = when
-            self.outcome.waited[rank] = now - since  # seen waiting there at least this long
-        return True
-
-
-def _for_whom(out: list[int], replies: dict[int, dict], asked: list[int]) -> str:
-    """`` while rank 1 had raised``: what the ranks out of the cell did (which of them the
-    collective waits for, its group says, not the notebook).
-
-    >>> _for_whom([1, 2, 3], {1: {"op": "error"}, 2: {"op": "done"}, 3: {"op": "done"}}, [0, 1, 2, 3])
-    ' while rank 1 had raised and ranks 2, 3 had finished the cell'
-    >>> _for_whom([1, 2], {1: {"op": "error", "interrupted": True}}, [0, 1])
-    ' while rank 1 had been interrupted and rank 2 does not run the cell'
-    """
-    groups: dict[str, list[int]] = {}
-    for rank in out:
-        reply = replies.get(rank)
-        if reply is None:
-            what = "do not run the cell" if rank not in asked else "are still in the cell"
-        elif reply["op"] == "done":
-            what = "had finished the cell"
-        else:
-            what = "had been interrupted" if reply.get("interrupted") else "had raised"
-        groups.setdefault(what, []).append(rank)
-    parts = []
-    for what, ranks in groups.items():
-        if len(ranks) == 1:
-            what = what.replace("do not", "does not").replace("are still", "is still")
-            parts.append(f"rank {ranks[0]} {what}")
-        else:
-            parts.append(f"ranks {', '.join(map(str, ranks))} {what}")
-    return " while " + " and ".join(parts) if parts else ""

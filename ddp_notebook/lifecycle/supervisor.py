@@ -41,7 +41,9 @@ from ..core.failures import SILENT_KINDS, FailureKind, Phase, WorkerFailure, fai
 from ..core.state import RunStatus
 from ..executors.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..transfer.loading import Received
+from .cell_phase import CellPhase, Look
 from .clock import REAL_CLOCK, Clock
+from .stall import collective_name, is_waiting_in_collective, user_site
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
 __all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW", "PROOF_WAIT"]
@@ -102,9 +104,9 @@ class Supervisor:
         self._emit = emit
         self._commands: list[tuple[float, str, bool]] = []
         self._cmd_lock = threading.Lock()
-        # A session's settles asked for, each with the ranks that must show they live; None once
-        # the loop has ended.
-        self._settles: Optional[list[tuple[threading.Event, tuple[int, ...]]]] = []
+        # A session's request in flight, judged as a phase of the run (``lifecycle.cell_phase``).
+        self._phase: Optional[CellPhase] = None
+        self._looping = True  # False once the loop has ended: a phase begun then ends at once
         self._live: set[int] = set()  # the ranks that answered the last ping
         # what the ranks said
         self.pids: dict[int, Optional[int]] = {}
@@ -139,22 +141,19 @@ class Supervisor:
             self._commands.append((grace, reason, pruned))
         self.transport.wake()
 
-    def request_settle(self, live: Sequence[int] = ()) -> threading.Event:
-        """Make visible what has already happened to the ranks (``transport.settle``) and judge it,
-        on the supervisor's thread, as a run's first failure is settled: a session's rank raised
-        in a cell, and a peer's death, had there been one, must be known before that error is
-        believed. The ranks ``live`` (a session's ranks outside the cell) must show they live:
-        each answers a ping from its lifeline's thread at once, which a dying rank cannot (its
-        pipes may close after its peers saw its sockets close), within ``PROOF_WAIT``. The event
-        returned is set once done, or once the run has ended."""
-        done = threading.Event()
+    def begin_cell(self, request_id: int, cell: Optional[int], ranks: Sequence[int]) -> CellPhase:
+        """A session's request ``request_id`` (cell number ``cell``, or None: a push, a pull) is
+        about to go to ``ranks``: judge it as a phase of the run (``lifecycle.cell_phase``), from
+        the answers that pass through here. From the session's thread, before it sends; its
+        outcome's ``ended`` is set once it is judged (``gone``: the run ended first)."""
+        phase = CellPhase(request_id, cell, list(ranks), len(self.ranks), self.clock.monotonic(), self.transport.wake)
         with self._cmd_lock:
-            if self._settles is None:
-                done.set()
-            else:
-                self._settles.append((done, tuple(live)))
-        self.transport.wake()
-        return done
+            if self._looping:
+                self._phase = phase
+        if self._phase is not phase:
+            phase.outcome.gone = True
+            phase.outcome.ended.set()
+        return phase
 
     def abandon(self) -> None:
         """The notebook process is leaving: end every rank now (their ends are ours, not failures)."""
@@ -168,6 +167,7 @@ class Supervisor:
                 self._collect(self.transport.poll(self._timeout()))
                 self._judge()
                 self._take_commands()
+                self._check_cell()
                 self._check_deadlines()
                 self._check_stall()
                 self._check_quiet()
@@ -180,9 +180,10 @@ class Supervisor:
         finally:
             self.transport.close()
             with self._cmd_lock:
-                settles, self._settles = self._settles or [], None
-            for done, _ in settles:
-                done.set()
+                self._looping, phase, self._phase = False, self._phase, None
+            if phase is not None:
+                phase.outcome.gone = True
+                phase.outcome.ended.set()
         if self.error is not None:
             self._report_own_error()
         return Outcome(self._status(), self.result, self.error)
@@ -212,6 +213,9 @@ class Supervisor:
             deadlines.append(self._stop_deadline)
         if self._watching():
             deadlines += [d for d in (self.watchdog.deadline(), self.watchdog.note_deadline()) if d is not None]
+        phase = self._phase
+        if phase is not None and phase.deadline() is not None:
+            deadlines.append(phase.deadline())  # type: ignore[arg-type]
         now = self.clock.monotonic()
         return max(0.0, min(min((d - now for d in deadlines), default=1.0), 1.0))
 
@@ -232,9 +236,13 @@ class Supervisor:
 
     def _on_event(self, rank: int, event: dict[str, Any], result: Optional[Received]) -> None:
         kind = event.get("kind")
-        if kind == EventKind.SESSION and event.get("op") == "pong":  # a settle's proof of life
-            self._live.add(rank)
-            return
+        if kind == EventKind.SESSION:
+            op, phase = event.get("op"), self._phase
+            if op == "pong":  # a settle's proof of life: the supervisor's alone
+                self._live.add(rank)
+                return
+            if op in ("done", "error") and phase is not None and event.get("id") == phase.id:
+                phase.answered(rank, op, bool(event.get("interrupted")), self.clock.monotonic())
         if kind in _FOR_THE_NOTEBOOK:  # not an event of the run
             if self._deliver is not None:
                 self._deliver(rank, event, result)
@@ -355,9 +363,42 @@ class Supervisor:
                 return
             self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
 
+    # ---- a session's request: a phase of the run -------------------------------------------------
+    def _check_cell(self) -> None:
+        """Judge the session's request in flight (``lifecycle.cell_phase``): interrupt the ranks
+        to interrupt, look at those left in a cell, settle once a rank raised; end it when judged."""
+        phase = self._phase
+        if phase is None:
+            return
+        now = self.clock.monotonic()
+        interrupt = phase.to_interrupt(now)
+        if interrupt:
+            self.transport.send(interrupt, {"op": "interrupt", "cell": phase.cell})
+        if phase.waiting():
+            if not phase.stuck(now):
+                looked = phase.look_due(now)
+                if looked:
+                    phase.looked(self._look(looked))
+                if not phase.left_waiting(self.clock.monotonic()):
+                    return
+        elif phase.first_error is not None:
+            self._settle_cell(phase.outside())
+        with self._cmd_lock:
+            self._phase = None
+        phase.outcome.ended.set()
+
+    def _look(self, ranks: list[int]) -> Look:
+        """Where ``ranks`` wait (their stacks, as the watchdog dumps them) and their CPU time."""
+        frames, cpu = self.watchdog.sample(ranks, self.main_ident)
+        places: dict[int, tuple[str, ...]] = {r: (collective_name(f), user_site(f) or "?")
+                                              if is_waiting_in_collective(f) else () for r, f in frames.items()}
+        return Look(self.clock.monotonic(), places, cpu)
+
     def _settle_cell(self, live: list[int]) -> None:
-        """Settle for a session's cell (``request_settle``): what has happened made visible, the
-        ranks ``live`` pinged until each answered or one of them ended, then judged."""
+        """Settle a request in which a rank raised: what has happened made visible, the ranks
+        ``live`` (outside the request) pinged until each answers, which a dying rank cannot (its
+        pipes may close after its peers saw its sockets close), or one of them ends, within
+        ``PROOF_WAIT``; then judged. A death found is the run's failure, and its cause."""
         self._collect(self.transport.settle([r for r in self._alive() if r not in self.reported]))
         asked = [r for r in live if r not in self.exited]
         self._live -= set(asked)
@@ -413,11 +454,6 @@ class Supervisor:
     def _take_commands(self) -> None:
         with self._cmd_lock:
             commands, self._commands = self._commands, []
-            settles, self._settles = self._settles or [], []
-        if settles:
-            self._settle_cell(sorted({r for _, live in settles for r in live}))
-            for done, _ in settles:
-                done.set()
         for grace, reason, pruned in commands:
             alive = self._alive()
             if self.stop_reason is None and self.root is None and not self.released and alive:

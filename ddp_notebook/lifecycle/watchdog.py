@@ -188,6 +188,14 @@ class Watchdog:
         self._note_at = self.clock.monotonic() + min(NOTE_REFRESH_MAX, max(NOTE_REFRESH, idle / 10))
         return self.notes
 
+    def sample(self, ranks: Sequence[int], main_ident: dict[int, int]) -> tuple[dict[int, list[tuple[str, int, str]]],
+                                                                              dict[int, Optional[float]]]:
+        """The main thread's frames of each of ``ranks`` (innermost first, from the stacks they
+        dump) and its CPU seconds (None where the executor cannot tell): a look at them, as the
+        watchdog takes one (a session's cell is judged with it too)."""
+        sample = self._sample(ranks, main_ident)
+        return sample.frames, sample.cpu
+
     def _sample(self, ranks: Sequence[int], main_ident: dict[int, int]) -> _Sample:
         cpu = self.transport.cpu_seconds(ranks)
         stacks = dump_stacks({r: self.stack_file(r) for r in ranks}, lambda: self.transport.request_stacks(ranks),

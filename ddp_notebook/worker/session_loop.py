@@ -24,10 +24,6 @@ then serves requests until the notebook says ``close`` or goes (the lifeline end
 - ``interrupt``: a SIGINT to this rank's main thread while that cell runs (a cell sleeping or
   in a Python loop gets a ``KeyboardInterrupt``; one blocked in native code, a collective, is not
   interrupted);
-- ``where``: while that cell runs, the main thread's frames (file, line, function), innermost
-  first, read by the lifeline's thread (a rank blocked in a collective has released the GIL), and
-  the process's CPU time: the notebook tells from them a rank left waiting in a collective that
-  can no longer complete;
 - ``ping``: answered at once by the lifeline's thread (``pong``): a rank raised in a cell that
   this one is not in, and the run's supervisor makes sure this one lives before that error is
   believed;
@@ -62,7 +58,6 @@ from .rank_display import RankDisplay
 
 __all__ = ["serve_session", "cell_file_name", "compile_cell"]
 _NONE = object()
-_FRAMES_SENT = 64  # innermost frames a ``where`` reply carries
 
 
 def cell_file_name(cell: int) -> str:
@@ -157,13 +152,11 @@ class _Rank:
         self.send({"op": "out", "cell": cell, "stream": stream, "text": text})
 
     def requested(self, frame: dict[str, Any]) -> None:
-        """A request, on the lifeline's thread: an interrupt, a ``where`` or a ``ping`` is acted
-        on at once, the rest goes to the inbox (the main thread serves it)."""
+        """A request, on the lifeline's thread: an interrupt or a ``ping`` is acted on at once, the
+        rest goes to the inbox (the main thread serves it)."""
         op = frame.get("op")
         if op == "interrupt":
             self.interrupt(frame.get("cell"))
-        elif op == "where":
-            self.where(frame.get("cell"))
         elif op == "ping":  # the run's supervisor settles a failed cell: this rank lives
             self.send({"op": "pong"})
         else:
@@ -174,18 +167,6 @@ class _Rank:
         if cell is not None and cell == self.cell:
             self.interrupted = cell
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-    def where(self, cell: Any) -> None:
-        """Send the main thread's frames while ``cell`` runs (innermost first)."""
-        if cell is None or cell != self.cell:
-            return
-        frame = sys._current_frames().get(threading.main_thread().ident or 0)
-        frames: list[tuple[str, int, str]] = []
-        while frame is not None and len(frames) < _FRAMES_SENT:
-            frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-            frame = frame.f_back
-        if cell == self.cell:  # still in it (not a frame of the loop between cells)
-            self.send({"op": "where", "cell": cell, "frames": frames, "cpu": time.process_time()})
 
     def on_sigint(self, signum: int, frame: Any) -> None:
         # Only the cell the notebook asked to interrupt is interrupted; a SIGINT at any other

@@ -95,6 +95,15 @@ def test_the_core_is_plain_python():
     assert not found, found
 
 
+def test_the_lifecycle_reaches_the_ranks_only_through_the_runs_contracts():
+    # A run reaches its ranks through an executor's transport and the frames of core.events
+    # (the assignment, control frames, events, a session's requests and answers): the lifecycle
+    # (runs, sessions, their supervisor) never imports what runs inside a rank.
+    found = [f"{m}:{line} imports {name}" for m, p in modules() if layer(m) == "lifecycle"
+             for name, line, _ in imported(m, p) if name.startswith("ddp_notebook.worker")]
+    assert not found, found
+
+
 def test_nothing_imports_the_worker_process_or_fork_server_module():
     # boot.py runs them as __main__ with runpy: imported first, runpy warns in every worker.
     found = [f"{m}:{line}" for m, p in modules() for name, line, _ in imported(m, p)

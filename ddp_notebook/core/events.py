@@ -22,8 +22,8 @@ from typing import Any, Optional, TypedDict
 from ._text import TextEnum
 from .bounds import METRIC_CHARS, cut
 
-__all__ = ["EventKind", "Control", "SESSION_ROUTED", "Event", "RankConfig", "encode", "FrameDecoder", "read_frame",
-           "write_all", "to_json_value", "NOT_FINITE"]
+__all__ = ["EventKind", "Control", "SESSION_ROUTED", "DISPLAY_ID", "cell_file_name", "Event", "RankConfig", "encode",
+           "FrameDecoder", "read_frame", "write_all", "to_json_value", "NOT_FINITE"]
 
 _LEN = struct.Struct(">I")
 
@@ -84,6 +84,17 @@ class Control(TextEnum):
     REQUEST = "request"
 
 
+#: The metadata key under which a session's rank says a display is one it keeps current
+#: (``{"id": ..., "update": bool}``: ``display(..., display_id=...)``, ``update_display``).
+DISPLAY_ID = "ddp_notebook/display_id"
+
+
+def cell_file_name(cell: int) -> str:
+    """The file name a session cell's code is compiled under (tracebacks show it): the same on
+    the ranks and in the notebook (which checks the cell's syntax before sending it)."""
+    return f"<ddp cell {cell}>"
+
+
 #: What a session's request or answer carries in the open, in its frame's JSON: the rest of it
 #: travels pickled as the frame's attachment.
 SESSION_ROUTED = ("op", "id", "cell", "interrupted")
@@ -114,7 +125,9 @@ class RankConfig(TypedDict, total=False):
     environ: dict[str, str]
     progress_interval: float
     resume_from: Optional[str]  # a checkpoint file to resume from (or a folder: its latest)
-    mode: str  # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group
+    # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group; "session": the rank
+    # serves a session's requests (its call has no function; its args are the loop's)
+    mode: str
     # Ranks on engines: where they meet (``worker.meeting``): rank 0's address, the port its store
     # listens on (the other ranks), the run's secret, the address this rank's gloo pairs use
     # (``local``) and the seconds a silent peer host is given (``network_timeout``; several hosts).

@@ -175,6 +175,7 @@ class LaunchKwargs(TypedDict, total=False):
 class CallMode(TextEnum):
     CONTEXT = "context"  # fn(ctx, *args, **kwargs) in a process group set up for it
     SPAWN = "spawn"  # fn(rank, *args) sets up its own process group (torch.multiprocessing.spawn style)
+    SESSION = "session"  # the rank serves a session's requests (worker.session_loop), its call's args its loop's
 
 
 @dataclass(frozen=True)

@@ -43,16 +43,16 @@ from ..core.errors import (
     SessionEndedError,
     SessionInterrupted,
 )
-from ..core.events import EventKind
+from ..core.events import EventKind, cell_file_name
 from ..core.failures import WorkerFailure
 from ..core.probes import Probe
 from ..core.state import RunStatus
 from ..core.validation import InvalidDevicesError
-from ..worker.session_loop import cell_file_name, serve_session
+from .call import Call
 from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
 from .cell_phase import INTERRUPT_GRACE, CellPhase
-from .launch import launch_with, validate_for
-from .options import LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from .launch import start_run, validate_for
+from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
 from .run import Run
 from .session_exchange import (
     Answers,
@@ -167,9 +167,9 @@ class Session:
         self._answers = answers = Answers()
         try:
             # Its record names it a session, with no config; its ranks' answers come to ``answers``.
-            settings = RunSettings(origin="session", answers=lambda *answer: answers.put(answer))
-            self._run = run = launch_with(serve_session, self._spec, (heartbeat,), {}, self.options, settings,
-                                          probe=self._probe)
+            # The ranks run the session's loop (its call has no function): CallMode.SESSION.
+            settings = RunSettings(mode=CallMode.SESSION, origin="session", answers=lambda *answer: answers.put(answer))
+            self._run = run = start_run(Call(None, (heartbeat,)), self._spec, self.options, settings, probe=self._probe)
             self._formed[:] = [run]
             mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
             run.subscribe(lambda event: _on_run_event(mine, answers, event))

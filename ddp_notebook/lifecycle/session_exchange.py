@@ -26,9 +26,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS
-from ..core.events import SESSION_ROUTED
+from ..core.events import DISPLAY_ID, SESSION_ROUTED
 from ..transfer import pickling
-from ..worker.rank_display import DISPLAY_ID
 from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",

@@ -133,6 +133,10 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         # Sources of notebook cells, so tracebacks in the worker show the lines of cell code.
         linecache.cache.update(call.get("sources", {}))
         fn, args, kwargs = call["fn"], call["args"], call["kwargs"]
+        if cfg.get("mode") == "session":  # a session's rank: its loop, not a function of the call
+            from .session_loop import serve_session
+
+            fn = serve_session
 
         where.phase = Phase.INIT
         kind, index = cfg["device"].split(":")

@@ -27,16 +27,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from ..core.bounds import cut
+from ..core.events import DISPLAY_ID
 
-__all__ = ["RankDisplay", "TEXT_CHARS", "BUNDLE_CHARS", "DISPLAY_ID", "bound_bundle"]
+__all__ = ["RankDisplay", "TEXT_CHARS", "BUNDLE_CHARS", "bound_bundle"]
 
 #: Characters of a value's text the notebook is sent (a repr can be huge).
 TEXT_CHARS = 20_000
 #: Characters of one bundle (an image is base64 text): past them, the text alone.
 BUNDLE_CHARS = 8 * 1024 * 1024
 METADATA_CHARS = 64 * 1024
-#: The metadata key a display kept current carries: ``{"id": its id on the rank, "update": bool}``.
-DISPLAY_ID = "ddp_notebook/display_id"
 _INLINE = "module://matplotlib_inline.backend_inline"
 
 Publish = Callable[[dict[str, Any], dict[str, Any]], None]

@@ -47,7 +47,7 @@ import time
 from typing import IO, Any, Optional
 
 from ..core.bounds import LINE_CHARS
-from ..core.events import SESSION_ROUTED, EventKind
+from ..core.events import SESSION_ROUTED, EventKind, cell_file_name
 from ..core.failures import Phase
 from ..transfer import pickling
 from ..transfer.loading import load
@@ -56,13 +56,8 @@ from .context import WorkerContext
 from .execute import error_event
 from .rank_display import RankDisplay
 
-__all__ = ["serve_session", "cell_file_name", "compile_cell"]
+__all__ = ["serve_session", "compile_cell"]
 _NONE = object()
-
-
-def cell_file_name(cell: int) -> str:
-    """The file name a session cell's code is compiled under (tracebacks show it)."""
-    return f"<ddp cell {cell}>"
 
 
 def compile_cell(code: str, filename: str) -> tuple[Any, Optional[Any]]:

@@ -112,3 +112,25 @@ def test_an_event_after_the_runs_end_is_folded_and_added_to_its_closed_log(tmp_p
     live = EventStream(open(tmp_path / "other.jsonl", "a", buffering=1))  # a live log writes it itself
     live.emit_late({"kind": "cell", "time": 2.0, "cell": 1, "ranks": [0], "status": "ok", "code": "y"}, added.append)
     assert len(added) == 1 and '"cell"' in (tmp_path / "other.jsonl").read_text()
+
+
+def test_a_sessions_request_in_flight_is_folded_from_its_runs_events_and_its_end_kept():
+    s = RunState()
+    s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"]})
+    s.apply({"kind": "request", "time": 1.0, "what": "cell 3", "cell": 3, "ranks": [0, 1],
+             "first_line": "x = rank", "background": True})
+    s.apply({"kind": "answered", "time": 1.5, "rank": 1, "status": "done"})
+    s.apply({"kind": "interrupting", "time": 2.0, "ranks": [0]})
+    request = s.request
+    assert (request.what, request.cell, request.ranks, request.background, request.interrupting) == \
+        ("cell 3", 3, [0, 1], True, True)
+    assert request.answered == {1: ("done", 1.5)}
+    s.apply({"kind": "cell", "time": 2.5, "cell": 3, "what": "cell 3", "ranks": [0, 1], "status": "interrupted",
+             "code": "x = rank", "seconds": 1.5, "values": ["[rank 1] 1"]})
+    assert s.request is None and s.cells == 1 and s.last_request.status == "interrupted"
+    s.apply({"kind": "request", "time": 3.0, "what": "push lr", "cell": None, "ranks": [0, 1]})
+    s.apply({"kind": "cell", "time": 3.1, "cell": None, "what": "push lr", "ranks": [0, 1], "status": "ok"})
+    assert s.cells == 1 and len(s.cell_records) == 1 and s.last_request.what == "push lr"  # a push is no cell
+    s.apply({"kind": "request", "time": 4.0, "what": "cell 4", "cell": 4, "ranks": [0]})
+    s.apply({"kind": "run_finished", "time": 5.0, "status": "failed"})
+    assert s.request is None  # what ran ended with the ranks

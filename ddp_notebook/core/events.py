@@ -57,7 +57,14 @@ class EventKind(TextEnum):
     RUN_STARTED = "run_started"
     PROVENANCE = "provenance"  # what reproduces the run, looked up after its start (git_commit, git_dirty)
     TRACKER = "tracker"  # a tracker of report_to is missing, failed or fell behind (tracker, message)
-    CELL = "cell"  # a session's cell ended (cell, ranks, status)
+    # A session's request began: what (cell 3, push lr, pull 'x'), cell (None for a push or a
+    # pull), ranks, first_line (of its code), background (run without blocking)
+    REQUEST = "request"
+    ANSWERED = "answered"  # a rank answered the session's request in flight (status: done, error, interrupted)
+    INTERRUPTING = "interrupting"  # the ranks still in the session's request were asked to leave it
+    # A session's request ended: cell (None for a push or a pull), what, ranks, status, code,
+    # seconds, message, failures, values (each rank's, in words)
+    CELL = "cell"
     DATA = "data"  # the call's tensors and arrays being placed for the ranks: bytes sent of total, files
     OUTPUT = "output"  # text a rank printed (stream: stdout or stderr)
     EXITED = "exited"  # a rank ended (exit code, signal, whether the supervisor ended it)

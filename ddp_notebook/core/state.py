@@ -23,8 +23,8 @@ from .console import ConsoleLines
 from .events import NOT_FINITE, EventKind
 from .failures import WorkerFailure
 
-__all__ = ["CellRecord", "DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus", "OUTPUT_LINES_KEPT",
-           "SERIES_KEPT", "CELLS_KEPT",
+__all__ = ["CellRecord", "RequestState", "DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus",
+           "OUTPUT_LINES_KEPT", "SERIES_KEPT", "CELLS_KEPT",
            "train_loss_of", "valid_loss_of", "epoch_row"]
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
@@ -37,6 +37,7 @@ RATE_WINDOW = 1.0  # seconds: a rank's step rate is measured over windows at lea
 SILENCE_FACTOR = 10.0
 SERIES_KEPT = 2000  # points per metric of rank 0's record (every value logged; past this, every other one)
 CELLS_KEPT = 500  # a session's latest cells a state holds (the log has every one)
+CELL_VALUES_KEPT = 64  # ranks' values in words a cell's record holds
 TRACKER_NOTES_KEPT = 20  # lines about the run's trackers (one per tracker that fails, falls behind...)
 TRAIN_LOSS = ("train_loss",)
 VALID_LOSS = ("valid_loss", "val_loss")
@@ -249,11 +250,29 @@ class DataState:
 
 
 @dataclass
-class CellRecord:
-    """A session's cell, as its run's log keeps it: what ran where, how it ended, and for a cell
-    that failed, each failed rank's failure (traceback, the failed frame's variables)."""
+class RequestState:
+    """A session's request running now (``RunState.request``): ``what`` (``cell 3``, ``push lr``,
+    ``pull 'x'``), on ``ranks``, since ``started``; ``first_line`` of the cell's code;
+    ``background``: run without blocking; ``interrupting``: its ranks were asked to leave it;
+    ``answered``: rank → (done, error or interrupted, when)."""
 
-    cell: int
+    what: str
+    ranks: list[int]
+    started: float
+    cell: Optional[int] = None
+    first_line: str = ""
+    background: bool = False
+    interrupting: bool = False
+    answered: dict[int, tuple[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class CellRecord:
+    """A session's cell (or push, pull: ``cell`` None), as its run's log keeps it: what ran
+    where, how it ended, and for a cell that failed, each failed rank's failure (traceback, the
+    failed frame's variables)."""
+
+    cell: Optional[int]
     ranks: list[int]
     status: str  # ok, failed, interrupted or ended (the session ended in it)
     code: str
@@ -261,6 +280,8 @@ class CellRecord:
     seconds: float
     message: str = ""  # what it raised, as the notebook said it
     failures: list[WorkerFailure] = field(default_factory=list)
+    what: str = ""  # cell 3, push lr, pull 'x'
+    values: list[str] = field(default_factory=list)  # each rank's value, in words ([rank 0] 1)
 
     def first_line(self, limit: int = 50) -> str:
         """The cell's first line of code, cut at ``limit`` characters: how lists name the cell.
@@ -281,10 +302,14 @@ class CellRecord:
                 failures.append(WorkerFailure.from_dict(data))
             except (TypeError, ValueError):
                 pass  # not a failure this version can read: the message still says it
-        return cls(cell=int(event.get("cell") or 0), ranks=[r for r in event.get("ranks") or [] if isinstance(r, int)],
+        cell = event.get("cell")
+        cell = cell if isinstance(cell, int) else None
+        return cls(cell=cell, ranks=[r for r in event.get("ranks") or [] if isinstance(r, int)],
                    status=str(event.get("status") or ""), code=str(event.get("code") or ""),
                    time=float(event.get("time") or 0.0), seconds=float(event.get("seconds") or 0.0),
-                   message=str(event.get("message") or ""), failures=failures)
+                   message=str(event.get("message") or ""), failures=failures,
+                   what=str(event.get("what") or (f"cell {cell}" if cell is not None else "")),
+                   values=[cut(str(v), LINE_CHARS) for v in event.get("values") or []][:CELL_VALUES_KEPT])
 
 
 @dataclass
@@ -333,6 +358,8 @@ class RunState:
     tracker_notes: list[str] = field(default_factory=list)  # a tracker that is missing, failed or fell behind
     cells: int = 0  # a session's cells run
     cell_records: list[CellRecord] = field(default_factory=list)  # the latest CELLS_KEPT of them
+    request: Optional[RequestState] = None  # a session's request running now
+    last_request: Optional[CellRecord] = None  # how a session's last request (cell, push, pull) ended
     pruned: bool = False  # stopped by an Optuna trial's pruner
 
     @property
@@ -458,11 +485,28 @@ class RunState:
         elif kind == EventKind.TRACKER:
             if len(self.tracker_notes) < TRACKER_NOTES_KEPT:
                 self.tracker_notes.append(cut(str(event.get("message", "")), LINE_CHARS))
+        elif kind == EventKind.REQUEST:
+            cell = event.get("cell")
+            self.request = RequestState(str(event.get("what") or ""), [r for r in event.get("ranks") or []
+                                                                       if isinstance(r, int)],
+                                        float(t or 0.0), cell if isinstance(cell, int) else None,
+                                        cut(str(event.get("first_line") or ""), LINE_CHARS),
+                                        bool(event.get("background")))
+        elif kind == EventKind.ANSWERED:
+            if self.request is not None and event.get("rank") in self.request.ranks:
+                self.request.answered[event["rank"]] = (str(event.get("status") or ""), float(t or 0.0))
+        elif kind == EventKind.INTERRUPTING:
+            if self.request is not None:
+                self.request.interrupting = True
         elif kind == EventKind.CELL:
-            self.cells += 1
-            self.cell_records.append(CellRecord.from_event(event))
-            del self.cell_records[:-CELLS_KEPT]
+            self.request = None
+            self.last_request = record = CellRecord.from_event(event)
+            if record.cell is not None:
+                self.cells += 1
+                self.cell_records.append(record)
+                del self.cell_records[:-CELLS_KEPT]
         elif kind == EventKind.RUN_FINISHED:
+            self.request = None  # whatever ran has ended with the ranks (the session may add how, later)
             for worker in self.workers.values():
                 worker.note = None
             self.status = RunStatus(event["status"])

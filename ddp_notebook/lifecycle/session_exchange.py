@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
@@ -41,7 +42,7 @@ SHOWN_LINES = 2000
 SHOWN_CHARS = 512 * 1024
 #: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
 SHOWN_DISPLAYS = 200
-_POLL = 0.1
+_POLL = 0.1  # seconds between two looks at what the ranks sent
 
 #: Where a session's run puts what its ranks send the session: (rank, event, attachment), and
 #: (rank, ``{"op": "exited"}``, None) when a rank ends.
@@ -390,10 +391,12 @@ class Exchange:
                 self._send(presses)
                 if outcome.abandoned:
                     return outcome
-                handled, stopping = 0, False
+                handled, stopping, flushed = 0, False, 0.0
                 while not outcome.ended.is_set():
                     self._pump()
-                    self.output.flush()
+                    if time.monotonic() - flushed >= _POLL:  # one write per stream per look, however much came
+                        self.output.flush()
+                        flushed = time.monotonic()
                     pressed, handled = presses.count > handled, presses.count
                     if pressed or (self.record.interrupt_asked() and not stopping):
                         stopping = True
@@ -417,7 +420,6 @@ class Exchange:
             return
         if not phase_asked:
             self._phase("interrupt")
-            self.record.mark_interrupting()
         elif presses >= 2:
             self._phase("abandon")
 
@@ -462,4 +464,3 @@ class Exchange:
                 self.output.display(rank, data, metadata if isinstance(metadata, dict) else {})
         elif op in ("done", "error") and reply.get("id") == self.message["id"]:
             self.outcome.replies[rank] = reply
-            self.record.mark_replied(rank, op)

@@ -10,13 +10,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.bounds import cut
 from ..core.errors import ArgumentsError, CellError, SessionEndedError, SessionInterrupted
 from ..core.events import EventKind
 from ..core.failures import WorkerFailure
+from ..core.state import CellRecord
 
 __all__ = ["RankState", "Request", "Outcome", "SessionState", "SessionRecord", "format_session", "seconds_text",
            "value_text", "ranks_text", "RANK_STATUSES", "SESSION_STATUSES"]
@@ -249,29 +250,22 @@ def format_session(state: SessionState, now: Optional[float] = None, frozen: boo
 
 
 class SessionRecord:
-    """What a ``Session`` records of its requests for its ``state``: the session makes the
-    requests, this keeps what a front end needs to show them. Written by the thread that makes
-    requests, read from any: under one lock."""
+    """What a front end needs of a ``Session`` beyond its run's state: whether it is forming, who
+    listens, and an interrupt asked from another thread. What its requests did is its run's
+    (``RunState.request``, ``RunState.last_request``): the session reports each request as run
+    events (``tracking``), the supervisor each rank's answer."""
 
     def __init__(self, session: Any) -> None:
         self.session = session  # its run, whether it is closed or ended, its ranks' pids
-        self._state_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._forming = False
         self._formed_at: Optional[float] = None
-        self._doing: Optional[Request] = None
-        self._replied: dict[int, tuple[str, float]] = {}  # the request in flight: rank -> (op, when)
-        self._after: dict[int, RankState] = {}  # each rank as the last request left it
-        self._last: Optional[Outcome] = None
-        self._last_failure: Optional[Outcome] = None
-        self._cells_run = 0
         self._interrupt = threading.Event()  # interrupt() asks the request loop to interrupt its cell
 
     # ---- what front ends read ------------------------------------------------------------------
     def state(self) -> SessionState:
         """A snapshot (``Session.state``)."""
-        with self._state_lock:
-            return self._snapshot()
+        return self._snapshot()
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """``Session.subscribe``."""
@@ -281,11 +275,11 @@ class SessionRecord:
 
     def interrupt(self) -> bool:
         """``Session.interrupt``: whether a cell was running."""
-        with self._state_lock:
-            doing = self._doing
-            if doing is None or doing.cell is None or self.session._closed:
-                return False
-            self._interrupt.set()
+        run = self.session.current_run
+        request = run.state.request if run is not None else None
+        if request is None or request.cell is None or self.session._closed:
+            return False
+        self._interrupt.set()
         return True
 
     # ---- what the session tells ----------------------------------------------------------------
@@ -298,45 +292,28 @@ class SessionRecord:
                 pass
 
     def set_forming(self, forming: bool) -> None:
-        """The session's ranks are being formed (True; what the last ones did is forgotten), or are ready."""
-        with self._state_lock:
-            self._forming = forming
-            if forming:
-                self._doing, self._last, self._last_failure, self._after = None, None, None, {}
-            else:
-                self._formed_at = time.time()
+        """The session's ranks are being formed (True), or are ready."""
+        self._forming = forming
+        if not forming:
+            self._formed_at = time.time()
         self.changed()
 
     def interrupt_asked(self) -> bool:
         """Whether ``interrupt()`` asked to interrupt the request in flight (the request loop acts on it)."""
         return self._interrupt.is_set()
 
-    def mark_interrupting(self) -> None:
-        """The ranks were asked to leave the cell."""
-        with self._state_lock:
-            if self._doing is not None:
-                self._doing = replace(self._doing, interrupting=True)
-        self.changed()
-
-    def mark_replied(self, rank: int, op: str) -> None:
-        """``rank`` replied to the request in flight (``op``: ``done`` or ``error``)."""
-        with self._state_lock:
-            self._replied[rank] = (op, time.time())
-        self.changed()
-
     @contextlib.contextmanager
     def tracking(self, what: str, ranks: list[int], cell: Optional[int] = None,
-                  code: str = "", background: bool = False) -> Iterator[list[str]]:
-        """A request, as ``state`` shows it: running, then its outcome (the caller adds the ranks'
-        values in words to the list it is given)."""
+                 code: str = "", background: bool = False) -> Iterator[list[str]]:
+        """A request, as its run's events say it: begun, then how it ended (the caller adds the
+        ranks' values in words to the list it is given)."""
+        run = self.session.current_run  # its record goes to this run's log, whatever comes after
         started = time.time()
-        ran_in = getattr(self.session, "current_run", None)  # its record goes to this run's log, whatever comes after
         first = next((line.strip() for line in code.splitlines() if line.strip()), "")
-        with self._state_lock:
-            self._doing = Request(what, tuple(ranks), started, cell, first[:120], background=background)
-            self._replied = {}
-            self._interrupt.clear()
-        self.changed()
+        self._interrupt.clear()
+        if run is not None:
+            run.stream.emit({"kind": EventKind.REQUEST, "time": started, "what": what, "cell": cell,
+                             "ranks": list(ranks), "first_line": first[:120], "background": background})
         values: list[str] = []
         error: Optional[BaseException] = None
         try:
@@ -347,36 +324,22 @@ class SessionRecord:
         finally:
             outcome, message, failures = _outcome_of(error)
             ended_at = time.time()
-            with self._state_lock:
-                failed = {f.rank: f for f in failures}
-                stopped = set(error.interrupted) if isinstance(error, CellError) else set()
-                for r in ranks:
-                    f = failed.get(r)
-                    note = f.summary() if f is not None else \
-                        "interrupted" if outcome == "interrupted" or r in stopped else ""
-                    self._after[r] = RankState(r, "", "failed" if f is not None and outcome != "ended" else "idle",
-                                               doing=what, since=started,
-                                               until=self._replied.get(r, ("", ended_at))[1], note=note)
-                self._last = Outcome(what, tuple(ranks), outcome, started, ended_at, cell, message, failures,
-                                     tuple(values))
-                if outcome == "failed" and failures:
-                    self._last_failure = self._last
-                self._doing = None
-                self._cells_run += cell is not None
-            self.changed()
-            run = ran_in
-            if cell is not None and run is not None:  # kept in the log of the run it ran in
-                record = {"kind": EventKind.CELL, "time": ended_at, "cell": cell, "ranks": list(ranks),
+            if run is not None:  # kept in the log of the run it ran in
+                record = {"kind": EventKind.CELL, "time": ended_at, "cell": cell, "what": what, "ranks": list(ranks),
                           "status": outcome, "code": cut(code or "", CODE_CHARS),
                           "seconds": round(ended_at - started, 3), "message": cut(message, MESSAGE_CHARS),
-                          "failures": [f.to_dict() for f in failures]}
+                          "failures": [f.to_dict() for f in failures], "values": values}
                 # A cell the session ended in ends after its run: added to the log all the same.
                 run.stream.emit_late(record, lambda line: run.dir.append_private(run.dir.events_path, line))
+            self.changed()
 
     def _snapshot(self) -> SessionState:
         session = self.session
         run = session._run
         devices = tuple(str(d) for d in run.devices) if run is not None else ()
+        state = run.state if run is not None else None
+        request = state.request if state is not None else None
+        last = state.last_request if state is not None and not self._forming else None
         ended = session._ended
         if session._closed:
             status = "closed"
@@ -385,7 +348,7 @@ class SessionRecord:
         elif ended is not None or run.done:
             status = "ended"
         else:
-            status = "running" if self._doing is not None else "ready"
+            status = "running" if request is not None else "ready"
         failures: tuple[WorkerFailure, ...] = ()
         failure = None
         why = ""
@@ -394,34 +357,50 @@ class SessionRecord:
             failure = ended.failure if ended is not None else run.root_failure
             why = str(ended) if ended is not None else session._end_text("the session ended")
         causing = {f.rank for f in failures if not f.consequence}
-        workers = run.state.workers if run is not None else {}
+        workers = state.workers if state is not None else {}
+        last_failed = {f.rank: f for f in last.failures} if last is not None and last.status != "ended" else {}
         ranks = []
         for r, device in enumerate(devices):
             w = workers.get(r)
             base: dict[str, Any] = dict(rank=r, device=device, pid=(w.pid if w is not None else None) or
                                         session._pids.get(r), output=tuple(list(w.output)[-OUTPUT_LINES:]) if w else ())
-            after = self._after.get(r)
-            memo: dict[str, Any] = dict(doing=after.doing, since=after.since, until=after.until,
-                                        note=after.note) if after is not None else {}
-            doing = self._doing
+            memo: dict[str, Any] = {}
+            if last is not None and r in last.ranks:
+                f = last_failed.get(r)
+                note = f.summary() if f is not None else "interrupted" if last.status == "interrupted" else ""
+                memo = dict(doing=last.what, since=last.time - last.seconds, until=last.time, note=note)
             if status in ("closed", "forming"):
                 ranks.append(RankState(status=status, **base, **memo))
             elif status == "ended":
                 mine = next((f for f in failures if f.rank == r and not f.consequence), None)
                 ranks.append(RankState(status="failed" if r in causing else "ended", **base,
                                        note=mine.summary() if mine is not None else ""))
-            elif doing is not None and r in doing.ranks:
-                op, when = self._replied.get(r, ("", None))
-                shown = {"done": "finished", "error": "failed"}.get(op, "running")
-                ranks.append(RankState(status=shown, **base, doing=doing.what, since=doing.started_at, until=when))
+            elif request is not None and r in request.ranks:
+                op, when = request.answered.get(r, ("", None))
+                shown = {"done": "finished", "error": "failed", "interrupted": "failed"}.get(op, "running")
+                ranks.append(RankState(status=shown, **base, doing=request.what, since=request.started, until=when))
             else:
-                ranks.append(RankState(status=after.status if after is not None else "idle", **base, **memo))
+                ranks.append(RankState(status="failed" if r in last_failed else "idle", **base, **memo))
+        current = None
+        if request is not None:
+            current = Request(request.what, tuple(request.ranks), request.started, request.cell, request.first_line,
+                              request.interrupting, request.background)
+        shown_last = _outcome(last) if last is not None else None
+        failed_cell = state.failed_cell if state is not None and not self._forming else None
+        last_failure = shown_last if shown_last is not None and shown_last.outcome == "failed" and \
+            shown_last.failures else _outcome(failed_cell) if failed_cell is not None else None
         return SessionState(status=status, devices=devices, ranks=tuple(ranks),
                             run_id=run.id if run is not None else None, formed_at=self._formed_at,
-                            cells=self._cells_run, current=self._doing, last=self._last,
-                            last_failure=self._last_failure, ended=why,
+                            cells=session._cells_run, current=current, last=shown_last,
+                            last_failure=last_failure, ended=why,
                             failure=failure, failures=failures,
                             healthy=tuple(d for r, d in enumerate(devices) if r not in causing))
+
+
+def _outcome(record: CellRecord) -> Outcome:
+    """How a request ended, as its run's record says it."""
+    return Outcome(record.what, tuple(record.ranks), record.status, record.time - record.seconds, record.time,
+                   record.cell, record.message, tuple(record.failures), tuple(record.values))
 
 
 def _outcome_of(error: Optional[BaseException]) -> tuple[str, str, tuple[WorkerFailure, ...]]:

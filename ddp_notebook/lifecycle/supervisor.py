@@ -241,8 +241,11 @@ class Supervisor:
             if op == "pong":  # a settle's proof of life: the supervisor's alone
                 self._live.add(rank)
                 return
-            if op in ("done", "error") and phase is not None and event.get("id") == phase.id:
+            if op in ("done", "error") and phase is not None and event.get("id") == phase.id and \
+                    rank in phase.waiting():
                 phase.answered(rank, op, bool(event.get("interrupted")), self.clock.monotonic())
+                self._emit({"kind": EventKind.ANSWERED, "time": self.clock.time(), "rank": rank,
+                            "status": phase.replied[rank]})
         if kind in _FOR_THE_NOTEBOOK:  # not an event of the run
             if self._deliver is not None:
                 self._deliver(rank, event, result)
@@ -374,6 +377,7 @@ class Supervisor:
         interrupt = phase.to_interrupt(now)
         if interrupt:
             self.transport.send(interrupt, {"op": "interrupt", "cell": phase.cell})
+            self._emit({"kind": EventKind.INTERRUPTING, "time": self.clock.time(), "ranks": interrupt})
         if phase.waiting():
             if not phase.stuck(now):
                 looked = phase.look_due(now)

@@ -134,3 +134,18 @@ def test_a_sessions_request_in_flight_is_folded_from_its_runs_events_and_its_end
     s.apply({"kind": "request", "time": 4.0, "what": "cell 4", "cell": 4, "ranks": [0]})
     s.apply({"kind": "run_finished", "time": 5.0, "status": "failed"})
     assert s.request is None  # what ran ended with the ranks
+
+
+def test_a_session_runs_text_and_panel_say_the_request_in_flight_and_how_the_last_ended():
+    from ddp_notebook.ui.text import format_run, session_line
+
+    s = RunState()
+    s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "origin": "session"})
+    assert session_line(s) == ""
+    s.apply({"kind": "request", "time": 1.0, "what": "cell 1", "cell": 1, "ranks": [0, 1]})
+    s.apply({"kind": "answered", "time": 1.2, "rank": 0, "status": "error"})
+    s.apply({"kind": "interrupting", "time": 1.7, "ranks": [1]})
+    assert "session: running cell 1 on ranks 0, 1 for 4 s (rank 0 failed; interrupting)" in format_run(s, now=5.0)
+    s.apply({"kind": "cell", "time": 6.0, "cell": 1, "what": "cell 1", "ranks": [0, 1], "status": "interrupted",
+             "seconds": 5.0})
+    assert session_line(s) == "session: last cell 1 interrupted in 5 s"

@@ -33,7 +33,7 @@ from .html import (
     liveness_html,
 )
 from .loss_plot import LossPlot, epoch_plot_png
-from .text import format_data, format_duration, format_memory, format_metric, format_rate, format_run
+from .text import format_data, format_duration, format_memory, format_metric, format_rate, format_run, session_line
 
 __all__ = ["RunView", "FullText", "StartGuard", "last_output"]
 
@@ -329,7 +329,8 @@ class RunView(FullText, widgets.VBox):
         quiet = state.quiet_note
         if quiet is not None and not state.finished:  # who holds the others up, before any watchdog decides
             return f'<span class="ddp-quiet-run" style="color:{ORANGE}"><b>No progress:</b> {escape(quiet)}</span>'
-        return ""
+        session = session_line(state) if state.origin == "session" else ""
+        return f'<span class="ddp-session-line">{escape(session)}</span>' if session else ""
 
     def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
         row.badge.value = badge(w.shown_status, ORANGE if w.shown_status == "knock-on" else None)

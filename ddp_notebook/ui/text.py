@@ -171,6 +171,8 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     if state.supervisor_error is not None:
         lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
     lines += [f"  tracker: {one_line(note)}" for note in state.tracker_notes]
+    if state.origin == "session" and session_line(state, now):
+        lines.append("  " + session_line(state, now))
     if state.origin == "session" and state.cells:
         lines.append(f"  session: {state.cells} cell{'' if state.cells == 1 else 's'} run")
         failed = state.failed_cell
@@ -178,6 +180,35 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
             lines.append("  " + one_line(f"cell {failed.cell} ({failed.first_line()}) failed: "
                                          f"{failed.failures[0].headline()}"))
     return "\n".join(lines)
+
+
+def session_line(state: RunState, now: Optional[float] = None) -> str:
+    """What a session's run does now, in one line: the request in flight (which ranks have
+    answered, whether they were asked to leave it), else how the last one ended ('' for none).
+
+    >>> s = RunState()
+    >>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"]})
+    >>> s.apply({"kind": "request", "time": 1.0, "what": "cell 3", "cell": 3, "ranks": [0, 1]})
+    >>> s.apply({"kind": "answered", "time": 1.5, "rank": 1, "status": "done"})
+    >>> session_line(s, now=3.0)
+    'session: running cell 3 on ranks 0, 1 for 2 s (rank 1 finished)'
+    """
+    now = time.time() if now is None else now
+    request, last = state.request, state.last_request
+    if request is not None and not state.finished:
+        ranks = ", ".join(map(str, request.ranks))
+        done = sorted(r for r, (how, _) in request.answered.items() if how == "done")
+        raised = sorted(r for r, (how, _) in request.answered.items() if how != "done")
+        notes = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {how}"
+                 for rs, how in ((done, "finished"), (raised, "failed")) if rs]
+        notes += ["interrupting"] if request.interrupting else []
+        return one_line(f"session: running {request.what} on rank{'s' if len(request.ranks) > 1 else ''} {ranks} "
+                        f"for {format_duration(now - request.started)}" + (f" ({'; '.join(notes)})" if notes else ""))
+    if last is not None:
+        how = {"ok": "ok", "failed": "failed", "interrupted": "interrupted", "ended": "ended"}.get(last.status, "?")
+        return one_line(f"session: last {last.what} {how} in {format_duration(last.seconds)}"
+                        + (f": {last.failures[0].summary()}" if last.failures else ""))
+    return ""
 
 
 def ended_because(state: RunState) -> str:

@@ -45,6 +45,19 @@ def test_a_rank_that_raises_before_a_collective_is_named_within_seconds_and_the_
     assert "[rank 0] Out: 2.0" in k.ok("%%ddp\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
 
 
+def test_a_cell_that_raises_keyboardinterrupt_itself_raised_it_nobody_interrupted_it(kernel):
+    k, seen = kernel
+    seen.extend(k.rank_pids())
+    started = time.monotonic()
+    content, _ = k.execute("%%ddp\nif rank == 1:\n    raise KeyboardInterrupt\ndist.all_reduce(torch.ones(1))")
+    name, message, _ = _error(content)
+    assert name == "CellError" and "failed on rank 1 (cpu:1): KeyboardInterrupt" in message, message
+    # The peer left waiting is a knock-on of rank 1's error (interrupted at once), never a stall judged later.
+    assert "Rank 0 was left in it" in message and "stalled" not in message, message
+    assert time.monotonic() - started < 60
+    assert "[rank 1] Out: 1" in k.ok("%%ddp\nrank")
+
+
 def test_a_rank_outside_the_cell_killed_while_the_cell_waits_for_it_is_blamed_not_the_rank_that_noticed(
         kernel, tmp_path):
     """A ``--ranks 0`` cell waits in ``dist.recv`` for rank 1, which is SIGKILLed: rank 0 raises

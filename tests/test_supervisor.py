@@ -542,9 +542,10 @@ class SessionRanks(Scripted):
     ``delay`` seconds; ``dies`` (rank -> seconds) ends a rank by SIGKILL that long after the ping;
     an interrupt makes the ranks in ``leave`` answer as interrupted."""
 
-    def __init__(self, clock, answers=(), delay=0.0, dies=None, leave=(), **kw):
+    def __init__(self, clock, answers=(), delay=0.0, dies=None, leave=(), leave_after=0.0, **kw):
         super().__init__(clock, **kw)
         self.answers, self.delay, self.dies, self.leave = set(answers), delay, dies or {}, set(leave)
+        self.leave_after = leave_after
 
     def send(self, ranks, request, body=None, give_up=None):
         self._call("send", tuple(ranks), request["op"])
@@ -555,7 +556,7 @@ class SessionRanks(Scripted):
             for rank, after in self.dies.items():
                 later += [after, [Exited(rank, code=-9, signal="SIGKILL")]]
         elif request["op"] == "interrupt":
-            later += [[_answer(r, "error", interrupted=True) for r in ranks if r in self.leave]]
+            later += [self.leave_after, [_answer(r, "error", interrupted=True) for r in ranks if r in self.leave]]
         self.script[:0] = [b if isinstance(b, (int, float)) else list(b) for b in later if b != 0.0]
         return []
 
@@ -632,3 +633,31 @@ def test_a_rank_that_does_not_leave_an_interrupted_cell_is_stuck_after_the_grace
     interrupted = [c for c in transport.calls if c[0] == "send"]
     assert [(c[1], c[2]) for c in interrupted] == [((0, 1), "interrupt")]
     assert phase.outcome.ended.is_set() and sup.root is None
+
+
+def test_a_quick_second_interrupt_does_not_give_up_on_ranks_that_are_leaving_the_cell(tmp_path):
+    clock = FakeClock()
+    transport = SessionRanks(clock, leave={0, 1}, leave_after=0.3, script=[started(0) + started(1), 3.0] + _ends(),
+                             stack_dir=str(tmp_path), cpu={0: 1.0, 1: 1.0})
+    sup, _ = _session_supervisor(transport, clock, stack_dir=str(tmp_path))
+    phase = sup.begin_cell(3, 1, [0, 1])
+    phase.interrupt()
+    phase.abandon()  # Kernel → Interrupt twice, 10 ms apart
+    sup.supervise()
+    assert phase.outcome.ended.is_set() and not phase.outcome.stuck and not phase.outcome.cut
+    assert phase.replied == {0: "interrupted", 1: "interrupted"}
+
+
+def test_ranks_that_all_wait_in_a_collective_when_interrupted_are_named_where_within_seconds(tmp_path):
+    clock = FakeClock()
+    in_recv = stack((os.path.join(torch_dir(), "distributed", "distributed_c10d.py"), 2500, "recv"),
+                    ("<ddp cell 1>", 1, "<module>"))
+    transport = SessionRanks(clock, script=[started(0) + started(1), 20.0] + _ends(), stacks={0: in_recv, 1: in_recv},
+                             stack_dir=str(tmp_path), cpu={0: 0.0, 1: 0.0})
+    sup, _ = _session_supervisor(transport, clock, stack_dir=str(tmp_path))
+    phase = sup.begin_cell(3, 1, [0, 1])
+    phase.interrupt()  # a deadlock: each waits in recv for the other
+    sup.supervise()
+    outcome = phase.outcome
+    assert outcome.left_waiting == {0: "recv (<ddp cell 1>:1)", 1: "recv (<ddp cell 1>:1)"} and not outcome.stuck
+    assert outcome.cut and outcome.interrupted

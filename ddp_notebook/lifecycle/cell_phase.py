@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 __all__ = ["CellPhase", "Gathered", "Look", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER",
-           "INTERRUPT_GRACE", "IDLE_CPU"]
+           "INTERRUPT_GRACE", "ABANDON_GRACE", "IDLE_CPU"]
 
 #: Seconds after a rank raised before the ranks still in the cell are interrupted.
 KNOCK_ON_WAIT = 0.5
@@ -36,8 +36,11 @@ PROBE_EVERY = 1.0
 #: Seconds a rank nobody asked to leave must wait in a collective that a rank out of the cell
 #: would have to join before it is judged left waiting (a collective of a subgroup may be slow).
 SKIPPED_AFTER = 5.0
-#: Seconds the ranks get to leave an interrupted cell before the session is formed again.
+#: Seconds the ranks get to leave an interrupted cell before the session is formed again ...
 INTERRUPT_GRACE = 10.0
+#: ... or, once the user asked again (a second Kernel → Interrupt), before they are given up on:
+#: a quick double press must not give up on ranks that were leaving.
+ABANDON_GRACE = 1.0
 #: Share of a core a rank may use between two looks and still be judged waiting: a rank blocked
 #: in a collective uses none (0.000 measured); one computing gets far more, even on a busy machine.
 IDLE_CPU = 0.02
@@ -105,6 +108,7 @@ class CellPhase:
         self.asked = 0  # interrupts the user asked for
         self._taken = 0
         self.abandon_asked = False
+        self._abandon_at: Optional[float] = None  # when the supervisor saw the user stop waiting
 
     # ---- the session's thread -------------------------------------------------------------------
     def interrupt(self) -> None:
@@ -155,8 +159,12 @@ class CellPhase:
 
     def stuck(self, now: float) -> bool:
         """True when the ranks still in the request are to be given up on: asked to leave
-        ``INTERRUPT_GRACE`` ago, or the user stopped waiting (they are ``outcome.stuck``)."""
-        if self.abandon_asked or (self.interrupt_sent is not None and now - self.interrupt_sent >= INTERRUPT_GRACE):
+        ``INTERRUPT_GRACE`` ago, or ``ABANDON_GRACE`` after the user stopped waiting (they are
+        ``outcome.stuck``)."""
+        if self.abandon_asked and self._abandon_at is None:
+            self._abandon_at = now
+        if (self._abandon_at is not None and now - self._abandon_at >= ABANDON_GRACE) or \
+                (self.interrupt_sent is not None and now - self.interrupt_sent >= INTERRUPT_GRACE):
             self.outcome.stuck = self.waiting()
             return True
         return False
@@ -193,12 +201,16 @@ class CellPhase:
         out of the cell (or, when nobody asked them to leave, has been for ``SKIPPED_AFTER``):
         ``outcome.left_waiting`` and ``outcome.waited`` say where and how long."""
         waiting = self.waiting()
-        if not waiting or self.out_since is None or len(waiting) == self.world_size or len(self.looks) < 2:
+        # Every rank still in the cell after it was interrupted: one waiting there waits for ever.
+        if not waiting or self.out_since is None or len(self.looks) < 2 or \
+                (len(waiting) == self.world_size and self.interrupt_sent is None):
             return False
         if self.interrupt_sent is None and now - self.out_since < SKIPPED_AFTER:
             return False
         before, last = self.looks[-2:]
         if before.at <= self.left_at:  # seen before the last rank left the cell: it may have waited for that one
+            return False
+        if self.interrupt_sent is not None and before.at <= self.interrupt_sent:  # it may be leaving
             return False
         elapsed = max(last.at - before.at, 0.1)
         for rank in waiting:
@@ -226,6 +238,8 @@ class CellPhase:
             times.append(self.first_error + KNOCK_ON_WAIT)
         if self.interrupt_sent is not None:
             times.append(self.interrupt_sent + INTERRUPT_GRACE)
+        if self.abandon_asked:
+            times.append(self._abandon_at + ABANDON_GRACE if self._abandon_at is not None else 0.0)
         waiting = self.waiting()
         if self.cell is not None and waiting and (len(waiting) < self.world_size or self.interrupt_sent is not None):
             times.append(self.next_look if self.out_since is not None else 0.0)

@@ -104,7 +104,8 @@ class _Rank:
         self.heartbeat = heartbeat
         self.inbox: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
         self.cell: Optional[int] = None  # the cell running now
-        self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt
+        self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt, until it raised
+        self.asked_to_leave: Optional[int] = None  # the cell the notebook asked to interrupt
         self.cells_run = 0
         self.replied = False
         self.from_notebook: dict[str, Any] = {}  # what the notebook put in the namespace, by name
@@ -160,7 +161,7 @@ class _Rank:
 
     def interrupt(self, cell: Any) -> None:
         if cell is not None and cell == self.cell:
-            self.interrupted = cell
+            self.interrupted = self.asked_to_leave = cell
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     def on_sigint(self, signum: int, frame: Any) -> None:
@@ -278,9 +279,12 @@ class _Rank:
             stream.flush()
         self.ctx.log(cells=self.cells_run)
         if failed is not None:
+            # Interrupted only when the notebook asked: a cell raising KeyboardInterrupt itself raised.
+            asked, self.asked_to_leave = self.asked_to_leave == cell, None
             self.send({"op": "error", "id": message["id"], "error": _error(failed, failed_at),
-                       "interrupted": isinstance(failed, KeyboardInterrupt)})
+                       "interrupted": isinstance(failed, KeyboardInterrupt) and asked})
         else:
+            self.asked_to_leave = None
             self.send({"op": "done", "id": message["id"], **reply})
 
 def _error(exc: BaseException, when: float) -> dict[str, Any]:

@@ -149,3 +149,19 @@ def test_a_session_runs_text_and_panel_say_the_request_in_flight_and_how_the_las
     s.apply({"kind": "cell", "time": 6.0, "cell": 1, "what": "cell 1", "ranks": [0, 1], "status": "interrupted",
              "seconds": 5.0})
     assert session_line(s) == "session: last cell 1 interrupted in 5 s"
+
+
+def test_a_session_runs_rows_say_idle_or_the_request_never_no_progress_between_cells():
+    from ddp_notebook.ui.text import format_run
+
+    s = RunState()
+    s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "origin": "session"})
+    for r in (0, 1):
+        s.apply({"kind": "ready", "time": 0.5, "rank": r})
+    s.apply({"kind": "request", "time": 100.0, "what": "cell 2", "cell": 2, "ranks": [0, 1]})
+    s.apply({"kind": "answered", "time": 100.5, "rank": 1, "status": "done"})
+    text = format_run(s, now=101.0)
+    assert "rank 0 cpu:0 (main) in cell 2" in text and "rank 1 cpu:1        finished cell 2" in text, text
+    s.apply({"kind": "cell", "time": 101.0, "cell": 2, "what": "cell 2", "ranks": [0, 1], "status": "ok"})
+    text = format_run(s, now=500.0)  # idle for minutes between cells: no "no progress"
+    assert sum(line.rstrip().endswith(" idle") for line in text.splitlines()) == 2 and "no progress" not in text, text

@@ -366,6 +366,25 @@ class RunState:
     def world_size(self) -> int:
         return len(self.devices)
 
+    def session_activity(self, rank: int) -> Optional[str]:
+        """What a session's rank does, as its row says it instead of its run's status while the
+        session lives (None for a run that is no session's, or has ended): ``idle``, ``in cell 3``
+        (or ``in push lr``), ``finished cell 3`` (it waits for the others), ``failed in cell 3``.
+
+        >>> s = RunState()
+        >>> s.apply({"kind": "run_started", "time": 0.0, "devices": ["cpu:0", "cpu:1"], "origin": "session"})
+        >>> s.apply({"kind": "request", "time": 1.0, "what": "cell 3", "cell": 3, "ranks": [0]})
+        >>> s.session_activity(0), s.session_activity(1)
+        ('in cell 3', 'idle')
+        """
+        if self.origin != "session" or self.finished:
+            return None
+        request = self.request
+        if request is None or rank not in request.ranks:
+            return "idle"
+        how = request.answered.get(rank, ("", 0.0))[0]
+        return {"done": f"finished {request.what}", "": f"in {request.what}"}.get(how, f"failed in {request.what}")
+
     @property
     def failed_cell(self) -> Optional[CellRecord]:
         """A session's last cell that failed with the ranks' errors (None: none did)."""

@@ -286,7 +286,7 @@ class RunView(FullText, widgets.VBox):
                     self.outputs.set_title(i, f"rank {r} {state.workers[r].label}")
             failed_ranks = state.causing_ranks
             for r, row in self.rows.items():
-                self._render_row(row, state.workers[r], r in failed_ranks, now)
+                self._render_row(row, state.workers[r], r in failed_ranks, now, state.session_activity(r))
             for i, r in enumerate(self.rows):
                 lines = [text for _stream, text in state.workers[r].output][-200:]
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
@@ -332,8 +332,11 @@ class RunView(FullText, widgets.VBox):
         session = session_line(state) if state.origin == "session" else ""
         return f'<span class="ddp-session-line">{escape(session)}</span>' if session else ""
 
-    def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float) -> None:
-        row.badge.value = badge(w.shown_status, ORANGE if w.shown_status == "knock-on" else None)
+    def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float, activity: Optional[str] = None) -> None:
+        # A session's rank says what it does in the session (idle between cells is no stall): a
+        # word in the badge, the request on the line.
+        shown = {"in": "running"}.get(activity.split()[0], activity.split()[0]) if activity else w.shown_status
+        row.badge.value = badge(shown, ORANGE if w.shown_status == "knock-on" else None)
         if w.total:
             row.bar.value = min(1.0, (w.step or 0) / w.total)
         elif w.status == "succeeded":
@@ -341,7 +344,7 @@ class RunView(FullText, widgets.VBox):
         row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning",
                              "knock-on": "warning"}.get(w.shown_status, "info")
         # The first line: where the rank is and for how long (what every row has, in its column).
-        bits: list[str] = []
+        bits: list[str] = [activity] if activity and activity != "idle" else []
         if w.step is not None:
             bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")
         if w.epoch is not None:
@@ -354,7 +357,7 @@ class RunView(FullText, widgets.VBox):
         row.text.value = one_line(escape(text), text)
         # The second line: what the rank says of its training, all of it (names and values come from the run).
         detail: list[str] = []
-        silent = w.silent_for(now)
+        silent = w.silent_for(now) if activity is None else None
         if silent is not None:
             detail.append(f'<b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>')
         if w.note and w.status == "running":  # the run is quiet: where this rank waits or runs (its stack)

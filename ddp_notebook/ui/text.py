@@ -122,9 +122,11 @@ def format_memory(w: WorkerState) -> str:
     return "peak " + ", ".join(parts) if parts else ""
 
 
-def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
+def format_worker(w: WorkerState, now: Optional[float] = None, activity: Optional[str] = None) -> str:
+    """One rank in a line; ``activity``: what a session's rank does (``RunState.session_activity``),
+    said instead of its status (a rank idle between cells makes no progress, and that is fine)."""
     name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
-    parts = [f"{name:<19} {w.shown_status:<10}"]
+    parts = [f"{name:<19} {activity or w.shown_status:<10}"]
     if w.step is not None:
         if w.total:
             parts.append(f"step {w.step}/{w.total} ({100 * w.step / w.total:3.0f}%)")
@@ -135,7 +137,7 @@ def format_worker(w: WorkerState, now: Optional[float] = None) -> str:
     parts += [one_line(f"{k} {format_metric(v)}") for k, v in w.metrics.items()]  # (names, values from the run)
     if w.status == "running" and format_rate(w):
         parts.append(f"· {format_rate(w)}")
-    silent = w.silent_for(time.time() if now is None else now)
+    silent = w.silent_for(time.time() if now is None else now) if activity is None else None
     if silent is not None:
         parts.append(f"· no progress for {format_duration(silent)}")
     if w.note and w.status == "running":  # the run is quiet: where this rank waits or runs (from its stack)
@@ -162,7 +164,7 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     lines = [f"Run{named} {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
     if state.data is not None and not state.data.sending:
         lines.append("  " + format_data(state.data))
-    lines += ["  " + format_worker(state.workers[r], now) for r in sorted(state.workers)]
+    lines += ["  " + format_worker(state.workers[r], now, state.session_activity(r)) for r in sorted(state.workers)]
     root = state.root_failure
     if root is not None:
         lines.append("  " + one_line(root.headline()))  # (its message is the worker's)

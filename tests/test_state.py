@@ -165,3 +165,15 @@ def test_a_session_runs_rows_say_idle_or_the_request_never_no_progress_between_c
     s.apply({"kind": "cell", "time": 101.0, "cell": 2, "what": "cell 2", "ranks": [0, 1], "status": "ok"})
     text = format_run(s, now=500.0)  # idle for minutes between cells: no "no progress"
     assert sum(line.rstrip().endswith(" idle") for line in text.splitlines()) == 2 and "no progress" not in text, text
+
+
+def test_a_session_rank_that_left_an_interrupted_cell_is_said_interrupted_not_failed():
+    from ddp_notebook.ui.text import session_line
+
+    s = RunState()
+    s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "origin": "session"})
+    s.apply({"kind": "request", "time": 1.0, "what": "cell 2", "cell": 2, "ranks": [0, 1]})
+    s.apply({"kind": "answered", "time": 2.0, "rank": 0, "status": "interrupted"})
+    s.apply({"kind": "answered", "time": 2.0, "rank": 1, "status": "error"})
+    assert (s.session_activity(0), s.session_activity(1)) == ("interrupted in cell 2", "failed in cell 2")
+    assert session_line(s, now=3.0).endswith("(rank 1 failed; rank 0 interrupted)")

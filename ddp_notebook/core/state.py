@@ -369,7 +369,8 @@ class RunState:
     def session_activity(self, rank: int) -> Optional[str]:
         """What a session's rank does, as its row says it instead of its run's status while the
         session lives (None for a run that is no session's, or has ended): ``idle``, ``in cell 3``
-        (or ``in push lr``), ``finished cell 3`` (it waits for the others), ``failed in cell 3``.
+        (or ``in push lr``), ``finished cell 3`` (it waits for the others), ``failed in cell 3``,
+        ``interrupted in cell 3`` (it left the cell when asked).
 
         >>> s = RunState()
         >>> s.apply({"kind": "run_started", "time": 0.0, "devices": ["cpu:0", "cpu:1"], "origin": "session"})
@@ -383,7 +384,8 @@ class RunState:
         if request is None or rank not in request.ranks:
             return "idle"
         how = request.answered.get(rank, ("", 0.0))[0]
-        return {"done": f"finished {request.what}", "": f"in {request.what}"}.get(how, f"failed in {request.what}")
+        return {"done": f"finished {request.what}", "": f"in {request.what}",
+                "interrupted": f"interrupted in {request.what}"}.get(how, f"failed in {request.what}")
 
     @property
     def failed_cell(self) -> Optional[CellRecord]:

@@ -199,10 +199,11 @@ def session_line(state: RunState, now: Optional[float] = None) -> str:
     request, last = state.request, state.last_request
     if request is not None and not state.finished:
         ranks = ", ".join(map(str, request.ranks))
-        done = sorted(r for r, (how, _) in request.answered.items() if how == "done")
-        raised = sorted(r for r, (how, _) in request.answered.items() if how != "done")
-        notes = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {how}"
-                 for rs, how in ((done, "finished"), (raised, "failed")) if rs]
+        notes = []
+        for status, said in (("done", "finished"), ("error", "failed"), ("interrupted", "interrupted")):
+            rs = sorted(r for r, (how, _) in request.answered.items() if how == status)
+            if rs:
+                notes.append(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {said}")
         notes += ["interrupting"] if request.interrupting else []
         return one_line(f"session: running {request.what} on rank{'s' if len(request.ranks) > 1 else ''} {ranks} "
                         f"for {format_duration(now - request.started)}" + (f" ({'; '.join(notes)})" if notes else ""))

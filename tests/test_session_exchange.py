@@ -247,16 +247,16 @@ class _Ranks:
         return self.phase
 
     def tell(self, ranks, header, body, give_up):
-        from ddp_notebook.lifecycle.session_exchange import split
+        from ddp_notebook.core.events import SESSION_ROUTED
 
-        message = {**header, **(pickling.loads(body) if body else {})}
+        message = pickling.joined(header, body, SESSION_ROUTED)
         self.sent.append((list(ranks), message))
         for rank in ranks:
             for reply in self.answer(rank, message):
                 if reply == "exited":
                     self.answers.put((rank, {"op": "exited"}, None))
                     continue
-                head, rest = split(reply)
+                head, rest = pickling.split(reply, SESSION_ROUTED)
                 self.answers.put((rank, {"kind": "session", **head}, _Attached(rest) if rest else None))
                 if reply["op"] in ("done", "error"):
                     self.phase.answered(rank, reply["op"], False, 0.0)

@@ -1,8 +1,9 @@
 """Sessions: ranks that stay, and run the cells the notebook sends them.
 
-A session is one launched run (``launch_with``), whose function (``worker.session_loop``) keeps
-its rank and the process group alive and serves the notebook's requests, which travel on the
-run's own transport (the ranks' control pipes there, their event pipes back). So everything
+A session is one started run (``start_run``) whose ranks run in its ``session`` mode: each runs
+the session's loop (``worker.session_loop``), which keeps its rank and the process group alive
+and serves the notebook's requests, which travel on the run's own transport (the ranks' control
+pipes there, their event pipes back). So everything
 a launch has, a session has: the fork server, the process group, the event log, the supervisor
 that names a rank that died (and ends the others), the stall watchdog, the lifeline that ends
 every rank when the kernel dies, ``last_run()`` and the magics.
@@ -135,7 +136,6 @@ class Session:
         self._probe = probe
         self._run: Optional[Run] = None
         self._answers: Answers = Answers()
-        self._pids: dict[int, int] = {}
         self._ids = itertools.count(1)
         self._cells_run = 0  # the session's cells, numbered from 1 (its own count, not In[N])
         self._sources_sent: set[str] = set()
@@ -175,10 +175,8 @@ class Session:
             run.subscribe(lambda event: _on_run_event(mine, answers, event))
             self._ended, self._closed = None, False
             # Every rank says hello once the run has started (the fork server, the process group).
-            pids = hellos(answers, len(run.devices), lambda: run.done)
-            if pids is None:
+            if not hellos(answers, len(run.devices), lambda: run.done):
                 raise self._end_error("the session could not start")
-            self._pids = pids
         except BaseException:
             if self._run is not None and not self._run.done:
                 self._run.stop(grace=0.0)
@@ -717,7 +715,8 @@ class Session:
 
     def _failures(self, cell: Optional[int],
                   outcome: Gathered) -> tuple[list[WorkerFailure], dict[int, Any], list[int]]:
-        return failures_of(cell, outcome, self.devices, self._pids)
+        pids = {r: w.pid for r, w in self._run.state.workers.items() if w.pid} if self._run is not None else {}
+        return failures_of(cell, outcome, self.devices, pids)
 
     def _error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
                interrupted: Iterable[int] = (), **how: Any) -> CellError:

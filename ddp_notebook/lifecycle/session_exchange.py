@@ -32,7 +32,7 @@ from ..transfer import pickling
 from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",
-           "Answers", "Tell", "answer_of", "split", "hellos",
+           "Answers", "Tell", "answer_of", "hellos",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "Begin"]
 
@@ -58,18 +58,9 @@ class RankGone(Exception):
     """A rank ended, or the session's run did, while the request was in flight."""
 
 
-def split(message: dict[str, Any]) -> tuple[dict[str, Any], Optional[bytes]]:
-    """A message as it travels: what routes it in the open, the rest pickled (None: no rest)."""
-    rest = {k: v for k, v in message.items() if k not in SESSION_ROUTED}
-    return {k: message[k] for k in SESSION_ROUTED if k in message}, (pickling.dumps(rest) if rest else None)
-
-
 def answer_of(event: dict[str, Any], attachment: Any) -> dict[str, Any]:
     """A rank's answer whole again: what routed it, and its pickled rest (a ``Received``)."""
-    answer = {k: event[k] for k in SESSION_ROUTED if k in event}
-    if attachment is not None:
-        answer.update(pickling.loads(attachment.data))
-    return answer
+    return pickling.joined(event, attachment.data if attachment is not None else None, SESSION_ROUTED)
 
 
 class _Presses:
@@ -98,20 +89,19 @@ def interrupts_counted() -> Iterator[_Presses]:
         signal.signal(signal.SIGINT, previous)
 
 
-def hellos(answers: Answers, world: int, ended: Callable[[], bool]) -> Optional[dict[int, int]]:
-    """Wait until every rank of a session just formed says hello: their pids by rank (None: the
-    run ended first)."""
-    pids: dict[int, int] = {}
-    while len(pids) < world:
+def hellos(answers: Answers, world: int, ended: Callable[[], bool]) -> bool:
+    """Wait until every rank of a session just formed says hello (True), or the run ended first."""
+    said: set[int] = set()
+    while len(said) < world:
         if ended():
-            return None
+            return False
         try:
-            rank, event, attached = answers.get(timeout=_POLL)
+            rank, event, _ = answers.get(timeout=_POLL)
         except queue.Empty:
             continue
         if event.get("op") == "hello":
-            pids[rank] = answer_of(event, attached).get("pid", 0)
-    return pids
+            said.add(rank)
+    return True
 
 
 class CellOutput:
@@ -412,28 +402,27 @@ class Exchange:
         """The user asked to interrupt: the first time, the ranks still in the cell are asked to
         leave it; asked again (thrice for a push or a pull, which the ranks cannot leave midway),
         the request is given up on."""
+        assert self.phase is not None  # (begun before anything is sent)
         phase_asked = self.outcome.interrupted
         self.outcome.interrupted = True
         if self.cell is None:
             if presses >= 3:
-                self._phase("abandon")
+                self.phase.abandon()
             return
         if not phase_asked:
-            self._phase("interrupt")
+            self.phase.interrupt()
         elif presses >= 2:
-            self._phase("abandon")
+            self.phase.abandon()
 
-    def _phase(self, what: str) -> None:
-        if self.phase is not None:
-            self.phase.abandon() if what == "abandon" else self.phase.interrupt()
 
     def _send(self, presses: _Presses) -> None:
         """Send the request to each rank whole; a second interrupt while it is sent abandons it."""
-        header, body = split(self.message)
+        header, body = pickling.split(self.message, SESSION_ROUTED)
         missed = self.tell(self.ranks, header, body, lambda: presses.count >= 2 or self.outcome.ended.is_set())
         if presses.count >= 2:
+            assert self.phase is not None  # (begun before anything is sent)
             self.outcome.abandoned = True
-            self._phase("abandon")
+            self.phase.abandon()
         elif missed:
             raise RankGone
         self.outcome.interrupted = presses.count > 0

@@ -362,8 +362,8 @@ class SessionRecord:
         ranks = []
         for r, device in enumerate(devices):
             w = workers.get(r)
-            base: dict[str, Any] = dict(rank=r, device=device, pid=(w.pid if w is not None else None) or
-                                        session._pids.get(r), output=tuple(list(w.output)[-OUTPUT_LINES:]) if w else ())
+            base: dict[str, Any] = dict(rank=r, device=device, pid=w.pid if w is not None else None,
+                                        output=tuple(list(w.output)[-OUTPUT_LINES:]) if w else ())
             memo: dict[str, Any] = {}
             if last is not None and r in last.ranks:
                 f = last_failed.get(r)

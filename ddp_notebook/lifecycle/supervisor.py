@@ -214,8 +214,9 @@ class Supervisor:
         if self._watching():
             deadlines += [d for d in (self.watchdog.deadline(), self.watchdog.note_deadline()) if d is not None]
         phase = self._phase
-        if phase is not None and phase.deadline() is not None:
-            deadlines.append(phase.deadline())  # type: ignore[arg-type]
+        phase_due = phase.deadline() if phase is not None else None
+        if phase_due is not None:
+            deadlines.append(phase_due)
         now = self.clock.monotonic()
         return max(0.0, min(min((d - now for d in deadlines), default=1.0), 1.0))
 

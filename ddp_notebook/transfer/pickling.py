@@ -20,11 +20,12 @@ import io
 import marshal
 import types
 from collections import ChainMap
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import cloudpickle
 
-__all__ = ["dumps", "loads", "Pickler", "PROTOCOL"]
+__all__ = ["dumps", "loads", "Pickler", "PROTOCOL", "split", "joined"]
 
 loads = cloudpickle.loads
 PROTOCOL = cloudpickle.DEFAULT_PROTOCOL
@@ -45,3 +46,24 @@ def dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
     Pickler(buf, protocol=PROTOCOL).dump(obj)
     return buf.getvalue()
+
+
+def split(message: dict[str, Any], routed: Sequence[str]) -> tuple[dict[str, Any], Optional[bytes]]:
+    """``message`` as a frame of ``core.events`` carries it: the keys ``routed`` in the frame's
+    JSON, the rest pickled as its attachment (None: no rest). ``joined`` is its inverse.
+
+    >>> split({"op": "run", "code": "x"}, ("op",))[0]
+    {'op': 'run'}
+    >>> joined(*split({"op": "run", "code": "x"}, ("op",)), ("op",))
+    {'op': 'run', 'code': 'x'}
+    """
+    rest = {k: v for k, v in message.items() if k not in routed}
+    return {k: message[k] for k in routed if k in message}, (dumps(rest) if rest else None)
+
+
+def joined(header: dict[str, Any], body: Optional[bytes], routed: Sequence[str]) -> dict[str, Any]:
+    """A message whole again from a frame's JSON (its keys ``routed``) and attachment."""
+    message = {k: header[k] for k in routed if k in header}
+    if body:
+        message.update(loads(body))
+    return message

@@ -38,7 +38,6 @@ from __future__ import annotations
 import ast
 import builtins
 import linecache
-import os
 import queue
 import signal
 import sys
@@ -102,7 +101,7 @@ class _Rank:
         self.ctx = ctx
         self.channel = channel
         self.heartbeat = heartbeat
-        self.inbox: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
         self.cell: Optional[int] = None  # the cell running now
         self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt, until it raised
         self.asked_to_leave: Optional[int] = None  # the cell the notebook asked to interrupt
@@ -121,9 +120,8 @@ class _Rank:
     def send(self, message: dict[str, Any]) -> None:
         """Answer the notebook: what routes the answer in the open, the rest pickled (whole,
         whichever thread sends: a thread the cell started may print while the main thread replies)."""
-        body = {k: v for k, v in message.items() if k not in SESSION_ROUTED}
-        self.channel.send({"kind": EventKind.SESSION, **{k: message[k] for k in SESSION_ROUTED if k in message}},
-                          pickling.dumps(body))
+        header, body = pickling.split(message, SESSION_ROUTED)
+        self.channel.send({"kind": EventKind.SESSION, **header}, body)
         if message.get("op") in ("done", "error"):
             self.replied = True
 
@@ -156,8 +154,7 @@ class _Rank:
         elif op == "ping":  # the run's supervisor settles a failed cell: this rank lives
             self.send({"op": "pong"})
         else:
-            body = frame.pop("blob", None)
-            self.inbox.put({**frame, **(pickling.loads(body) if body else {})})
+            self.inbox.put(pickling.joined(frame, frame.get("blob"), SESSION_ROUTED))
 
     def interrupt(self, cell: Any) -> None:
         if cell is not None and cell == self.cell:
@@ -181,7 +178,7 @@ class _Rank:
             except queue.Empty:  # every rank idle: say so to the watchdog of a strict stall_timeout
                 self.ctx.log(cells=self.cells_run)
                 continue
-            if message is None or message.get("op") == "close":
+            if message.get("op") == "close":
                 return
             idle = message.get("op") == "idle"
             self.replied = False
@@ -313,7 +310,7 @@ def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None
     previous = signal.signal(signal.SIGINT, rank.on_sigint)
     take_requests(rank.requested)
     try:
-        rank.send({"op": "hello", "pid": os.getpid()})
+        rank.send({"op": "hello"})
         rank.serve()
     finally:
         take_requests(None)

@@ -389,8 +389,9 @@ import torch, ddp_notebook
 """),
     md("""
 Form a session of two ranks on CPU. `%ddp_session` returns once every rank is ready (its
-process group set up) and shows the session's **live view**: a row per rank with its state, the
-cell it runs and for how long, how the last cell ended, and, while a cell runs, that Kernel → Interrupt stops it on every rank.
+process group set up) and shows its run's **live view**, which speaks of a session: a row per
+rank with what it does (`idle`, `in cell 3 for 2.1 s`), how the last cell ended, and, while a cell
+runs, that Kernel → Interrupt stops it on every rank.
 """),
     code("""
 # NBVAL_IGNORE_OUTPUT
@@ -489,8 +490,8 @@ if batch.shape[0] != 8:
 """),
     md("""
 The session goes on, its namespaces kept: the next cell looks into what each rank holds. The
-session's view (here displayed again; the one under `%ddp_session` is the same, live) keeps the
-failure card, folded under a line that names the cell, once another cell has run.
+session's view (its run's, here displayed again; the one under `%ddp_session` is the same, live)
+keeps the failure card, folded under a line that names the cell, once another cell has run.
 """),
     code("""
 %%ddp
@@ -501,10 +502,11 @@ batch.shape[0]
 session
 """),
     md("""
-Outside a notebook, or where widgets do not show, a session says the same in words:
+A session is shown as its run, and says the same in words where widgets do not show
+(`%ddp_status` shows the session's run, `_ddp_run`):
 """),
     code("""
-print(session)
+%ddp_status
 """),
     md("""
 ## Interrupts, a rank that dies, and closing

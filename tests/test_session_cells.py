@@ -126,9 +126,9 @@ def test_a_failed_cell_is_read_back_after_a_kernel_restart():
         listed = k.ok("%ddp_runs --all")
         assert any(line.split()[:1] == [run_id] and "session, 2 cells" in line for line in listed.splitlines()), listed
         status = k.ok(f"%ddp_status {run_id}")
-        assert "session: 2 cells run" in status, status
-        assert "cell 2 (weights = [rank] * 3) failed: Distributed data parallel worker 1 (cpu:1) failed: " \
-               "ValueError: bad shape [1, 1, 1]" in status, status
+        assert status.startswith(f"Session {run_id} ended") and ", 2 cells run" in status.splitlines()[0], status
+        assert "Last: cell 2 (weights = [rank] * 3) failed on rank 1 (cpu:1): ValueError: bad shape [1, 1, 1]" \
+            in status, status
         debug = k.ok(f"%ddp_debug {run_id}")
         assert debug.startswith(f"Run {run_id}, session cell 2 (weights = [rank] * 3):\nDistributed data parallel "
                                 "worker 1 (cpu:1) failed: ValueError: bad shape [1, 1, 1]\nLocals in <module> "

@@ -12,7 +12,7 @@ import pytest
 
 import ddp_notebook
 from ddp_notebook.errors import SessionBusyError, SessionInterrupted
-from ddp_notebook.ui.session_view import SessionView
+from ddp_notebook.ui.run_view import RunView
 
 from helpers import wait_until
 
@@ -49,14 +49,37 @@ def test_close_with_a_cell_stuck_in_native_code_ends_the_session_without_forming
     assert s.current_run is run and run.done and not s.alive  # nothing formed again
 
 
+def _view_threads():
+    return [t for t in threading.enumerate() if t.name == "ddp-panel"]
+
+
 def test_a_closed_session_leaves_no_thread_of_its_views_and_is_collected():
+    before = len(_view_threads())
     s = ddp_notebook.session("cpu*2")
-    views = [SessionView(s) for _ in range(3)]  # as three bare %ddp_session lines make
+    views = [RunView(s.current_run, live=True) for _ in range(3)]  # as three bare %ddp_session lines make
+    wait_until(lambda: len(_view_threads()) == before + 3, timeout=30)  # a live session's clock ticks
     s.close()
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "ddp-session-view"], timeout=30)
+    wait_until(lambda: len(_view_threads()) == before, timeout=30)  # its run ended: nothing moves
+    assert all("closed" in v.title.value for v in views)
     for view in views:
         view.close()
     gone = weakref.ref(s)
     del s, views, view
     gc.collect()
     assert gone() is None
+
+
+def test_a_sessions_views_never_keep_it_alive_and_a_closed_view_stops_following():
+    before = len(_view_threads())
+    s = ddp_notebook.session("cpu*2")
+    run = s.current_run
+    views = [RunView(run, live=True) for _ in range(2)]
+    wait_until(lambda: len(_view_threads()) == before + 2, timeout=30)
+    views[0].close()
+    wait_until(lambda: len(_view_threads()) == before + 1, timeout=30)
+    gone = weakref.ref(s)
+    del s
+    gc.collect()
+    assert gone() is None  # its views hold its run, never the session: its finalizer ended the ranks
+    wait_until(lambda: run.done and len(_view_threads()) == before, timeout=60)
+    views[1].close()

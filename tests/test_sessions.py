@@ -61,7 +61,7 @@ def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):
     printed = k.ok("%%ddp\nx")  # namespaces kept
     assert "[rank 0] Out: 0\n" in printed and "[rank 1] Out: 10\n" in printed, printed
     debug = k.ok("%ddp_debug")  # the failed cell's locals again, on demand
-    assert re.search(r"^Session: cell \d+ failed on rank 1 \(cpu:1\): ValueError: bad shape \(3, 3\)", debug, re.M), debug
+    assert re.search(r"^Session: cell \d+ \(t = torch.zeros\(rank \+ 2, 3\)\) failed on rank 1 \(cpu:1\): ValueError: bad shape \(3, 3\)", debug, re.M), debug
     assert "on rank 1" in debug and re.search(r"t\s+= Tensor\[3, 3\] float32 cpu", debug), debug
     assert not re.search(r"^\s+(torch|dist|ctx)\s+=", debug, re.M), debug  # modules and the ctx's noise left out
 
@@ -91,7 +91,7 @@ def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel
     assert "session.restart()" in content["evalue"] and "namespaces are lost" in content["evalue"]
     wait_until(lambda: _all_ended(seen), timeout=30)  # the other rank was ended with it
     printed = k.ok("%ddp_session")  # shown, with why and how to form it again: never formed anew unasked
-    assert ": ended" in printed and "%ddp_session --restart forms it again on cpu:0, cpu:1" in printed, printed
+    assert f"Session {killed_run} ended: %ddp_session --restart forms it again on cpu:0, cpu:1" in printed, printed
     # The cell the session ended in is in its run's log, read back from disk.
     printed = k.ok(f"import ddp_notebook\nc = ddp_notebook.Run.load({killed_run!r}).state.cell_records[-1]\n"
                    "print(c.status, c.failures[0].rank, c.first_line())")
@@ -112,6 +112,18 @@ def test_a_rank_killed_ends_the_session_named_and_one_call_forms_it_again(kernel
     printed = k.ok("%ddp_session --restart --without-failed")
     assert "Session ready: 1 rank on cpu:0" in printed, printed
     assert "[rank 0] Out: 1\n" in k.ok("%%ddp\nworld_size")
+    seen.extend(k.rank_pids())
+    # Killed once more: a retry of its run (Re-form in the view, %ddp_retry) forms the session
+    # again, as a run that follows the one that ended; the old run cannot form it twice.
+    old = k.ok("print(_ddp_session.current_run.id)").strip()
+    content, _ = k.execute("%%ddp\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert content["ename"] == "SessionEndedError", content
+    printed = k.ok("old = _ddp_session.current_run\nnew = old.retry(devices=['cpu:0', 'cpu:1'])\n"
+                   "print(new is _ddp_session.current_run, new.state.parent == old.id, _ddp_session.alive)")
+    assert "True True True\n" in printed and "the ranks' namespaces were lost" in printed, printed
+    assert "[rank 1] Out: 2\n" in k.ok("%%ddp\nworld_size")
+    printed = k.ok("try:\n    old.retry()\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    assert f"DDPNotebookError run {old} was a session's that has been formed again or closed since" in printed, printed
     seen.extend(k.rank_pids())
 
 
@@ -154,7 +166,7 @@ def test_a_cell_run_without_blocking_frees_the_kernel_prints_into_its_own_cell_a
     assert "[100, 101]" in k.ok("print(_ddp_cell.result(30))")
     # Stopped from code (the view's Stop calls the same): interrupted on every rank, namespaces kept.
     k.ok("%%ddp --noblock\nimport time\nfor i in range(6000):\n    time.sleep(0.01)")
-    printed = k.ok("import time\nwhile _ddp_session.state.current is None or not _ddp_session.state.current.background:\n"
+    printed = k.ok("import time\nwhile _ddp_session.state.request is None or not _ddp_session.state.request.background:\n"
                    "    time.sleep(0.05)\nprint(_ddp_session.interrupt())\ntry:\n    _ddp_cell.result(30)\n"
                    "except KeyboardInterrupt as e:\n    print(type(e).__name__, e)")
     assert "True\nSessionInterrupted Cell" in printed and "interrupted on ranks 0, 1" in printed, printed

@@ -137,18 +137,19 @@ def test_a_sessions_request_in_flight_is_folded_from_its_runs_events_and_its_end
 
 
 def test_a_session_runs_text_and_panel_say_the_request_in_flight_and_how_the_last_ended():
-    from ddp_notebook.ui.text import format_run, session_line
+    from ddp_notebook.ui.text import format_run, session_lines
 
     s = RunState()
     s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "origin": "session"})
-    assert session_line(s) == ""
+    assert session_lines(s) == []
     s.apply({"kind": "request", "time": 1.0, "what": "cell 1", "cell": 1, "ranks": [0, 1]})
     s.apply({"kind": "answered", "time": 1.2, "rank": 0, "status": "error"})
     s.apply({"kind": "interrupting", "time": 1.7, "ranks": [1]})
-    assert "session: running cell 1 on ranks 0, 1 for 4 s (rank 0 failed; interrupting)" in format_run(s, now=5.0)
+    assert "Running cell 1 on ranks 0, 1 for 4.0 s (rank 0 failed; interrupting on every rank)" in \
+        format_run(s, now=5.0)
     s.apply({"kind": "cell", "time": 6.0, "cell": 1, "what": "cell 1", "ranks": [0, 1], "status": "interrupted",
              "seconds": 5.0})
-    assert session_line(s) == "session: last cell 1 interrupted in 5 s"
+    assert session_lines(s) == ["Last: cell 1 on ranks 0, 1: interrupted after 5.0 s"]
 
 
 def test_a_session_runs_rows_say_idle_or_the_request_never_no_progress_between_cells():
@@ -168,7 +169,7 @@ def test_a_session_runs_rows_say_idle_or_the_request_never_no_progress_between_c
 
 
 def test_a_session_rank_that_left_an_interrupted_cell_is_said_interrupted_not_failed():
-    from ddp_notebook.ui.text import session_line
+    from ddp_notebook.ui.text import session_lines
 
     s = RunState()
     s.apply({"kind": "run_started", "time": 0.0, "run_id": "r", "devices": ["cpu:0", "cpu:1"], "origin": "session"})
@@ -176,4 +177,4 @@ def test_a_session_rank_that_left_an_interrupted_cell_is_said_interrupted_not_fa
     s.apply({"kind": "answered", "time": 2.0, "rank": 0, "status": "interrupted"})
     s.apply({"kind": "answered", "time": 2.0, "rank": 1, "status": "error"})
     assert (s.session_activity(0), s.session_activity(1)) == ("interrupted in cell 2", "failed in cell 2")
-    assert session_line(s, now=3.0).endswith("(rank 1 failed; rank 0 interrupted)")
+    assert session_lines(s, now=3.0)[0].endswith("(rank 1 failed; rank 0 interrupted; Kernel → Interrupt stops it)")

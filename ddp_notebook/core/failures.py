@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ._text import TextEnum
 from .tracebacks import file_name, name_cells_in
 
-__all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "order_failures",
+__all__ = ["WorkerFailure", "FailureKind", "Phase", "SILENT_KINDS", "worker_name", "ranks_text", "order_failures",
            "render_failure_report", "failure_from_error", "is_runner_file", "format_locals"]
 
 
@@ -83,6 +83,17 @@ CODE_ERRORS = frozenset({"TypeError", "AttributeError", "NameError", "UnboundLoc
 def worker_name(rank: int) -> str:
     """``main worker`` for rank 0, ``worker N`` otherwise (burn's words)."""
     return "main worker" if rank == 0 else f"worker {rank}"
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 1``, ``ranks 0, 1``, ``no rank``: a session's ranks in its messages and views.
+
+    >>> ranks_text([1]), ranks_text([1, 0]), ranks_text([])
+    ('rank 1', 'ranks 0, 1', 'no rank')
+    """
+    if not ranks:
+        return "no rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, sorted(ranks)))
 
 
 @dataclass

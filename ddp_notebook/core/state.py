@@ -368,9 +368,11 @@ class RunState:
 
     def session_activity(self, rank: int) -> Optional[str]:
         """What a session's rank does, as its row says it instead of its run's status while the
-        session lives (None for a run that is no session's, or has ended): ``idle``, ``in cell 3``
-        (or ``in push lr``), ``finished cell 3`` (it waits for the others), ``failed in cell 3``,
-        ``interrupted in cell 3`` (it left the cell when asked).
+        session lives (None for a run that is no session's, or has ended but by a close):
+        ``idle``, ``in cell 3`` (or ``in push lr``), ``finished cell 3`` (it waits for the
+        others), ``failed in cell 3`` (in the request in flight, or the last one while nothing
+        runs), ``interrupted in cell 3`` (it left the cell when asked); ``closed`` once the
+        session was closed.
 
         >>> s = RunState()
         >>> s.apply({"kind": "run_started", "time": 0.0, "devices": ["cpu:0", "cpu:1"], "origin": "session"})
@@ -378,14 +380,33 @@ class RunState:
         >>> s.session_activity(0), s.session_activity(1)
         ('in cell 3', 'idle')
         """
-        if self.origin != "session" or self.finished:
+        if self.origin != "session":
             return None
-        request = self.request
+        if self.finished:
+            return "closed" if self.status == RunStatus.SUCCEEDED else None
+        request, last = self.request, self.last_request
         if request is None or rank not in request.ranks:
-            return "idle"
+            failed = request is None and last is not None and last.status == "failed" and \
+                any(f.rank == rank for f in last.failures)
+            return f"failed in {last.what}" if failed and last is not None else "idle"
         how = request.answered.get(rank, ("", 0.0))[0]
         return {"done": f"finished {request.what}", "": f"in {request.what}",
                 "interrupted": f"interrupted in {request.what}"}.get(how, f"failed in {request.what}")
+
+    @property
+    def session_status(self) -> str:
+        """A session's run in a session's words: ``forming`` (its ranks start), ``ready``,
+        ``running`` (a request is in flight), ``ended`` (a rank failed, a stall was named, it was
+        stopped: ``session.restart()`` forms it again) or ``closed`` (``session.close()``).
+
+        >>> RunState(status=RunStatus.RUNNING).session_status, RunState(status=RunStatus.SUCCEEDED).session_status
+        ('ready', 'closed')
+        """
+        if self.status == RunStatus.STARTING:
+            return "forming"
+        if self.status == RunStatus.RUNNING:
+            return "running" if self.request is not None else "ready"
+        return "closed" if self.status == RunStatus.SUCCEEDED else "ended"
 
     @property
     def failed_cell(self) -> Optional[CellRecord]:

@@ -24,7 +24,7 @@ from ..core.errors import NoCheckpointError
 from ..core.rundir import RunDir, check_private_file, check_private_folder, default_run_root, latest_checkpoint
 from ..transfer import pickling
 from ..transfer.packing import Packed
-from .options import LaunchOptions, RunSettings
+from .options import CallMode, LaunchOptions, RunSettings
 
 __all__ = ["KeptCall", "keep_call", "read_call", "checkpoint_to_resume", "KEEP_LIMIT"]
 
@@ -46,8 +46,8 @@ def keep_call(directory: RunDir, payload: Packed, options: LaunchOptions, settin
     """Keep the call of the run in ``directory`` for a retry after the notebook is gone, its tensors
     and arrays by value; False when it is larger than ``KEEP_LIMIT`` or cannot be kept (a recipe
     setting that does not pickle)."""
-    if len(payload.data) + payload.shared_bytes > KEEP_LIMIT:
-        return False
+    if len(payload.data) + payload.shared_bytes > KEEP_LIMIT or settings.mode == CallMode.SESSION:
+        return False  # (a session's run is formed by its session, never retried without it)
     try:
         # Neither a cluster's client, a tracker object nor an Optuna trial outlives the notebook.
         names = tuple(t for t in options.report_to or () if isinstance(t, str)) or None

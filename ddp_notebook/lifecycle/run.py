@@ -670,7 +670,9 @@ class Run:
             raise DDPNotebookError(f"run {self.id} is still {self.state.status} in another notebook process: stop it "
                                    "there (%ddp_stop in that notebook) or let it end, then retry it here")
         if self._restart is None:
-            raise DDPNotebookError(f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
+            raise DDPNotebookError(f"run {self.id} held a session's ranks: ddp_notebook.session() forms a new session"
+                                   if self.state.origin == "session" else
+                                   f"run {self.id} was loaded from disk and cannot be retried: its call (the function "
                                    f"and its arguments) was not kept there, as calls over {KEEP_LIMIT // 2**20} MB "
                                    "are not; launch it again (fit(..., resume_from=run) goes on from its checkpoint)")
         if self._executor is None and "engines" not in changes:
@@ -713,16 +715,14 @@ class Run:
             ``resume=True`` but this run saved no checkpoint.
         """
         check_flag("resume", resume)
-        causing = self.state.causing_ranks
-        keep = [d for rank, d in enumerate(self.devices) if rank not in causing]
+        keep = [d for rank, d in enumerate(self.devices) if rank not in self.state.causing_ranks]
         if not keep:
             raise DDPNotebookError(f"every device of run {self.id} failed; choose a device with retry(device=...)")
         return self.retry(devices=keep, resume=resume)
 
     def _retry_device(self) -> Device:
         """The device ``retry()`` picks: the main one unless it caused the failure."""
-        causing = self.state.causing_ranks
-        return next((d for rank, d in enumerate(self.devices) if rank not in causing), self.devices[0])
+        return next((d for r, d in enumerate(self.devices) if r not in self.state.causing_ranks), self.devices[0])
 
     # ---- what torch.multiprocessing's ProcessContext offers ---------------------------------------
     def join(self, timeout: Optional[float] = None, grace_period: Optional[float] = None) -> bool:

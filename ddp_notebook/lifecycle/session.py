@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import sys
 import threading
@@ -45,9 +46,9 @@ from ..core.errors import (
     SessionInterrupted,
 )
 from ..core.events import EventKind, cell_file_name
-from ..core.failures import WorkerFailure
+from ..core.failures import WorkerFailure, ranks_text
 from ..core.probes import Probe
-from ..core.state import RunStatus
+from ..core.state import RunState, RunStatus
 from ..core.validation import InvalidDevicesError
 from .call import Call
 from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
@@ -67,10 +68,10 @@ from .session_exchange import (
     unsent_error,
 )
 from .session_failures import cell_error, failures_of, push_hint
-from .session_state import SessionRecord, SessionState, format_session, ranks_text, value_text
+from .session_state import SessionRecord, value_text
 
 __all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session", "set_current_session",
-           "show_sessions_with", "RANK_NAMES", "INTERRUPT_GRACE"]
+           "show_sessions_with", "session_of", "RANK_NAMES", "INTERRUPT_GRACE"]
 
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
@@ -78,6 +79,7 @@ END_WAIT = 30.0
 _POLL = 0.1
 
 _current: Optional[Session] = None
+_sessions: weakref.WeakSet[Session] = weakref.WeakSet()  # every session of this process not yet collected
 # How a session shows itself in IPython (``_ipython_display_``): set by the front end (``ui``),
 # which shows its live view in a notebook and returns True; otherwise the session shows its text.
 ShowSession = Callable[["Session"], bool]
@@ -88,6 +90,12 @@ def show_sessions_with(hook: Optional[ShowSession]) -> None:
     """Set how a session displayed in IPython shows (the front end calls this once)."""
     global _show_session
     _show_session = hook
+
+
+def session_of(run: Any) -> Optional[Session]:
+    """The session whose ranks ``run`` holds now (None: ``run`` is no session's, or its session
+    has been formed again since, or collected): what a view of the run asks to interrupt a cell."""
+    return next((s for s in list(_sessions) if s._run is run), None)
 
 
 def current_session() -> Optional[Session]:
@@ -146,21 +154,16 @@ class Session:
         self._busy = threading.Lock()  # held while a request is in flight (one at a time)
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
         self._closing = False  # close() is stopping a cell run without blocking
-        self._record = SessionRecord(self)  # what the view reads: state, subscribe, interrupt
+        self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         weakref.finalize(self, _close_ranks, self._formed)
+        _sessions.add(self)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, parent: Optional[Run] = None) -> None:
+        """Form the ranks (a new run; ``parent``: the run this one follows, formed again)."""
         self._closing = False
-        self._record.set_forming(True)
-        try:
-            self._form()
-        finally:
-            self._record.set_forming(False)
-
-    def _form(self) -> None:
         strict = self.options.stall_timeout
         is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
         heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
@@ -169,10 +172,11 @@ class Session:
             # Its record names it a session, with no config; its ranks' answers come to ``answers``.
             # The ranks run the session's loop (its call has no function): CallMode.SESSION.
             settings = RunSettings(mode=CallMode.SESSION, origin="session", answers=lambda *answer: answers.put(answer))
-            self._run = run = start_run(Call(None, (heartbeat,)), self._spec, self.options, settings, probe=self._probe)
+            self._run = run = start_run(Call(None, (heartbeat,)), self._spec, self.options, settings, parent=parent,
+                                        probe=self._probe)
+            run._restart = functools.partial(_form_again_for, weakref.ref(self))  # its retry forms the session again
             self._formed[:] = [run]
-            mine = weakref.ref(self)  # the run must not keep the session alive (its finalizer ends the ranks)
-            run.subscribe(lambda event: _on_run_event(mine, answers, event))
+            run.subscribe(lambda event: _on_run_event(answers, event))  # (never the session: its finalizer ends ranks)
             self._ended, self._closed = None, False
             # Every rank says hello once the run has started (the fork server, the process group).
             if not hellos(answers, len(run.devices), lambda: run.done):
@@ -205,13 +209,15 @@ class Session:
         return not self._closed and self._run is not None and not self._run.done and self._ended is None
 
     def __repr__(self) -> str:
-        return format_session(self.state)
+        state = self.state
+        return (f"<Session {state.run_id or '-'} {state.session_status} on {', '.join(self.devices) or '-'}"
+                f"{f', {state.cells} cells run' if state.cells else ''}>")
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": repr(self)}
 
     def _ipython_display_(self) -> None:
-        """Its live view in a notebook (what the front end registered), its text elsewhere."""
+        """Its run's view (what the front end registered), else its repr."""
         if _show_session is not None and _show_session(self):
             return
         from IPython.display import display
@@ -220,32 +226,19 @@ class Session:
 
     # ---- what front ends read ---------------------------------------------------------------------
     @property
-    def state(self) -> SessionState:
-        """What the session is doing now, as plain data (a snapshot, safe to read from any thread):
-        its ranks and their state, the request running, the last outcome, why it ended.
+    def state(self) -> RunState:
+        """What the session is doing now: its run's state (``current_run.state``), which holds
+        its ranks, the request in flight (``request``), how the last one ended
+        (``last_request``), its cells (``cell_records``) and, once it has ended, why
+        (``root_failure``); ``session_status`` says it in a word. ``current_run.subscribe``
+        says when it changes.
 
         Returns
         -------
-        SessionState
-            A frozen snapshot; ``subscribe`` says when it changes.
+        RunState
+            The state of the run that holds the ranks (an empty one while none does).
         """
-        return self._record.state()
-
-    def subscribe(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` at each change of :attr:`state` (a request starts or ends, a rank
-        replies, its run reports), from whatever thread made the change; it must return quickly.
-
-        Parameters
-        ----------
-        callback : callable
-            Called without arguments.
-
-        Raises
-        ------
-        ArgumentsError
-            ``callback`` is not callable.
-        """
-        self._record.subscribe(callback)
+        return self._run.state if self._run is not None else RunState()
 
     def interrupt(self) -> bool:
         """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell
@@ -362,13 +355,12 @@ class Session:
         self._wait_end(END_WAIT)
         try:
             self._run = None
-            self._start()
+            self._start(parent=old)
         except Exception as e:  # noqa: BLE001 - said in the error the notebook sees, with the way out
             if self._run is None:
                 self._run = old
             self._ended = SessionEndedError(f"{reason}; forming the session again failed: {e}. session.restart() tries "
                                             "again")
-            self._record.changed()
             return f"Forming the session again failed: {e}. session.restart() tries again."
         new = self._run.id if self._run is not None else "-"
         return (f"The session was formed again on {', '.join(self.devices)} as run {new} (after run {old.id}): the "
@@ -413,7 +405,6 @@ class Session:
         assert self._run is not None
         error = SessionEndedError(self._end_text(what, extra), self._run.root_failure, self._run.failures)
         self._ended = error
-        self._record.changed()
         return error
 
     # ---- the API ---------------------------------------------------------------------------------
@@ -496,7 +487,7 @@ class Session:
             raise self._busy_error()
 
     def _busy_error(self) -> SessionBusyError:
-        doing = self._record.state().current
+        doing = self.state.request
         what = doing.what if doing is not None else "a cell"
         return SessionBusyError(f"the session is still running {what} (run without blocking): wait for it "
                                 "(future.result()), or stop it (Stop in the session's view, or session.interrupt())")
@@ -653,7 +644,6 @@ class Session:
             if not run.done:
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
-        self._record.changed()
 
     def restart(self, devices: Optional[DeviceSpec] = None, without_failed: bool = False) -> Session:
         """Form the session again (a new run; the ranks' namespaces are lost): on the same devices,
@@ -695,11 +685,12 @@ class Session:
                 raise InvalidDevicesError(report)
         lost = self._run is not None and not self._closed and self._ended is None and not self._run.done
         self.close()
-        old = self._run.id if self._run is not None else None
+        before = self._run
+        old = before.id if before is not None else None
         if devices is not None:
             self._spec = devices
         self._run = None
-        self._start()
+        self._start(parent=before)
         self._closed = False
         print(f"Session formed again on {', '.join(self.devices)}"
               + (f" (run {self._run.id}, after {old})" if old and self._run is not None else "")
@@ -723,14 +714,23 @@ class Session:
         return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
 
 
-def _on_run_event(session: weakref.ref[Session], answers: Answers, event: dict[str, Any]) -> None:
-    """An event of a session's run: a rank's end goes to the request in flight (it is over); any
-    event may change what the session's view shows."""
+def _on_run_event(answers: Answers, event: dict[str, Any]) -> None:
+    """An event of a session's run: a rank's end goes to the request in flight (it is over)."""
     if event.get("kind") == EventKind.EXITED:
         answers.put((event.get("rank", -1), {"op": "exited"}, None))
+
+
+def _form_again_for(session: weakref.ref[Session], devices: DeviceSpec, options: LaunchOptions,
+                    settings: RunSettings, parent: Run) -> Run:
+    """A session's run retried (``run.retry()``, Re-form in its view): its session formed again
+    on ``devices`` (a session's options stay its own); the new run."""
     s = session()
-    if s is not None:
-        s._record.changed()
+    if s is None or s._run is not parent:
+        raise DDPNotebookError(f"run {parent.id} was a session's that has been formed again or closed since: "
+                               "ddp_notebook.session(...) or %ddp_session forms a new one")
+    s.restart(devices=devices)
+    assert s._run is not None
+    return s._run
 
 
 def _close_ranks(formed: list[Run]) -> None:

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from ..core.errors import CellError
-from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures
+from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures, ranks_text
 from .cell_phase import INTERRUPT_GRACE, Gathered
 from .session_exchange import loaded_value
-from .session_state import ranks_text
 
 __all__ = ["failures_of", "cell_error", "push_hint"]
 

@@ -8,17 +8,20 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Optional
 
-from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, worker_name
-from ..core.state import TRAIN_LOSS, VALID_LOSS, train_loss_of, valid_loss_of
+from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, ranks_text, worker_name
+from ..core.state import TRAIN_LOSS, VALID_LOSS, CellRecord, train_loss_of, valid_loss_of
 from ..core.tracebacks import file_name, name_cells_in
 from ..core.validation import ValidationReport
 from .text import format_duration, format_metric
 
-__all__ = ["report_html", "failure_card_html", "hint_for", "STATUS_COLORS"]
+__all__ = ["report_html", "failure_card_html", "cell_card_html", "hint_for", "cell_hint", "STATUS_COLORS"]
 
 STATUS_COLORS = {
     "starting": "#6c757d", "running": "#0d6efd", "succeeded": "#198754", "failed": "#dc3545",
     "stopped": "#fd7e14",
+    # a session's, and its ranks' (RunState.session_status, session_activity)
+    "forming": "#6c757d", "ready": "#198754", "idle": "#198754", "finished": "#0aa2c0", "interrupted": "#fd7e14",
+    "ended": "#495057", "closed": "#6c757d",
 }
 RED = "#dc3545"
 ORANGE = "#fd7e14"
@@ -123,11 +126,14 @@ def locals_html(failure: WorkerFailure) -> str:
     return "".join(html)
 
 
-def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], healthy: Sequence[str] = ()) -> str:
-    """The red card: headline, hint, traceback and stderr tail (collapsible), knock-on failures."""
+def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], healthy: Sequence[str] = (),
+                      hint: Optional[str] = None) -> str:
+    """The red card: headline, hint (``hint_for``'s unless given), traceback and stderr tail
+    (collapsible), knock-on failures."""
+    hint = hint if hint is not None else hint_for(root, healthy)
     parts = [f'<div class="ddp-failure" style="border-left:4px solid {RED};padding:4px 10px;background:#fff5f5">',
              f'<div style="color:{RED};font-weight:bold">{escape(root.headline())}</div>',
-             f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint_for(root, healthy))}</div>']
+             f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint)}</div>']
     if root.traceback:
         parts.append(f"<details open><summary>{escape(root.traceback_title().rstrip(':'))}</summary>"
                      f"<pre>{escape(name_cells_in(root.traceback))}</pre></details>")
@@ -143,6 +149,28 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
                          f"{escape(f.summary())}</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def cell_card_html(cell: CellRecord) -> str:
+    """A session's failed cell as a run's failure card (the failed rank's traceback and locals),
+    with a session's hint (``cell_hint``)."""
+    root = cell.failures[0]
+    return failure_card_html(root, cell.failures, hint=cell_hint(root, sorted({f.rank for f in cell.failures})))
+
+
+def cell_hint(root: WorkerFailure, raised: Sequence[int]) -> str:
+    """What to do after a session's cell failed on some ranks: the session goes on, so fix the
+    cell and run it again; where only some ranks raised, what they held tells why.
+
+    >>> f = WorkerFailure(rank=1, device="cpu:1", kind="exception", time=0.0, exc_type="ValueError")
+    >>> cell_hint(f, [1])[:72]
+    'Only rank 1 raised it: compare what it held (its locals below) with the '
+    """
+    again = "fix the cell and run it again: the session goes on, its namespaces kept."
+    if root.same_on:
+        return f"Every rank raised this same error: it comes from the cell's code or data; {again}"
+    return (f"Only {ranks_text(raised)} raised it: compare what it held (its locals below) with the other ranks' "
+            f"(a shape, dtype or device that differs by rank is the usual cause); {again}")
 
 
 # ---- the epoch table ----------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from ..recipes.fit import fit
 from . import display
 from .comparison import compare
 from .display import show_report, show_run
-from .text import format_bytes, format_run, format_runs
+from .text import format_bytes, format_run, format_runs, request_text
 
 __all__ = ["DDPMagics", "load_ipython_extension", "unload_ipython_extension", "start_target"]
 
@@ -473,7 +473,7 @@ class DDPMagics(Magics):
         run_id = _parse(self.ddp_debug, line).run
         cell = self._failed_cell() if run_id is None else None
         if cell is not None:  # the kernel's session had a cell fail after the last run ended
-            print(f"Session: {cell.text()}")
+            print(f"Session: {request_text(cell)}")
             _print_locals([f for f in cell.failures if f.locals_frames])
             return
         run = _run("ddp_debug", run_id)
@@ -494,16 +494,14 @@ class DDPMagics(Magics):
         """The last failed ``%%ddp`` cell of the kernel's session (``_ddp_session``) when nothing
         ended since: no run ended after it (the session's own run aside)."""
         session = self.user_ns.get("_ddp_session")
-        state = getattr(session, "state", None)
-        cell = getattr(state, "last_failure", None)
-        if cell is None or not cell.failures:
+        current = getattr(session, "current_run", None)
+        cell = current.state.failed_cell if current is not None else None
+        if cell is None:
             return None
         run = last_run()
-        current = getattr(session, "current_run", None)
-        if run is not None and run is not current and (run.state.ended_at or time.time()) > cell.ended_at:
+        if run is not None and run is not current and (run.state.ended_at or time.time()) > cell.time:
             return None
         return cell
-
 
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run)")

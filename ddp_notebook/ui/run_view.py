@@ -5,12 +5,21 @@ step/epoch/loss/rate/elapsed, last output line), a loss plot, the failure card w
 buttons, and each rank's output. It needs only ``state`` and ``subscribe`` of what it shows: a
 ``Run``, or a ``core.stream.EventStream`` fed by hand (a log read from disk, a test).
 
+A session's run is shown as a session: each rank's row says what it does in the session (idle,
+in cell 3 on a ticking clock, failed in cell 3), a line says the request in flight or how the
+last one ended, a failed cell's card holds the failed rank's locals, Stop interrupts a cell run
+without blocking (a blocking cell holds the kernel, where a click would wait for its end: the
+line says Kernel → Interrupt stops it), and once the session has ended its card re-forms it
+(``Run.retry`` of a session's run forms its session again).
+
 Widget attributes are set from the refresher thread: ipywidgets sends those updates while a
 cell runs, whereas button clicks wait until the kernel is idle, which is why launches return
 at once.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import threading
 import time
@@ -24,16 +33,28 @@ import ipywidgets as widgets
 from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
 from ..core.state import RunState, RunStatus, WorkerStatus, train_loss_of, valid_loss_of
+from ..lifecycle.session import session_of
 from .html import (
     ORANGE,
     RED,
     badge,
+    cell_card_html,
     epoch_table_html,
     failure_card_html,
     liveness_html,
 )
 from .loss_plot import LossPlot, epoch_plot_png
-from .text import format_data, format_duration, format_memory, format_metric, format_rate, format_run, session_line
+from .text import (
+    format_data,
+    format_duration,
+    format_memory,
+    format_metric,
+    format_rate,
+    format_run,
+    request_text,
+    session_lines,
+    session_rank_text,
+)
 
 __all__ = ["RunView", "FullText", "StartGuard", "last_output"]
 
@@ -127,12 +148,14 @@ class _Row:
         self.last = widgets.HTML(layout=widgets.Layout(flex="1 1 0", min_width="0"))
         self.detail = widgets.HTML(layout=widgets.Layout(margin=f"-4px 0 0 {NAME_WIDTH + 4}px", min_width="0",
                                                         height="auto"))
-        for widget, name in ((self.text, "ddp-progress"), (self.detail, "ddp-detail"), (self.last, "ddp-last")):
+        for widget, name in ((self.text, "ddp-progress"), (self.detail, "ddp-detail"), (self.last, "ddp-last"),
+                             (self.badge, "ddp-rank-status")):
             widget.add_class(name)  # stable hooks for browser tests
         line = widgets.HBox([self.name, self.badge, self.bar, self.text, self.last],
                             layout=widgets.Layout(flex_flow="row nowrap", align_items="center"))
         self.box = widgets.VBox([line, self.detail], layout=widgets.Layout(padding="1px 2px",
                                                                           border="1px solid transparent"))
+        self.box.add_class("ddp-rank")
 
 
 class StartGuard:
@@ -194,6 +217,7 @@ class RunView(FullText, widgets.VBox):
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",
                                           layout=widgets.Layout(width="90px", flex="0 0 auto"))
         self.stop_button.on_click(lambda _: self._stop())
+        self.stop_button.add_class("ddp-stop")
         self.rows: dict[int, _Row] = {}
         self.rows_box = widgets.VBox()
         self.plot = LossPlot()
@@ -204,10 +228,17 @@ class RunView(FullText, widgets.VBox):
         self.retry_single = widgets.Button(description="Retry on single device", button_style="primary",
                                            icon="redo", layout=widgets.Layout(width="210px"))
         self.retry_without = widgets.Button(description="Retry without the failed device", icon="redo",
-                                            layout=widgets.Layout(width="250px"))
+                                            layout=widgets.Layout(width="270px"))
+        # A session's: formed again on its devices (its ranks' namespaces are lost, which the note says).
+        self.reform = widgets.Button(description="Re-form", icon="redo", button_style="primary",
+                                     layout=widgets.Layout(width="110px", display="none"))
+        self.reform.add_class("ddp-reform")
         self.retry_single.on_click(lambda _: self._retry(lambda: [self.retry_device.value]))
         self.retry_without.on_click(lambda _: self._retry(self._healthy_devices))
-        self.retry_box = widgets.HBox([self.retry_device, self.retry_single, self.retry_without])
+        self.reform.on_click(lambda _: self._retry(lambda: list(self.run.state.devices)))
+        self.retry_note = widgets.HTML()
+        self.retry_box = widgets.VBox([widgets.HBox([self.reform, self.retry_device, self.retry_single,
+                                                     self.retry_without]), self.retry_note])
         self.card_box = widgets.VBox([self.card, self.retry_box], layout=widgets.Layout(display="none"))
         self.outputs = widgets.Tab()
         self.output_box = widgets.Accordion(children=[self.outputs], titles=("Output per device",),
@@ -227,6 +258,7 @@ class RunView(FullText, widgets.VBox):
         self._epochs_drawn: Any = None
         self._epochs_plotted_at = 0.0
         self._tick = 0
+        self._closed = False
         self._lock = threading.Lock()
         run.subscribe(lambda _event: self._dirty.set())
         # Followed unless what was drawn is final: a run may end between the drawing and this
@@ -237,7 +269,7 @@ class RunView(FullText, widgets.VBox):
 
     # ---- rendering -------------------------------------------------------------------------
     def _follow(self) -> None:
-        while True:
+        while not self._closed:
             self._dirty.wait(TICK_S)
             self._dirty.clear()
             self.refresh()
@@ -246,20 +278,28 @@ class RunView(FullText, widgets.VBox):
                 return
             time.sleep(REFRESH_S)  # throttle: one redraw per period, however many events came
 
-    def refresh(self, force_plot: bool = False) -> bool:
+    def close(self) -> None:
+        """Close the view (its widgets leave the notebook) and stop following its run."""
+        self._closed = True
+        self._dirty.set()
+        super().close()
+
+    def refresh(self, force_plot: bool = False, now: Optional[float] = None) -> bool:
         """Bring every widget in line with the run state (thread-safe); whether the state drawn
-        was the run's final one."""
+        was the run's final one. ``now``: the clock's time (default: the time now)."""
         with self._lock:
             state: RunState = self.run.state
             final = state.finished  # before drawing: nothing changes once the run has finished
-            now = time.time()
+            now = time.time() if now is None else now
             end = state.ended_at or now
             elapsed = f"{end - state.started_at:.1f} s" if state.started_at else ""
             etas = [e for e in (w.eta() for w in state.workers.values()) if e is not None]
             if etas and not state.finished:
                 elapsed += f" · ETA {format_duration(max(etas))}"
             # A retry says so, wherever it was started (the card, %ddp_retry, run.retry()).
-            retry = f"retry of {state.parent} on {','.join(state.devices)}" if state.parent else ""
+            session = state.origin == "session"
+            again = "formed again after" if session else "retry of"
+            retry = f"{again} {state.parent} on {','.join(state.devices)}" if state.parent else ""
             subtitle = self.subtitle or retry
             sub = f" — {escape(subtitle)}" if subtitle else ""
             if state.data is not None and (not state.data.sending or not state.finished):
@@ -269,10 +309,18 @@ class RunView(FullText, widgets.VBox):
             if state.report_to:
                 elapsed += f" · reports to {escape(', '.join(state.report_to))}"
             named = f" <b>{escape(state.name)}</b>" if state.name else ""
-            self.title.value = one_line(f"<b>Run</b>{named} <code>{escape(state.run_id)}</code>{sub} "
-                                        f"{badge(state.status)} on <code>{escape(','.join(state.devices))}</code> · "
-                                        f"{elapsed}")
-            self.stop_button.layout.display = "none" if state.finished else ""
+            if session:  # said by what it does, not by how long its run has lasted
+                elapsed = f"{state.cells} cell{'s' if state.cells != 1 else ''} run" if state.cells else ""
+            self.title.value = one_line(f"<b>{'Session' if session else 'Run'}</b>{named} "
+                                        f"<code>{escape(state.run_id)}</code>{sub} "
+                                        f"{badge(state.session_status if session else state.status)} on "
+                                        f"<code>{escape(','.join(state.devices))}</code>" + (f" · {elapsed}" if elapsed
+                                                                                          else ""))
+            request = state.request
+            # A session's Stop interrupts a cell run without blocking (a blocking one holds the kernel).
+            stoppable = not session or (request is not None and request.cell is not None and request.background)
+            self.stop_button.layout.display = "none" if state.finished or not stoppable else ""
+            self.stop_button.disabled = session and request is not None and request.interrupting
             if state.finished:
                 self.live.value = ""
             else:  # a new value every tick: what shows it knows the kernel still speaks (liveness_html)
@@ -285,13 +333,17 @@ class RunView(FullText, widgets.VBox):
                 for i, r in enumerate(self.rows):
                     self.outputs.set_title(i, f"rank {r} {state.workers[r].label}")
             failed_ranks = state.causing_ranks
+            last = state.last_request if state.request is None else None
             for r, row in self.rows.items():
-                self._render_row(row, state.workers[r], r in failed_ranks, now, state.session_activity(r))
+                activity = session_rank_text(state, r, now)
+                failed = next((f for f in last.failures if f.rank == r), None) if last and activity else None
+                self._render_row(row, state.workers[r], r in failed_ranks or failed is not None, now, activity,
+                                 failed.summary() if failed is not None else "")
             for i, r in enumerate(self.rows):
                 lines = [text for _stream, text in state.workers[r].output][-200:]
                 self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
             self._render_card(state)
-            self.note.value = self._note(state)
+            self.note.value = self._note(state, now)
             self._render_plot(state, now, force_plot)
             self._render_epochs(state, now, force_plot)
             return final
@@ -310,12 +362,12 @@ class RunView(FullText, widgets.VBox):
             out += [self.rows[r].box for r in ranks]
         return out
 
-    def _note(self, state: RunState) -> str:
+    def _note(self, state: RunState, now: float) -> str:
         trackers = "".join(f'<div class="ddp-tracker-note" style="color:{ORANGE}">{escape(note)}</div>'
                            for note in state.tracker_notes)  # a tracker missing, failing or behind: one line each
-        return trackers + self._run_note(state)
+        return trackers + self._run_note(state, now)
 
-    def _run_note(self, state: RunState) -> str:
+    def _run_note(self, state: RunState, now: float) -> str:
         if state.supervisor_error is not None:
             return (f'<span style="color:{RED}">ddp_notebook\'s supervision of this run failed: '
                     f"{escape(state.supervisor_error)}</span>")
@@ -329,14 +381,32 @@ class RunView(FullText, widgets.VBox):
         quiet = state.quiet_note
         if quiet is not None and not state.finished:  # who holds the others up, before any watchdog decides
             return f'<span class="ddp-quiet-run" style="color:{ORANGE}"><b>No progress:</b> {escape(quiet)}</span>'
-        session = session_line(state) if state.origin == "session" else ""
-        return f'<span class="ddp-session-line">{escape(session)}</span>' if session else ""
+        return self._session_note(state, now) if state.origin == "session" else ""
 
-    def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float, activity: Optional[str] = None) -> None:
+    def _session_note(self, state: RunState, now: float) -> str:
+        """What a session's run does now, or how its last request ended, and how it ended."""
+        colors = {"Last: ": {"ok": "#198754", "failed": RED, "interrupted": ORANGE}.get(
+            state.last_request.status if state.last_request else "", "#6c757d"), "Last failure: ": RED}
+        lines = []
+        for line in session_lines(state, now):
+            color = next((c for start, c in colors.items() if line.startswith(start)), "")
+            lines.append(f'<div style="{WRAP};color:{color or "inherit"}">{escape(line)}</div>')
+        if state.session_status == "ended":
+            lines.append(f'<div style="{WRAP};color:{RED}"><b>Ended:</b> its ranks are gone; Re-form below forms the '
+                         "session again (its namespaces are lost).</div>")
+        elif state.session_status == "closed":
+            lines.append(f'<div style="{WRAP}"><i>Closed: its ranks have left; ddp_notebook.session(...) or '
+                         "%ddp_session forms a new one.</i></div>")
+        return f'<div class="ddp-activity">{"".join(lines)}</div>'
+
+    def _render_row(self, row: _Row, w: Any, caused_failure: bool, now: float, activity: Optional[str] = None,
+                    failure: str = "") -> None:
         # A session's rank says what it does in the session (idle between cells is no stall): a
-        # word in the badge, the request on the line.
+        # word in the badge, the request on the line, its clock the request's.
         shown = {"in": "running"}.get(activity.split()[0], activity.split()[0]) if activity else w.shown_status
         row.badge.value = badge(shown, ORANGE if w.shown_status == "knock-on" else None)
+        # A session's rank has no steps unless a cell logs them: no bar until then (its column stays).
+        row.bar.layout.visibility = "hidden" if activity is not None and not w.total else "visible"
         if w.total:
             row.bar.value = min(1.0, (w.step or 0) / w.total)
         elif w.status == "succeeded":
@@ -344,19 +414,22 @@ class RunView(FullText, widgets.VBox):
         row.bar.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning",
                              "knock-on": "warning"}.get(w.shown_status, "info")
         # The first line: where the rank is and for how long (what every row has, in its column).
-        bits: list[str] = [activity] if activity and activity != "idle" else []
+        bits: list[str] = [activity] if activity and activity not in ("idle", "closed") else []
         if w.step is not None:
             bits.append(f"step {w.step}/{w.total}" if w.total else f"step {w.step}")
         if w.epoch is not None:
             bits.append(w.epoch_text)
         if w.status == "running" and format_rate(w):
             bits.append(format_rate(w))
-        if w.started_at:
+        if activity is not None and w.pid:
+            bits.append(f"pid {w.pid}")
+        elif w.started_at and activity is None:
             bits.append(format_duration((w.ended_at or now) - w.started_at))
         text = " · ".join(bits)
         row.text.value = one_line(escape(text), text)
         # The second line: what the rank says of its training, all of it (names and values come from the run).
-        detail: list[str] = []
+        detail: list[str] = [f'<span class="ddp-cell-error" style="color:{RED}">{escape(failure)}</span>'] \
+            if failure else []
         silent = w.silent_for(now) if activity is None else None
         if silent is not None:
             detail.append(f'<b style="color:{ORANGE}">no progress for {format_duration(silent)}</b>')
@@ -416,10 +489,17 @@ class RunView(FullText, widgets.VBox):
 
     def _render_card(self, state: RunState) -> None:
         root = state.root_failure
-        if root is None:
+        session = state.origin == "session"
+        reform = session and state.session_status == "ended"  # re-formed from its card, whatever ended it
+        if root is not None:
+            self.card.value = failure_card_html(root, state.failures, state.healthy_devices)
+        elif session and state.failed_cell is not None:  # the session goes on: fix the cell, run it again
+            self.card.value = self._cell_card(state)
+        elif reform:
+            self.card.value = ""
+        else:
             self.card_box.layout.display = "none"
             return
-        self.card.value = failure_card_html(root, state.failures, state.healthy_devices)
         options = list(state.devices)
         self.retry_device.options = options
         default = self._default_retry_device()
@@ -427,11 +507,31 @@ class RunView(FullText, widgets.VBox):
             self.retry_device.value = default
         # Off while a retry started here goes on: one run per click sequence.
         has_retry = self.on_retry is not None and state.finished and not self.retries.busy
-        self.retry_single.disabled = not has_retry
+        self.reform.disabled = self.retry_single.disabled = not has_retry
         self.retry_without.disabled = not has_retry or not self._healthy_devices()
+        self.retry_single.description = "Re-form on one device" if session else "Retry on single device"
+        self.retry_without.description = f"{'Re-form' if session else 'Retry'} without the failed device"
         # No device advice for a failure that any device would repeat: the hint says to fix the code.
-        self.retry_box.layout.display = "none" if root.from_code else ""
+        devices = root is not None and not root.from_code
+        for widget in (self.retry_device, self.retry_single, self.retry_without):
+            widget.layout.display = "" if devices else "none"
+        self.reform.layout.display = "" if reform else "none"
+        self.retry_note.value = (f"<i>Re-form forms the session again on <code>{escape(', '.join(state.devices))}"
+                                 "</code>: new ranks and a new process group; <b>the ranks' namespaces are lost</b> "
+                                 "(what cells defined and what was pushed).</i>") if reform else ""
+        self.retry_box.layout.display = "" if reform or (devices and not session) else "none"
         self.card_box.layout.display = ""
+
+    @staticmethod
+    def _cell_card(state: RunState) -> str:
+        """A session's last failed cell: its card open while nothing ran after it, else folded
+        under a line that names it (the cells after a failure are often the ones that look into it)."""
+        failed = state.failed_cell
+        assert failed is not None
+        if failed is state.last_request and state.request is None:
+            return cell_card_html(failed)
+        return (f'<details class="ddp-last-failure"><summary style="color:{RED}">Last failure: '
+                f"{escape(request_text(failed))}</summary>{cell_card_html(failed)}</details>")
 
     def _render_plot(self, state: RunState, now: float, force: bool) -> None:
         # What is drawn changes with each closed bin and with the open one (the latest steps).
@@ -455,27 +555,40 @@ class RunView(FullText, widgets.VBox):
             return
         on_retry = self.on_retry
 
+        session = self.run.state.origin == "session"
+        said = io.StringIO()  # what forming a session again prints: said here, where it was clicked
+
         def begin() -> Any:
             chosen = devices()
-            return on_retry(chosen) if chosen else None
+            with contextlib.redirect_stderr(said) if session else contextlib.nullcontext():
+                return on_retry(chosen) if chosen else None
 
         try:
             run, refused = self.retries.start(begin)
         except DDPNotebookError as e:
-            self.message.value = f'<span style="color:{RED}">{escape(str(e))}</span>'
+            failed = "Re-form failed: " if session else ""
+            self.message.value = f'<span style="color:{RED}">{failed}{escape(str(e))}</span>'
             return
         if refused:
             self.message.value = f'<span style="color:{RED}">{escape(refused)}</span>'
         if run is None:
             return
-        self.message.value = ""
-        self.retry_single.disabled = self.retry_without.disabled = True
+        self.message.value = "" if not session else (
+            f'<span class="ddp-reformed" style="color:#198754">{escape(said.getvalue().strip())}; its view is below.'
+            "</span>")
+        self.reform.disabled = self.retry_single.disabled = self.retry_without.disabled = True
         # On again once it ends (this view may no longer follow its own run, which has ended).
         run.subscribe(lambda event: self.refresh() if event.get("kind") == EventKind.RUN_FINISHED else None)
         if run.state.finished:  # it ended before it was subscribed to
             self.refresh()
 
     def _stop(self) -> None:
+        if self.run.state.origin == "session":  # a cell run without blocking, not the session
+            session = session_of(self.run)
+            if session is None or not session.interrupt():
+                self.message.value = "<i>Nothing to stop: no cell is running.</i>"
+            self.refresh()
+            return
         stop = getattr(self.run, "stop", None)
         if stop is not None:
             stop()
@@ -488,15 +601,20 @@ class RunView(FullText, widgets.VBox):
         table = epoch_table_html(main.epoch_history, main.epochs, last) if main is not None else ""
         root = state.root_failure
         card = failure_card_html(root, state.failures, state.healthy_devices) if root is not None else ""
-        return f'<div class="ddp-fallback"><pre>{escape(format_run(state))}</pre>{table}{card}</div>'
+        if root is None and state.origin == "session" and state.failed_cell is not None:
+            card = cell_card_html(state.failed_cell)
+        # Not redrawn as time passes: a session's request says since when it runs, not for how long.
+        return f'<div class="ddp-fallback"><pre>{escape(format_run(state, frozen=True))}</pre>{table}{card}</div>'
 
     def status_key(self) -> tuple:
         """What changes at a status change, and not at every report: the run's status, its
         workers', its failures and finished epochs (a display's fallback is sent again then)."""
         state: RunState = self.run.state
         main = state.workers.get(0)
+        request, last = state.request, state.last_request  # (a session's)
         return (str(state.status), tuple(w.shown_status for w in state.workers.values()), len(state.failures),
-                len(main.epoch_history) if main is not None else 0, state.stop_reason)
+                len(main.epoch_history) if main is not None else 0, state.stop_reason,
+                request.what if request else None, (last.what, last.status) if last else None)
 
     def __repr__(self) -> str:
         return format_run(self.run.state)

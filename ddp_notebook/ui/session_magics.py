@@ -7,6 +7,7 @@ import argparse
 import re
 import sys
 import traceback
+import weakref
 from concurrent.futures import Future
 from typing import Any, Optional, Union
 
@@ -25,8 +26,9 @@ from ..core.errors import (
 )
 from ..core.validation import InvalidDevicesError
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
-from .display import in_notebook
+from .display import display_kept_current, in_notebook
 from .magics import _device_list, _parse, _stall_setting
+from .text import format_run
 
 __all__ = ["SessionMagics", "SESSION_MAGICS", "show_session_view"]
 
@@ -64,24 +66,30 @@ def _rank_choice(text: str) -> Union[list[int], slice]:
 
 
 def show_session_view(value: Session) -> bool:
-    """A session displayed in a notebook shows its live view (the hook of
-    ``Session._ipython_display_``); elsewhere, False: it shows its text."""
-    if not in_notebook():
+    """A session shows as its run's view (the hook of ``Session._ipython_display_``): the live
+    panel in a notebook, where Re-form shows the new run below; its text elsewhere. False when
+    no run holds its ranks (its repr shows)."""
+    run = value.current_run
+    if run is None:
         return False
-    from .session_view import show_session  # ipywidgets: only in a notebook
+    if not in_notebook():
+        print(format_run(run.state))
+        return True
+    from .panel import DDPPanel  # ipywidgets: only in a notebook
 
-    show_session(value, on_reform=_follow_reform)
+    mine = weakref.ref(value)  # a view never keeps its session alive (its finalizer ends the ranks)
+    display_kept_current(DDPPanel(run, on_start=lambda new: _follow_reform(mine(), new)))
     return True
 
 
-def _follow_reform(value: Session) -> None:
+def _follow_reform(value: Optional[Session], run: Any) -> None:
     """After a Re-form in a view, the notebook's ``_ddp_run`` is the current session's new run."""
-    if current_session() is value:
+    if value is not None and current_session() is value:
         from IPython import get_ipython
 
         shell = get_ipython()
         if shell is not None:
-            shell.user_ns["_ddp_run"] = value.current_run
+            shell.user_ns["_ddp_run"] = run
 
 
 show_sessions_with(show_session_view)
@@ -143,7 +151,9 @@ class SessionMagics(Magics):
         spec = _device_list(args.devices)
         if current is not None and not current.alive and spec is None and args.stall_timeout is None:
             # It ended (a rank died, a stall): shown with why, as the line asks; forming it again is asked apart.
-            print(f"{current.state.header()}: %ddp_session --restart forms it again on {', '.join(current.devices)} "
+            state = current.state
+            print(f"Session {state.run_id} {state.session_status}: %ddp_session --restart forms it again on "
+                  f"{', '.join(current.devices)} "
                   "(its namespaces were lost with its ranks), --restart DEVICES on others.")
             show_session_view(current)
             return

@@ -15,10 +15,12 @@ from typing import Any, Optional
 
 from ..core.console import one_line
 from ..core.experiment import differing
-from ..core.state import DataState, RunState, WorkerState
+from ..core.failures import ranks_text
+from ..core.state import CellRecord, DataState, RunState, WorkerState
 
 __all__ = ["format_worker", "format_run", "format_metric", "format_rate", "format_duration", "format_bytes",
-           "format_data", "format_runs", "format_memory", "ended_because"]
+           "format_data", "format_runs", "format_memory", "ended_because", "format_clock",
+           "session_rank_text", "session_lines", "request_text"]
 
 
 SHARE_HINT_FROM = 10**9
@@ -123,8 +125,8 @@ def format_memory(w: WorkerState) -> str:
 
 
 def format_worker(w: WorkerState, now: Optional[float] = None, activity: Optional[str] = None) -> str:
-    """One rank in a line; ``activity``: what a session's rank does (``RunState.session_activity``),
-    said instead of its status (a rank idle between cells makes no progress, and that is fine)."""
+    """One rank in a line; ``activity``: what a session's rank does (``session_rank_text``), said
+    instead of its status (a rank idle between cells makes no progress, and that is fine)."""
     name = f"rank {w.rank} {w.label}" + (" (main)" if w.is_main else "")
     parts = [f"{name:<19} {activity or w.shown_status:<10}"]
     if w.step is not None:
@@ -147,8 +149,11 @@ def format_worker(w: WorkerState, now: Optional[float] = None, activity: Optiona
     return " ".join(parts).rstrip()
 
 
-def format_run(state: RunState, now: Optional[float] = None) -> str:
-    """Several lines: the run's status, one line per rank, the root failure if any."""
+def format_run(state: RunState, now: Optional[float] = None, frozen: bool = False) -> str:
+    """Several lines: the run's status, one line per rank, the root failure if any; for a
+    session's run, what runs now and how the last request ended. ``frozen``: for a text not
+    redrawn as time passes (a notebook without widgets), a session's request says since when it
+    runs, not for how long."""
     now = time.time() if now is None else now
     end = state.ended_at or now
     elapsed = f" after {end - state.started_at:.1f} s" if state.started_at is not None else ""
@@ -161,10 +166,17 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     if state.data is not None and state.data.sending and not state.finished:
         status = format_data(state.data)
     named = f" {one_line(state.name)}" if state.name else ""
-    lines = [f"Run{named} {state.run_id} {status}{elapsed}{left} on {','.join(state.devices)} ({state.backend or '?'})"]
+    where = f"on {','.join(state.devices)} ({state.backend or '?'})"
+    session = state.origin == "session"
+    if session:  # a session is said by what it does (ready, running a cell), not how long its run has lasted
+        cells = f", {state.cells} cell{'' if state.cells == 1 else 's'} run" if state.cells else ""
+        lines = [f"Session{named} {state.run_id} {status if stopping else state.session_status} {where}{cells}"]
+    else:
+        lines = [f"Run{named} {state.run_id} {status}{elapsed}{left} {where}"]
     if state.data is not None and not state.data.sending:
         lines.append("  " + format_data(state.data))
-    lines += ["  " + format_worker(state.workers[r], now, state.session_activity(r)) for r in sorted(state.workers)]
+    lines += ["  " + format_worker(state.workers[r], now, session_rank_text(state, r, now, frozen))
+              for r in sorted(state.workers)]
     root = state.root_failure
     if root is not None:
         lines.append("  " + one_line(root.headline()))  # (its message is the worker's)
@@ -173,45 +185,115 @@ def format_run(state: RunState, now: Optional[float] = None) -> str:
     if state.supervisor_error is not None:
         lines.append(f"  ddp_notebook's supervision of this run failed: {state.supervisor_error}")
     lines += [f"  tracker: {one_line(note)}" for note in state.tracker_notes]
-    if state.origin == "session" and session_line(state, now):
-        lines.append("  " + session_line(state, now))
-    if state.origin == "session" and state.cells:
-        lines.append(f"  session: {state.cells} cell{'' if state.cells == 1 else 's'} run")
-        failed = state.failed_cell
-        if failed is not None:
-            lines.append("  " + one_line(f"cell {failed.cell} ({failed.first_line()}) failed: "
-                                         f"{failed.failures[0].headline()}"))
+    lines += ["  " + line for line in session_lines(state, now, frozen)]
     return "\n".join(lines)
 
 
-def session_line(state: RunState, now: Optional[float] = None) -> str:
-    """What a session's run does now, in one line: the request in flight (which ranks have
-    answered, whether they were asked to leave it), else how the last one ended ('' for none).
+def format_clock(seconds: float) -> str:
+    """A duration as a ticking clock shows it: tenths under a minute (a cell often takes 0.04 s),
+    then minutes and hours.
+
+    >>> format_clock(0.04), format_clock(12.34), format_clock(75), format_clock(3720)
+    ('0.0 s', '12.3 s', '1 min 15 s', '1 h 2 min')
+    """
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60)} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def _since(when: float) -> str:
+    return "since " + time.strftime("%H:%M:%S", time.localtime(when))
+
+
+def session_rank_text(state: RunState, rank: int, now: Optional[float] = None, frozen: bool = False) -> Optional[str]:
+    """What a session's rank does (``RunState.session_activity``) on its clock: ``in cell 3 for
+    2.0 s`` (``frozen``: since when), ``finished cell 3 in 0.5 s, waits``; None for a run that is
+    no session's, or has ended while its rank failed or was stopped.
 
     >>> s = RunState()
-    >>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"]})
+    >>> s.apply({"kind": "run_started", "time": 0.0, "devices": ["cpu:0", "cpu:1"], "origin": "session"})
     >>> s.apply({"kind": "request", "time": 1.0, "what": "cell 3", "cell": 3, "ranks": [0, 1]})
     >>> s.apply({"kind": "answered", "time": 1.5, "rank": 1, "status": "done"})
-    >>> session_line(s, now=3.0)
-    'session: running cell 3 on ranks 0, 1 for 2 s (rank 1 finished)'
+    >>> session_rank_text(s, 0, now=3.0), session_rank_text(s, 1, now=3.0)
+    ('in cell 3 for 2.0 s', 'finished cell 3 in 0.5 s, waits')
     """
+    activity = state.session_activity(rank)
+    request = state.request
+    if activity is None or request is None or rank not in request.ranks:
+        return activity
     now = time.time() if now is None else now
-    request, last = state.request, state.last_request
+    how, when = request.answered.get(rank, ("", now))
+    if how == "done":
+        return f"{activity} in {format_clock(when - request.started)}, waits"
+    if how:
+        return activity
+    return f"{activity} " + (_since(request.started) if frozen else f"for {format_clock(now - request.started)}")
+
+
+def request_text(record: CellRecord) -> str:
+    """How a session's request ended, in one line: ``cell 3 on ranks 0, 1: ok in 0.1 s ([rank 0]
+    1, [rank 1] 2)``, or what it raised and how long it took.
+
+    >>> request_text(CellRecord(3, [0, 1], "ok", "x", 0.0, 0.12, what="cell 3", values=["[rank 0] 1"]))
+    'cell 3 on ranks 0, 1: ok in 0.1 s ([rank 0] 1)'
+    """
+    took = format_clock(record.seconds)
+    if record.status == "failed" and record.failures:  # said from its data: a message may be stale when read back
+        root, code = record.failures[0], f" ({record.first_line()})" if record.code.strip() else ""
+        return one_line(f"{record.what}{code} failed on rank {root.rank} ({root.device}): {root.summary()} "
+                        f"(after {took})")
+    if record.status == "ok":
+        values = f" ({', '.join(record.values)})" if record.values else ""
+        return one_line(f"{record.what} on {ranks_text(record.ranks)}: ok in {took}{values}")
+    if record.status == "ended" or not record.message:  # why it ended is said by the run
+        return f"{record.what} on {ranks_text(record.ranks)}: {record.status} after {took}"
+    message = " ".join(one_line(record.message).split())
+    return f"{message} It took {took}." if message.endswith(".") else f"{message} (after {took})"
+
+
+def session_lines(state: RunState, now: Optional[float] = None, frozen: bool = False) -> list[str]:
+    """What a session's run does, in lines: the request in flight (which ranks have answered,
+    whether they were asked to leave it, what stops it, its first line of code), else how the
+    last one ended; and the last cell that failed, when it was not the last request ([] for a
+    run that is no session's).
+
+    >>> s = RunState()
+    >>> s.apply({"kind": "run_started", "time": 0.0, "run_id": "r1", "devices": ["cpu:0", "cpu:1"],
+    ...          "origin": "session"})
+    >>> s.apply({"kind": "request", "time": 1.0, "what": "cell 3", "cell": 3, "ranks": [0, 1], "first_line": "x = 1"})
+    >>> s.apply({"kind": "answered", "time": 1.5, "rank": 1, "status": "done"})
+    >>> session_lines(s, now=3.0)
+    ['Running cell 3 on ranks 0, 1 for 2.0 s (rank 1 finished; Kernel → Interrupt stops it): x = 1']
+    """
+    if state.origin != "session":
+        return []
+    now = time.time() if now is None else now
+    request, last, out = state.request, state.last_request, []
     if request is not None and not state.finished:
-        ranks = ", ".join(map(str, request.ranks))
         notes = []
         for status, said in (("done", "finished"), ("error", "failed"), ("interrupted", "interrupted")):
             rs = sorted(r for r, (how, _) in request.answered.items() if how == status)
             if rs:
-                notes.append(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {said}")
-        notes += ["interrupting"] if request.interrupting else []
-        return one_line(f"session: running {request.what} on rank{'s' if len(request.ranks) > 1 else ''} {ranks} "
-                        f"for {format_duration(now - request.started)}" + (f" ({'; '.join(notes)})" if notes else ""))
-    if last is not None:
-        how = {"ok": "ok", "failed": "failed", "interrupted": "interrupted", "ended": "ended"}.get(last.status, "?")
-        return one_line(f"session: last {last.what} {how} in {format_duration(last.seconds)}"
-                        + (f": {last.failures[0].summary()}" if last.failures else ""))
-    return ""
+                notes.append(f"{ranks_text(rs)} {said}")
+        if request.interrupting:
+            notes.append("interrupting on every rank")
+        elif request.cell is not None:
+            notes.append("Stop or session.interrupt() stops it" if request.background
+                         else "Kernel → Interrupt stops it")
+        clock = _since(request.started) if frozen else f"for {format_clock(now - request.started)}"
+        code = f": {request.first_line}" if request.first_line else ""
+        out.append(one_line(f"Running {request.what} on {ranks_text(request.ranks)} {clock}"
+                            + (f" ({'; '.join(notes)})" if notes else "") + code))
+    elif last is not None:
+        out.append("Last: " + request_text(last))
+    failed = state.failed_cell
+    if failed is not None and failed is not last:
+        out.append("Last failure: " + request_text(failed))
+    return out
 
 
 def ended_because(state: RunState) -> str:

@@ -105,7 +105,6 @@ class _Rank:
         self.cell: Optional[int] = None  # the cell running now
         self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt, until it raised
         self.asked_to_leave: Optional[int] = None  # the cell the notebook asked to interrupt
-        self.cells_run = 0
         self.replied = False
         self.from_notebook: dict[str, Any] = {}  # what the notebook put in the namespace, by name
         self.display = RankDisplay(self.displayed)
@@ -176,7 +175,7 @@ class _Rank:
             try:
                 message = self.inbox.get(timeout=wait)
             except queue.Empty:  # every rank idle: say so to the watchdog of a strict stall_timeout
-                self.ctx.log(cells=self.cells_run)
+                self.ctx.log()  # (progress for the watchdog; no metric: the run counts its cells)
                 continue
             if message.get("op") == "close":
                 return
@@ -249,7 +248,6 @@ class _Rank:
         filename = cell_file_name(cell)
         code = message["code"]
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        self.cells_run += 1
         reply: dict[str, Any] = {}
         failed, failed_at = None, 0.0
         out, err = sys.stdout, sys.stderr
@@ -274,7 +272,7 @@ class _Rank:
             sys.stdout, sys.stderr = out, err
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        self.ctx.log(cells=self.cells_run)
+        self.ctx.log()  # (progress for the watchdog; no metric: the run counts its cells)
         if failed is not None:
             # Interrupted only when the notebook asked: a cell raising KeyboardInterrupt itself raised.
             asked, self.asked_to_leave = self.asked_to_leave == cell, None

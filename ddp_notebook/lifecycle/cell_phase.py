@@ -24,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .stall import stayed_idle
+
 __all__ = ["CellPhase", "Gathered", "Look", "KNOCK_ON_WAIT", "PROBE_AFTER", "PROBE_EVERY", "SKIPPED_AFTER",
-           "INTERRUPT_GRACE", "ABANDON_GRACE", "IDLE_CPU"]
+           "INTERRUPT_GRACE", "ABANDON_GRACE"]
 
 #: Seconds after a rank raised before the ranks still in the cell are interrupted.
 KNOCK_ON_WAIT = 0.5
@@ -41,9 +43,6 @@ INTERRUPT_GRACE = 10.0
 #: ... or, once the user asked again (a second Kernel → Interrupt), before they are given up on:
 #: a quick double press must not give up on ranks that were leaving.
 ABANDON_GRACE = 1.0
-#: Share of a core a rank may use between two looks and still be judged waiting: a rank blocked
-#: in a collective uses none (0.000 measured); one computing gets far more, even on a busy machine.
-IDLE_CPU = 0.02
 _LOOKS_KEPT = 600  # (10 minutes of them): since when a rank waits there
 
 
@@ -213,12 +212,9 @@ class CellPhase:
         if self.interrupt_sent is not None and before.at <= self.interrupt_sent:  # it may be leaving
             return False
         elapsed = max(last.at - before.at, 0.1)
-        for rank in waiting:
-            place, cpu_then, cpu_now = last.places.get(rank), before.cpu.get(rank), last.cpu.get(rank)
-            if not place or before.places.get(rank) != place:
-                return False
-            if cpu_then is None or cpu_now is None or cpu_now - cpu_then > IDLE_CPU * elapsed:
-                return False  # it works (a long backward alone, say): not waiting
+        if not all(stayed_idle(before.places.get(r), last.places.get(r), before.cpu.get(r), last.cpu.get(r), elapsed)
+                   for r in waiting):
+            return False  # one works (a long backward alone, say), or moved: not left waiting
         out = [r for r in range(self.world_size) if r not in waiting]
         for rank in waiting:
             name, site = last.places[rank]

@@ -183,6 +183,21 @@ def _size(path: str) -> int:
 
 # A rank that used less than this share of a core between two looks is idle, not computing.
 IDLE_CPU = 0.05
+
+
+def stayed_idle(where_then: object, where_now: object, cpu_then: Optional[float], cpu_now: Optional[float],
+                elapsed: float) -> bool:
+    """Whether a rank stayed at one place (its stack, or a site in it) between two looks
+    ``elapsed`` seconds apart using under ``IDLE_CPU`` of a core: frozen there, not working (a
+    long backward computes). Where its CPU time is unknown, the place alone says it. The stall
+    watchdog and a session's cell judge a rank left waiting with it.
+
+    >>> stayed_idle("all_reduce", "all_reduce", 1.0, 1.01, 1.0), stayed_idle("all_reduce", "all_reduce", 1.0, 1.9, 1.0)
+    (True, False)
+    """
+    if not where_now or where_then != where_now:
+        return False
+    return cpu_then is None or cpu_now is None or cpu_now - cpu_then < IDLE_CPU * max(elapsed, 1e-3)
 _NAMED_IN_NOTE = 4  # ranks a waiting rank's note names before "..."
 # Frames of decorators around torch.distributed's functions (c10d_logger's ``wrapper``): the
 # collective is the function they wrap.

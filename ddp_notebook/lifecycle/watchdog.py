@@ -30,7 +30,15 @@ from ..core.failures import WorkerFailure
 from ..core.switches import seconds_from_env
 from ..executors.base import Transport
 from .clock import REAL_CLOCK, Clock
-from .stall import dump_stacks, is_waiting_in_collective, main_thread_stack, quiet_notes, stall_failures, torch_dir
+from .stall import (
+    dump_stacks,
+    is_waiting_in_collective,
+    main_thread_stack,
+    quiet_notes,
+    stall_failures,
+    stayed_idle,
+    torch_dir,
+)
 
 __all__ = ["Watchdog", "StallSetting", "AUTO", "auto_floor", "FLOOR_ENV", "NOTE_AFTER"]
 
@@ -41,7 +49,6 @@ DEFAULT_FLOOR = 300.0  # seconds: the auto watchdog never looks before this much
 GAP_FACTOR = 20.0  # ... nor before 20 times a rank's usual gap between two progress reports
 SAMPLE_GAP = 2.0  # seconds between the two stack samples
 FLUSH_WAIT = 0.5  # seconds the strict watchdog gives the ranks to send their held-back progress
-FROZEN_CPU = 0.05  # a rank that used less than this share of a core between the samples is idle
 NOTE_AFTER = 10.0  # seconds of quiet before the ranks' notes say where each one waits or runs ...
 NOTE_GAP_FACTOR = 5.0  # ... and not before 5 times the usual gap between two progress reports
 NOTE_CPU_WINDOW = 1.0  # seconds over which the first note's CPU use is measured
@@ -213,10 +220,5 @@ class Watchdog:
         others = [r for r in second.frames if r not in waiting] or list(second.frames)
         elapsed = max(second.at - first.at, 1e-3)
 
-        def frozen(rank: int) -> bool:
-            if first.frames.get(rank) != second.frames[rank] or not second.frames[rank]:
-                return False
-            before, after = first.cpu.get(rank), second.cpu.get(rank)
-            return before is None or after is None or (after - before) < FROZEN_CPU * elapsed
-
-        return all(frozen(r) for r in others)
+        return all(stayed_idle(first.frames.get(r), second.frames[r], first.cpu.get(r), second.cpu.get(r), elapsed)
+                   for r in others)

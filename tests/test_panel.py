@@ -393,3 +393,21 @@ def test_the_panel_sends_its_display_again_at_status_changes_only():
     feed.emit({"kind": "ready", "time": 101.0, "rank": 0})
     feed.emit({"kind": "run_finished", "time": 103.0, "status": "succeeded"})
     assert len(sent) == 3 and "succeeded" in sent[-1]
+
+
+@pytest.mark.unit
+def test_the_output_tab_says_how_many_earlier_lines_it_does_not_show():
+    text = "".join(f"line {i}\n" for i in range(1000))
+    view = RunView(fed({"kind": "output", "time": 101.0, "rank": 0, "stream": "stdout", "text": text}), live=False)
+    shown = view.outputs.children[0].value
+    assert "800 earlier lines not shown: run.output(0) has them all" in shown and "line 999" in shown
+    assert "line 799" not in shown
+    few = RunView(fed({"kind": "output", "time": 101.0, "rank": 0, "stream": "stdout", "text": "one\n"}), live=False)
+    assert "not shown" not in few.outputs.children[0].value
+
+
+@pytest.mark.unit
+def test_the_loss_plots_steps_read_as_people_read_them():
+    from ddp_notebook.ui.loss_plot import step_label
+
+    assert [step_label(x) for x in (0.0, 20000.0, 100000.0, 1_500_000.0)] == ["0", "20k", "100k", "1.5M"]

@@ -141,6 +141,7 @@ class WorkerState:
     _rate_anchor: Optional[tuple[float, int]] = field(default=None, repr=False)  # (time, step) the window began
     output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES_KEPT))
     console: ConsoleLines = field(default_factory=ConsoleLines, repr=False)  # output as a terminal shows it
+    output_lines: int = 0  # lines it printed in all (``output`` keeps the latest)
     loss_history: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) points for the plot
     # While the run is quiet: where this rank waits or runs ("waits in all_reduce (train.py:9) for
     # rank 1", "runs at train.py:12, 100 % CPU"), refreshed while the quiet lasts; None otherwise.
@@ -707,6 +708,8 @@ class RunState:
             for stream, line, replaces in w.console.feed(event["stream"], event["text"]):
                 if replaces and w.output and w.output[-1][0] == stream:
                     w.output.pop()  # a progress bar redrawn: its line, once
+                else:
+                    w.output_lines += 1
                 w.output.append((stream, cut(line, LINE_CHARS)))
         elif kind == EventKind.DONE:
             w.returned = True

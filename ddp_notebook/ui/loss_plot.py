@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import ipywidgets as widgets
 
-__all__ = ["LossPlot", "smooth", "plot_png", "epoch_plot_png"]
+from .text import format_metric
+
+__all__ = ["LossPlot", "smooth", "plot_png", "epoch_plot_png", "step_label"]
 
 Series = dict[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
 
@@ -31,9 +33,19 @@ def smoothing_weight(n: int) -> float:
     return 0.0 if n < 20 else min(0.98, 1.0 - 10.0 / n) if n > 500 else 0.9
 
 
+def step_label(x: float) -> str:
+    """A step on the plot's axis as people read it.
+
+    >>> step_label(0.0), step_label(25000.0), step_label(1_200_000.0), step_label(2.5)
+    ('0', '25k', '1.2M', '2.5')
+    """
+    return format_metric(int(x)) if x == int(x) else f"{x:g}"
+
+
 def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     fig = Figure(figsize=(5.2, 2.2), dpi=100)
     ax = fig.add_subplot()
@@ -47,6 +59,9 @@ def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
     if log_scale and positive:  # a log scale of a loss that reaches 0 or below would hide it
         ax.set_yscale("log")
     ax.set_xlabel("step")
+    # Steps as people read them (25k, 1.2M), few enough not to run together at 100k steps.
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: step_label(x)))
     ax.set_ylabel("loss" + (" (smoothed)" if smoothed else ""))
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()

@@ -61,6 +61,7 @@ __all__ = ["RunView", "FullText", "StartGuard", "last_output"]
 REFRESH_S = 0.25  # widget updates at most this often
 TICK_S = 1.0  # and at least this often while the run goes on: the clock and silences move without events
 PLOT_S = 1.0  # the loss plot is redrawn at most this often
+OUTPUT_SHOWN = 200  # lines of each rank's output its tab shows (the run's log has them all)
 CLICK_SEQUENCE_S = 1.0  # a second click this soon after a start is the same click sequence (a double click)
 
 
@@ -340,8 +341,7 @@ class RunView(FullText, widgets.VBox):
                 self._render_row(row, state.workers[r], r in failed_ranks or failed is not None, now, activity,
                                  failed.summary() if failed is not None else "")
             for i, r in enumerate(self.rows):
-                lines = [text for _stream, text in state.workers[r].output][-200:]
-                self.outputs.children[i].value = f"<pre>{escape(chr(10).join(lines))}</pre>"
+                self.outputs.children[i].value = output_html(state.workers[r])
             self._render_card(state)
             self.note.value = self._note(state, now)
             self._render_plot(state, now, force_plot)
@@ -618,6 +618,17 @@ class RunView(FullText, widgets.VBox):
 
     def __repr__(self) -> str:
         return format_run(self.run.state)
+
+
+def output_html(w: Any, shown: int = OUTPUT_SHOWN) -> str:
+    """A rank's latest ``shown`` lines, under a line that says how many earlier ones are not shown
+    and where they are (``run.output(rank)`` reads them from the run's log)."""
+    lines = [text for _stream, text in w.output][-shown:]
+    cut_off = w.output_lines - len(lines)
+    lines_word = "line" if cut_off == 1 else "lines"
+    note = (f'<div class="ddp-output-cut" style="color:#6c757d"><i>{cut_off:,} earlier {lines_word} not shown: '
+            f"run.output({w.rank}) has them all</i></div>") if cut_off > 0 else ""
+    return f"{note}<pre>{escape(chr(10).join(lines))}</pre>"
 
 
 def tail_of(line: str, width: int) -> str:

@@ -60,6 +60,15 @@ CUT = """() => [...document.querySelectorAll(
 PAST_EDGE = """() => [...document.querySelectorAll('.ddp-run-view .ddp-detail, .ddp-run-view .ddp-detail div')]
   .filter(d => d.getBoundingClientRect().right > d.closest('.ddp-run-view').getBoundingClientRect().right + 1
                || d.scrollWidth > d.clientWidth + 1).map(d => d.textContent)"""
+# A view's title drawn under its Stop button, or past the view's right edge.
+TITLE_OVER = """() => [...document.querySelectorAll('.ddp-run-view')].flatMap(v => {
+  const title = v.querySelector('.widget-html'), stop = v.querySelector('.jupyter-button');  // the header's first two
+  const text = title.querySelector('.widget-html-content > div') || title, right = text.getBoundingClientRect().right;
+  const clips = getComputedStyle(title).overflowX !== 'visible';  // what overflows a clipping box is not drawn
+  const shownRight = clips ? Math.min(right, title.getBoundingClientRect().right) : right;
+  const under = stop && stop.offsetParent !== null && shownRight > stop.getBoundingClientRect().left + 1;
+  const past = shownRight > v.getBoundingClientRect().right + 1;
+  return under || past ? [title.textContent] : []; })"""
 # A row's first line taller than one line of text: something wrapped.
 WRAPPED = """() => [...document.querySelectorAll('.ddp-run-view .ddp-progress')]
   .map(e => e.parentElement).filter(line => line.getBoundingClientRect().height > 40).length"""
@@ -135,6 +144,10 @@ def test_panel_fits_at_1400px_shows_epochs_retries_once_and_says_when_it_is_stal
         assert outputs[2][0].count("Run ") == 2 and "starting" not in outputs[1][0]  # the run and its retry
         # Kernel restart while the long run goes on: its panel says it is no longer updated.
         expect(long_panel).to_contain_text("running", timeout=60_000)
+        assert page.evaluate(TITLE_OVER) == []  # Stop shown beside a title that may be cut, never over it
+        page.set_viewport_size({"width": 700, "height": 900})  # narrow: the titles are cut, inside their box
+        assert page.evaluate(TITLE_OVER) == []
+        page.set_viewport_size({"width": 1400, "height": 1000})
         note = long_panel.locator(".ddp-stale-note")
         assert note.evaluate("e => getComputedStyle(e).visibility") == "hidden"
         # Kernel -> Restart, without its confirmation dialog.

@@ -212,7 +212,10 @@ class RunView(FullText, widgets.VBox):
         self.token = uuid.uuid4().hex[:12]
         self.add_class("ddp-run-view")
         self.add_class(f"ddp-view-{self.token}")
-        self.title = widgets.HTML(layout=widgets.Layout(min_width="0", flex="0 1 auto"))
+        # Shrinks before Stop does, its text cut with an ellipsis inside its own box (never under Stop,
+        # never past the view's edge).
+        self.title = widgets.HTML(layout=widgets.Layout(min_width="0", flex="0 1 auto", overflow="hidden"))
+        self.title.add_class("ddp-title")
         self.subtitle = title
         self.live = widgets.HTML(layout=widgets.Layout(flex="0 0 auto"))  # re-rendered every tick while the run lives
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning",

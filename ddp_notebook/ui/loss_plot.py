@@ -54,7 +54,8 @@ def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
             continue
         shown = smooth(points, smoothing_weight(len(points))) if smoothed else list(points)
         xs, ys = zip(*shown)
-        ax.plot(xs, ys, label=label, linewidth=1.2)
+        # A line through one point draws nothing: a run that ended after its first report shows its point.
+        ax.plot(xs, ys, label=label, linewidth=1.2, marker="o" if len(shown) < 3 else None, markersize=4)
     positive = all(y > 0 for points in series.values() for _x, y in points)
     if log_scale and positive:  # a log scale of a loss that reaches 0 or below would hide it
         ax.set_yscale("log")

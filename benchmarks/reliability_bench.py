@@ -49,7 +49,7 @@ def one_ours() -> str:
     try:
         run.wait(HANG_S)
         return "ok"
-    except ddp_notebook.WaitTimeoutError:
+    except ddp_notebook.errors.WaitTimeoutError:
         run.stop(grace=0, wait=True)
         return "hang"
     except ddp_notebook.DDPNotebookError:

@@ -17,21 +17,21 @@ The package is layered; imports point one way, from the top of this list down:
 - ``transfer``: how a call and its data travel to the ranks, and results back;
 - ``core``: plain Python: devices, validation, errors, events, state, failures, run directories.
 
-This module is the public API (``__all__``) and the IPython extension (``%load_ext
-ddp_notebook``); every exception is in ``ddp_notebook.errors``.
+This module is the public API (``__all__``, what ``dir()`` and completion offer) and the IPython
+extension (``%load_ext ddp_notebook``); every exception is in ``ddp_notebook.errors``, and here
+only those a notebook commonly catches.
 """
-import sys
-import warnings
-from typing import Any
+import sys as _sys
+import warnings as _warnings
+from typing import Any as _Any
 
-from . import errors  # noqa: F401 - the exceptions' public home, ddp_notebook.errors
+from . import errors
 from .core.devices import Device, parse_devices
 from .core.failures import WorkerFailure
 from .core.state import RunStatus
 from .core.validation import ValidationReport, validate_devices
 from .core.version import __version__
-from .errors import *  # noqa: F403 - every exception, importable from here as in the first release
-from .errors import DDPNotebookError, InvalidDevicesError, NonFiniteLossError, WorkerFailedError
+from .errors import DDPNotebookError, FitConfigError, InvalidDevicesError, NonFiniteLossError, WorkerFailedError
 from .lifecycle.launch import default_devices, last_run, launch, prune_runs, runs, set_default_devices
 from .lifecycle.options import LaunchOptions
 from .lifecycle.run import Run
@@ -61,6 +61,7 @@ __all__ = [
     "last_run", "runs", "prune_runs", "compare", "Comparison",
     # failures (every exception: ddp_notebook.errors)
     "WorkerFailure", "DDPNotebookError", "WorkerFailedError", "InvalidDevicesError", "NonFiniteLossError",
+    "FitConfigError",
     "__version__",
 ]
 
@@ -77,10 +78,12 @@ _MOVED = {
     "WorkerState": ("ddp_notebook.core.state", "WorkerState", None),
     "WorkerStatus": ("ddp_notebook.core.state", "WorkerStatus", None),
     "Finding": ("ddp_notebook.core.validation", "Finding", None),
+    # the exceptions a notebook rarely catches: in ddp_notebook.errors only
+    **{name: ("ddp_notebook.errors", name, None) for name in errors.__all__ if name not in __all__},
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name not in _MOVED:
         raise AttributeError(f"module 'ddp_notebook' has no attribute {name!r}")
     import importlib
@@ -88,14 +91,21 @@ def __getattr__(name: str) -> Any:
     module, attribute, why = _MOVED[name]
     where = f"{module}.{attribute}" if attribute else module
     # ``from ddp_notebook import X`` asks twice, the import system first: the user's line warns once.
-    if "importlib" not in sys._getframe(1).f_code.co_filename:
-        warnings.warn(f"ddp_notebook.{name} is no longer part of the package's API: "
-                      + (f"{why} ({where})" if why else f"import it from {module}"), DeprecationWarning, stacklevel=2)
+    if "importlib" not in _sys._getframe(1).f_code.co_filename:
+        lead = "no longer at the package's top level" if module == "ddp_notebook.errors" else \
+            "no longer part of the package's API"
+        _warnings.warn(f"ddp_notebook.{name} is {lead}: " + (f"{why} ({where})" if why else f"import it from {module}"),
+                       DeprecationWarning, stacklevel=2)
     found = importlib.import_module(module)
     return getattr(found, attribute) if attribute else found
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def __dir__() -> list[str]:
+    """The public API, the errors module and the extension's hooks: what completion offers."""
+    return sorted([*__all__, "errors", "load_ipython_extension", "unload_ipython_extension"])
+
+
+def load_ipython_extension(ipython: _Any) -> None:
     """``%load_ext ddp_notebook``: the ``%ddp_*`` magics, the live panel as a run's display, and
     the fork server started at once (the first launch then forks its workers in milliseconds).
 
@@ -108,7 +118,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(_SessionMagics)  # %ddp_session and %%ddp
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: _Any) -> None:
     """``%unload_ext ddp_notebook``: undoes what loading did; runs in progress go on.
 
     Parameters

@@ -26,3 +26,20 @@ def test_a_name_that_moved_warns_once_and_says_where_it_lives(line, words):
     assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
         f"ddp_notebook.{line.split()[-1].split('.')[-1]} is no longer part of the package's API: "
         + (words if words.startswith("import") else f"it is started by %load_ext ddp_notebook and {words}")]
+
+
+def test_completion_offers_the_api_and_the_exceptions_a_notebook_catches():
+    names = dir(ddp_notebook)
+    assert set(ddp_notebook.__all__) <= set(names) and "errors" in names
+    assert not {"Any", "sys", "warnings", "CellError", "QueueUseError", "core", "ui"} & set(names)
+    assert len([n for n in names if not n.startswith("_")]) < 40
+
+
+def test_an_exception_no_longer_at_the_top_level_still_resolves_with_a_warning():
+    from ddp_notebook.errors import CellError
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ddp_notebook.CellError is CellError
+    assert [str(w.message) for w in caught] == [
+        "ddp_notebook.CellError is no longer at the package's top level: import it from ddp_notebook.errors"]

@@ -2,8 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddp_notebook import Device, DeviceSpecError, parse_devices
+from ddp_notebook import Device, parse_devices
 from ddp_notebook.core.devices import MAX_WORKERS, format_devices
+from ddp_notebook.errors import DeviceSpecError
 
 pytestmark = pytest.mark.unit
 

@@ -13,13 +13,8 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import (
-    EngineSelectionError,
-    EngineUnavailableError,
-    InvalidDevicesError,
-    NotPicklableError,
-    WorkerFailedError,
-)
+from ddp_notebook import InvalidDevicesError, WorkerFailedError
+from ddp_notebook.errors import EngineSelectionError, EngineUnavailableError, NotPicklableError
 from ddp_notebook.executors.ipyparallel.engines import Engines
 from ddp_notebook.executors.ipyparallel.network_plan import NetworkPlan
 
@@ -176,7 +171,7 @@ def test_stop_interrupts_engines_that_ignore_it(rc):
     run.stop(wait=True)
     assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
     assert not run.failures
-    with pytest.raises(ddp_notebook.RunStoppedError, match="was stopped"):
+    with pytest.raises(ddp_notebook.errors.RunStoppedError, match="was stopped"):
         run.wait()
 
 

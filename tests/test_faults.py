@@ -2,7 +2,8 @@
 import pytest
 
 import ddp_notebook
-from ddp_notebook import NotPicklableError, WorkerFailedError
+from ddp_notebook import WorkerFailedError
+from ddp_notebook.errors import NotPicklableError
 
 import faults
 from helpers import has_ended, started_processes

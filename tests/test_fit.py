@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import FitResult, NotPicklableError, PreflightError, WorkerFailedError
+from ddp_notebook import FitResult, WorkerFailedError
+from ddp_notebook.errors import NotPicklableError, PreflightError
 
 import models
 from helpers import started_processes
@@ -226,7 +227,7 @@ def test_failed_fit_resumes_from_its_last_checkpoint_on_retry():
     assert first_epoch == 2
     plain = ddp_notebook.launch(lambda ctx: None, devices="cpu:0")
     plain.wait(timeout=60)
-    with pytest.raises(ddp_notebook.NoCheckpointError, match="saved no checkpoint to resume from"):
+    with pytest.raises(ddp_notebook.errors.NoCheckpointError, match="saved no checkpoint to resume from"):
         plain.retry(resume=True)
 
 

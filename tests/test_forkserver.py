@@ -209,7 +209,7 @@ def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stop
     assert run.state.waiting_for == "importing torch once for this notebook"
     assert "starting workers (importing torch once for this notebook)" in format_run(run.state)
     run.stop()  # before any worker exists: none is started, and the run ends at once
-    with pytest.raises(ddp_notebook.RunStoppedError):
+    with pytest.raises(ddp_notebook.errors.RunStoppedError):
         run.wait(timeout=120)
     assert run.status == "stopped" and not run.failures
     assert [w.status for w in run.workers] == ["stopped", "stopped"] and run.pids() == [None, None]

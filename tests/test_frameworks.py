@@ -110,5 +110,5 @@ def test_accelerate_notebook_launcher_drop_in():
     with pytest.raises(WorkerFailedError, match="worker 1 \\(cpu:1\\) failed: ValueError: boom in notebook_launcher"):
         notebook_launcher(framework_code.accelerate_launched, args=(3, 1), num_processes=2)
     assert ddp_notebook.last_run().retry().wait(timeout=300) == (1, 3.0)
-    with pytest.raises(ddp_notebook.LaunchOptionError, match="num_nodes=1 and node_rank=0"):
+    with pytest.raises(ddp_notebook.errors.LaunchOptionError, match="num_nodes=1 and node_rank=0"):
         notebook_launcher(framework_code.accelerate_launched, args=(3,), num_processes=2, num_nodes=2)

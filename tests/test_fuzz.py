@@ -23,15 +23,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import ddp_notebook
-from ddp_notebook import (
-    DDPNotebookError,
-    Device,
-    DeviceSpecError,
-    LaunchOptions,
-    Run,
-    parse_devices,
-    validate_devices,
-)
+from ddp_notebook import DDPNotebookError, Device, LaunchOptions, Run, parse_devices, validate_devices
 from ddp_notebook.core import probes
 from ddp_notebook.core.devices import KINDS, MAX_WORKERS
 from ddp_notebook.core.events import EventKind
@@ -40,6 +32,7 @@ from ddp_notebook.core.probes import StaticProbe
 from ddp_notebook.core.rundir import RunDir
 from ddp_notebook.core.stream import EventStream
 from ddp_notebook.core.validation import CPU_WORKERS_PER_CORE, ValidationReport
+from ddp_notebook.errors import DeviceSpecError
 from ddp_notebook.executors.local.executor import LocalExecutor, set_default_devices
 from ddp_notebook.lifecycle import launch as launch_module
 from ddp_notebook.lifecycle.call import Call
@@ -397,7 +390,7 @@ def test_fit_checks_its_arguments_in_the_notebook(monkeypatch, tmp_path_factory,
     monkeypatch.setattr(fit_module, "wait_showing", lambda run: run)
     try:
         out = ddp_notebook.fit(MODEL, (X, Y), loss, **kwargs)
-    except ddp_notebook.PreflightError as e:  # a loss or optimizer that is a function, the wrong one
+    except ddp_notebook.errors.PreflightError as e:  # a loss or optimizer that is a function, the wrong one
         assert not launched and isinstance(e.__cause__, Exception)
     except DDPNotebookError as e:
         assert not launched
@@ -429,9 +422,9 @@ def test_wait_and_stop_check_their_arguments(timeout, wait, grace):
 def test_wait_refuses_a_timeout_it_cannot_wait():
     run = a_run("20260101-000003-dddddd", finished=False)
     for timeout in (math.nan, -1, "5", True, 1e300):
-        with pytest.raises(ddp_notebook.LaunchOptionError, match="timeout"):
+        with pytest.raises(ddp_notebook.errors.LaunchOptionError, match="timeout"):
             run.wait(timeout=timeout)
-    with pytest.raises(ddp_notebook.WaitTimeoutError):
+    with pytest.raises(ddp_notebook.errors.WaitTimeoutError):
         run.wait(timeout=0)
 
 
@@ -489,7 +482,7 @@ def test_run_load_reads_a_run_or_says_there_is_none(run_folders, tmp_path_factor
         path = run_folders[folder]
     try:
         run = Run.load(path)
-    except (ddp_notebook.RunLoadError, ddp_notebook.UnsafeRunDirError) as e:
+    except (ddp_notebook.errors.RunLoadError, ddp_notebook.errors.UnsafeRunDirError) as e:
         assert str(e)
     else:
         assert run.done and isinstance(run.status, str)

@@ -97,7 +97,7 @@ def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason()
     assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
     assert run.state.stop_reason.startswith("the notebook process ended (kernel restart or crash) at step ")
     assert run.state.notebook_ended
-    with pytest.raises(ddp_notebook.RunStoppedError, match=r"was stopped \(the notebook process ended \(kernel restart"):
+    with pytest.raises(ddp_notebook.errors.RunStoppedError, match=r"was stopped \(the notebook process ended \(kernel restart"):
         run.wait()
     from ddp_notebook.ui.text import format_run
 

@@ -5,7 +5,8 @@ import os
 import pytest
 
 import ddp_notebook
-from ddp_notebook import NoResultError, RunStoppedError, WaitTimeoutError, WorkerFailedError
+from ddp_notebook import WorkerFailedError
+from ddp_notebook.errors import NoResultError, RunStoppedError, WaitTimeoutError
 from ddp_notebook.lifecycle import resume
 
 import faults
@@ -123,11 +124,11 @@ def test_finished_run_reloads_from_disk(monkeypatch):
     assert [w.step for w in again.workers] == [3, 3] and again.devices == run.devices
     with pytest.raises(ddp_notebook.DDPNotebookError, match="cannot be retried: its call .* was not kept there"):
         again.retry()
-    with pytest.raises(ddp_notebook.ArgumentsError, match=r"rank of a worker of run .* \(0, 1\), not 2"):
+    with pytest.raises(ddp_notebook.errors.ArgumentsError, match=r"rank of a worker of run .* \(0, 1\), not 2"):
         again.output(2)
-    with pytest.raises(ddp_notebook.ArgumentsError, match="stream='stdout', 'stderr' or None"):
+    with pytest.raises(ddp_notebook.errors.ArgumentsError, match="stream='stdout', 'stderr' or None"):
         again.output(0, "out")
-    with pytest.raises(ddp_notebook.ArgumentsError, match="callback"):
+    with pytest.raises(ddp_notebook.errors.ArgumentsError, match="callback"):
         again.subscribe("print")
     failed = ddp_notebook.launch(faults.ddp_steps, devices="cpu*2", kwargs={"fault": "raise"})
     with pytest.raises(WorkerFailedError):
@@ -156,7 +157,7 @@ def test_a_broken_supervisor_ends_the_workers_and_says_so(monkeypatch):
 
     monkeypatch.setattr(Supervisor, "_check_stall", broken)
     run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
-    with pytest.raises(ddp_notebook.SupervisionError, match=r"supervision of run \S+ failed \(RuntimeError: injected bug\)"):
+    with pytest.raises(ddp_notebook.errors.SupervisionError, match=r"supervision of run \S+ failed \(RuntimeError: injected bug\)"):
         run.wait(timeout=60)
     assert run.status == "failed" and run.state.supervisor_error == "RuntimeError: injected bug"
     assert all(w.status == "stopped" for w in run.workers)  # ended by the supervisor as it gave up

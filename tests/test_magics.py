@@ -84,7 +84,7 @@ def test_ddp_fit_returns_at_once_then_stop(ip):
     ip.run_line_magic("ddp_stop", "--grace 20")
     try:  # a stop during start-up is honoured too: by the function, or before its workers exist
         assert run.wait(timeout=60) >= 0
-    except ddp_notebook.RunStoppedError:
+    except ddp_notebook.errors.RunStoppedError:
         assert run.pids() == [None, None]  # stopped while the fork server started: no worker was started
     assert run.status == "stopped"
 

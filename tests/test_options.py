@@ -5,7 +5,7 @@ import re
 import pytest
 
 import ddp_notebook
-from ddp_notebook import LaunchOptionError
+from ddp_notebook.errors import LaunchOptionError
 from ddp_notebook.lifecycle.call import check_arguments
 
 
@@ -43,10 +43,10 @@ def test_arguments_the_function_cannot_take_are_refused_before_anything_starts(t
     def train(ctx, steps, lr=0.1):
         return steps
 
-    with pytest.raises(ddp_notebook.ArgumentsError, match=r"^train\(ctx, \.\.\.\) cannot take these arguments: "
+    with pytest.raises(ddp_notebook.errors.ArgumentsError, match=r"^train\(ctx, \.\.\.\) cannot take these arguments: "
                                                           r"missing a required argument: 'steps'$"):
         ddp_notebook.launch(train, devices="cpu*2", run_root=str(tmp_path))
-    with pytest.raises(ddp_notebook.ArgumentsError, match=r"^train\(rank, \.\.\.\) cannot take these arguments"):
+    with pytest.raises(ddp_notebook.errors.ArgumentsError, match=r"^train\(rank, \.\.\.\) cannot take these arguments"):
         ddp_notebook.spawn(train, args=(1, 2, 3), nprocs=2, run_root=str(tmp_path))
     assert list(tmp_path.iterdir()) == []
 
@@ -62,7 +62,7 @@ def test_arguments_the_function_cannot_take_are_refused_before_anything_starts(t
 def test_a_function_without_the_worker_context_is_named_before_anything_starts(tmp_path, fn, words):
     scope: dict = {}
     exec(fn, scope)
-    with pytest.raises(ddp_notebook.ArgumentsError, match=re.escape(words)):
+    with pytest.raises(ddp_notebook.errors.ArgumentsError, match=re.escape(words)):
         ddp_notebook.launch(scope["train"], devices="cpu*2", run_root=str(tmp_path))
     assert list(tmp_path.iterdir()) == []
 

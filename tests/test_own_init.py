@@ -6,7 +6,8 @@ import pytest
 import torch.distributed as dist
 
 import ddp_notebook
-from ddp_notebook import ProcessGroupMismatchError, WorkerFailedError
+from ddp_notebook import WorkerFailedError
+from ddp_notebook.errors import ProcessGroupMismatchError
 
 import tutorial_ddp
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_notebook
-from ddp_notebook import RunStoppedError
+from ddp_notebook.errors import RunStoppedError
 from ddp_notebook.ui.text import format_run
 from ddp_notebook.worker.context import WorkerContext
 

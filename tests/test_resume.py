@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import NoCheckpointError, Run
+from ddp_notebook import Run
+from ddp_notebook.errors import NoCheckpointError
 
 import models
 from helpers import wait_until

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 import ddp_notebook
-from ddp_notebook import UnsafeRunDirError
 from ddp_notebook.core.rundir import RunDir, check_private_folder
+from ddp_notebook.errors import UnsafeRunDirError
 
 import faults
 
@@ -192,7 +192,7 @@ def test_a_stop_asked_while_a_large_call_is_still_being_sent_is_honoured(tmp_pat
         run.stop(grace=30)
         try:
             run.wait(timeout=120)
-        except ddp_notebook.RunStoppedError:
+        except ddp_notebook.errors.RunStoppedError:
             pass
         assert run.status == "stopped" and all(w.status == "stopped" for w in run.workers)
     finally:

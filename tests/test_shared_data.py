@@ -58,9 +58,9 @@ def test_a_multiprocessing_queue_travels_as_a_reference_and_only_to_local_worker
     packed, (first, second, plain) = roundtrip((queue, queue, 3))
     assert packed.queues == [queue] and isinstance(first, QueueEnd) and first.index == second.index == 0
     assert plain == 3 and load(packed.data, None)[0].index == 0  # with no tensors, no table either
-    with pytest.raises(ddp_notebook.QueueUseError, match="not connected here"):
+    with pytest.raises(ddp_notebook.errors.QueueUseError, match="not connected here"):
         first.put(1)  # outside a worker
-    with pytest.raises(ddp_notebook.QueueUseError, match="put\\(\\) here, get\\(\\) in the notebook"):
+    with pytest.raises(ddp_notebook.errors.QueueUseError, match="put\\(\\) here, get\\(\\) in the notebook"):
         first.get()
     with pytest.raises(SharedDataError, match="carries items from local workers only"):
         packed.inline()  # an ipyparallel engine's call is sent by value
@@ -362,7 +362,7 @@ def test_a_result_over_the_kept_limit_is_not_written_to_disk_and_a_reload_says_s
     run = ddp_notebook.launch(big_result, devices="cpu*2")
     assert run.wait(timeout=120).sum() == 17 * 2**20  # in hand here, mapped from the worker's memfd
     assert not os.path.exists(os.path.join(run.run_dir, "result.pkl"))
-    with pytest.raises(ddp_notebook.NoResultError, match=r"returned a result of 68 MB, which was not kept on disk "
+    with pytest.raises(ddp_notebook.errors.NoResultError, match=r"returned a result of 68 MB, which was not kept on disk "
                                                          r"\(results over 64 MB with tensors are not\)"):
         ddp_notebook.Run.load(run.run_dir).result()
 

@@ -64,10 +64,10 @@ def test_torch_spawn_keywords_are_taken(start_method):
 
 
 def test_bad_torch_spawn_keywords_are_refused_by_name():
-    with pytest.raises(ddp_notebook.LaunchOptionError, match="start_method must be one of 'spawn', 'fork', "
+    with pytest.raises(ddp_notebook.errors.LaunchOptionError, match="start_method must be one of 'spawn', 'fork', "
                        "'forkserver'.*not 'threads'"):
         ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, start_method="threads")
-    with pytest.raises(ddp_notebook.LaunchOptionError, match="daemon"):
+    with pytest.raises(ddp_notebook.errors.LaunchOptionError, match="daemon"):
         ddp_notebook.spawn(tutorial_ddp.demo_basic, args=(2,), nprocs=2, daemon="yes")
 
 
@@ -101,7 +101,7 @@ def test_join_false_gives_what_process_context_callers_use():
     assert run.join(timeout=0.05) is False
     assert run.pids() == [w.pid for w in run.workers] and [p.exitcode for p in run.processes] == [None, None]
     run.processes[1].terminate()  # one rank cannot go on alone: the run is stopped
-    with pytest.raises(ddp_notebook.RunStoppedError):
+    with pytest.raises(ddp_notebook.errors.RunStoppedError):
         run.join()
     assert [p.is_alive() for p in run.processes] == [False, False]
     assert all(p.exitcode is not None for p in run.processes)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import ddp_notebook
-from ddp_notebook import LaunchOptionError, WorkerFailedError
+from ddp_notebook import WorkerFailedError
+from ddp_notebook.errors import LaunchOptionError
 from ddp_notebook.lifecycle import reporting
 
 import models

@@ -7,10 +7,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import ddp_notebook
-from ddp_notebook import DeviceSpecError, InvalidDevicesError, parse_devices, validate_devices
+from ddp_notebook import InvalidDevicesError, parse_devices, validate_devices
 from ddp_notebook.core.devices import MAX_WORKERS
 from ddp_notebook.core.probes import StaticProbe
 from ddp_notebook.core.validation import BACKENDS, CPU_WORKERS_PER_CORE, ValidationReport, choose_backend
+from ddp_notebook.errors import DeviceSpecError
 
 from helpers import FINDING_CODES, WARNING_CODES, started_processes
 

@@ -6,7 +6,8 @@ The auto watchdog's floor is 300 s for users; these tests lower it with
 import pytest
 
 import ddp_notebook
-from ddp_notebook import LaunchOptionError, RunStoppedError, WorkerFailedError
+from ddp_notebook import WorkerFailedError
+from ddp_notebook.errors import LaunchOptionError, RunStoppedError
 from ddp_notebook.lifecycle.options import LaunchOptions
 
 import faults

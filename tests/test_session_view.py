@@ -310,3 +310,78 @@ def test_a_session_view_has_no_button_a_session_cannot_use():
              and view.card_box.layout.display != "none"]
     assert shown == [] and view.stop_button.layout.display == "none"
     assert isinstance(view.reform, widgets.Button)
+
+
+@pytest.mark.unit
+def test_escape_sequences_a_rank_raised_never_reach_the_card_or_its_row():
+    f = cell_failure()
+    f.message = "bad \x1b[31mred\x1b[0m shape"
+    f.traceback = "Traceback (most recent call last):\nValueError: bad \x1b[31mred\x1b[0m shape"
+    feed = session(request(4), cell(4, "failed", message="cell 4 failed", failures=[f.to_dict()]))
+    view = RunView(feed, live=False)
+    assert "\x1b" not in view.card.value + view.rows[1].detail.value and "bad red shape" in view.card.value
+
+
+@pytest.mark.unit
+def test_a_closed_panel_stops_its_views_following_their_runs():
+    import threading
+
+    from ddp_notebook.ui.panel import DDPPanel
+
+    def following():
+        return sum(1 for t in threading.enumerate() if t.name == "ddp-panel")
+
+    before = following()
+    panel = DDPPanel(session(request(3)))  # a live session's run: its view follows it
+    assert following() == before + 1
+    panel.close()
+    deadline = time.monotonic() + 30
+    while following() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert following() == before
+
+
+@pytest.mark.processes
+def test_every_view_of_a_session_shows_the_run_it_is_formed_again_on_however_it_was():
+    import os
+    import signal
+
+    import ddp_notebook
+    from ddp_notebook.errors import CellError, SessionEndedError
+    from ddp_notebook.ui.panel import DDPPanel
+
+    s = ddp_notebook.session("cpu*2")
+    try:
+        panels = [DDPPanel(s.current_run) for _ in range(2)]  # as %ddp_session shows it, twice
+        for panel in panels:
+            s.on_new_run(panel.show)
+        first = s.current_run
+        s.restart()  # from code or %ddp_session --restart: the old run is closed, the session goes on
+        for panel in panels:
+            assert [v.run for v in panel.views] == [first, s.current_run]
+            assert "Formed again as run " + s.current_run.id in text_of(panel.views[0].note.value)
+            assert "Closed" not in text_of(panel.views[0].note.value)
+        # A cell leaves rank 0 in a collective the others skip: the session forms itself again.
+        second = s.current_run
+        with pytest.raises(CellError):
+            s.run("if rank == 0:\n    dist.barrier()")
+        assert s.current_run is not second
+        # A rank killed: the session ended; Re-form from one panel forms it once, shown by both.
+        third = s.current_run
+        os.kill(third.pids()[1], signal.SIGKILL)
+        with pytest.raises(SessionEndedError):
+            s.run("import time\ntime.sleep(30)")
+        for panel in panels:
+            panel.views[-1].refresh()
+            assert panel.views[-1].reform.layout.display == "" and not panel.views[-1].reform.disabled
+        panels[1].views[-1].on_retry = lambda devices: third.retry(devices=devices)
+        panels[1].views[-1].reform.click()
+        for panel in panels:
+            assert [v.run for v in panel.views][-2:] == [third, s.current_run] and len(panel.views) == 4
+            old = panel.views[-2]
+            old.refresh()
+            assert old.reform.layout.display == "none", panel  # formed again since: nothing to re-form
+            assert "Formed again as run " + s.current_run.id in text_of(old.note.value)
+        assert s.run("rank") == [0, 1]
+    finally:
+        s.close()

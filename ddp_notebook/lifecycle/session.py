@@ -14,13 +14,7 @@ its rank; the replies gathered by rank. A cell that raised on some ranks raises 
 (traceback with the cell's lines, the failed frame's locals) and the session goes on; a run that
 ended raises ``SessionEndedError`` with its failure, and ``restart()`` forms a new one on the same
 devices; an interrupt while a cell runs interrupts it on every rank (``SessionInterrupted``).
-
-Example::
-
-    s = ddp_notebook.session("cpu*2")
-    s.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()")   # [3.0, 3.0]
-    s.push(lr=0.1); s.pull("lr")                                             # [0.1, 0.1]
-    s.close()
+The examples are :func:`session`'s.
 """
 from __future__ import annotations
 
@@ -68,18 +62,16 @@ from .session_exchange import (
     unsent_error,
 )
 from .session_failures import cell_error, failures_of, push_hint
-from .session_state import SessionRecord, value_text
+from .session_state import SessionRecord, sessions, value_text
 
 __all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session", "set_current_session",
-           "show_sessions_with", "session_of", "RANK_NAMES", "INTERRUPT_GRACE"]
+           "show_sessions_with", "RANK_NAMES", "INTERRUPT_GRACE"]
 
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
 END_WAIT = 30.0
-_POLL = 0.1
 
 _current: Optional[Session] = None
-_sessions: weakref.WeakSet[Session] = weakref.WeakSet()  # every session of this process not yet collected
 # How a session shows itself in IPython (``_ipython_display_``): set by the front end (``ui``),
 # which shows its live view in a notebook and returns True; otherwise the session shows its text.
 ShowSession = Callable[["Session"], bool]
@@ -90,12 +82,6 @@ def show_sessions_with(hook: Optional[ShowSession]) -> None:
     """Set how a session displayed in IPython shows (the front end calls this once)."""
     global _show_session
     _show_session = hook
-
-
-def session_of(run: Any) -> Optional[Session]:
-    """The session whose ranks ``run`` holds now (None: ``run`` is no session's, or its session
-    has been formed again since, or collected): what a view of the run asks to interrupt a cell."""
-    return next((s for s in list(_sessions) if s._run is run), None)
 
 
 def current_session() -> Optional[Session]:
@@ -156,13 +142,16 @@ class Session:
         self._closing = False  # close() is stopping a cell run without blocking
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
+        self._held: list[str] = []  # the ids of every run that held its ranks
+        self._new_run: list[Callable[[Run], None]] = []  # told of each run formed again (on_new_run)
         weakref.finalize(self, _close_ranks, self._formed)
-        _sessions.add(self)
+        sessions.add(self)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
     def _start(self, parent: Optional[Run] = None) -> None:
-        """Form the ranks (a new run; ``parent``: the run this one follows, formed again)."""
+        """Form the ranks (a new run; ``parent``: the run this one follows, formed again), then
+        tell those that follow the session of a run formed again."""
         self._closing = False
         strict = self.options.stall_timeout
         is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
@@ -176,8 +165,14 @@ class Session:
                                         probe=self._probe)
             run._restart = functools.partial(_form_again_for, weakref.ref(self))  # its retry forms the session again
             self._formed[:] = [run]
+            self._held.append(run.id)
             run.subscribe(lambda event: _on_run_event(answers, event))  # (never the session: its finalizer ends ranks)
             self._ended, self._closed = None, False
+            for tell in list(self._new_run) if parent is not None else []:  # its views show the new run
+                try:
+                    tell(run)
+                except Exception:  # noqa: BLE001 - a front end's failure must not fail the session
+                    pass
             # Every rank says hello once the run has started (the fork server, the process group).
             if not hellos(answers, len(run.devices), lambda: run.done):
                 raise self._end_error("the session could not start")
@@ -239,6 +234,25 @@ class Session:
             The state of the run that holds the ranks (an empty one while none does).
         """
         return self._run.state if self._run is not None else RunState()
+
+    def on_new_run(self, callback: Callable[[Run], None]) -> None:
+        """Call ``callback(run)`` each time the session is formed again, with the run that holds its
+        ranks from then on (``restart()``, Re-form in a view, a request cut); from whatever thread
+        forms it, before its ranks are ready. The session's views show the new run below the old.
+
+        Parameters
+        ----------
+        callback : callable
+            Called with the new ``Run``; it must return quickly.
+
+        Raises
+        ------
+        ArgumentsError
+            ``callback`` is not callable.
+        """
+        if not callable(callback):
+            raise ArgumentsError(f"on_new_run() takes a function callback(run), not {callback!r}")
+        self._new_run.append(callback)
 
     def interrupt(self) -> bool:
         """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -15,7 +16,10 @@ from ..core.errors import CellError, SessionEndedError, SessionInterrupted
 from ..core.events import EventKind
 from ..core.failures import WorkerFailure
 
-__all__ = ["SessionRecord", "value_text"]
+__all__ = ["SessionRecord", "value_text", "sessions", "session_of", "formed_after"]
+
+#: Every session of this process not yet collected (``Session`` adds itself).
+sessions: weakref.WeakSet[Any] = weakref.WeakSet()
 
 VALUE_TEXT = 60  # characters of a rank's value kept in the last outcome's text
 CODE_CHARS = 20_000  # characters of a cell's code its run's log keeps
@@ -30,6 +34,22 @@ def value_text(text: str) -> str:
     """
     text = " ".join(text.split())
     return text if len(text) <= VALUE_TEXT else text[:VALUE_TEXT - 1] + "…"
+
+
+def session_of(run: Any) -> Any:
+    """The session whose ranks ``run`` holds now (None: ``run`` is no session's, or its session
+    has been formed again since, or collected): what a view of the run asks to interrupt a cell."""
+    return next((s for s in list(sessions) if s._run is run), None)
+
+
+def formed_after(run: Any) -> Any:
+    """The run that holds the ranks of the session ``run`` held before it was formed again (None:
+    ``run`` is no session's, or still holds its session's ranks, or its session was closed since)."""
+    held = getattr(run, "id", None)
+    for s in list(sessions):
+        if held in s._held and s._run is not run and s._run is not None and not s._closed:
+            return s._run
+    return None
 
 
 class SessionRecord:

@@ -221,6 +221,8 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
         where = f"at {w.epoch_text}"
     elif state.status == RunStatus.STARTING:
         where = "while the workers were starting"
+    elif state.origin == "session":  # its ranks run cells, not steps
+        where = f"after {state.cells} cell{'' if state.cells == 1 else 's'}"
     else:
         where = "before any step was reported"
     return f"the notebook process {what} {where}"

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Optional
 
+from ..core.console import one_line, shown
 from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, ranks_text, worker_name
 from ..core.state import TRAIN_LOSS, VALID_LOSS, CellRecord, train_loss_of, valid_loss_of
 from ..core.tracebacks import file_name, name_cells_in
@@ -132,11 +133,11 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
     (collapsible), knock-on failures."""
     hint = hint if hint is not None else hint_for(root, healthy)
     parts = [f'<div class="ddp-failure" style="border-left:4px solid {RED};padding:4px 10px;background:#fff5f5">',
-             f'<div style="color:{RED};font-weight:bold">{escape(root.headline())}</div>',
+             f'<div style="color:{RED};font-weight:bold">{escape(one_line(root.headline()))}</div>',
              f'<div style="margin:4px 0"><b>Hint:</b> {escape(hint)}</div>']
     if root.traceback:
         parts.append(f"<details open><summary>{escape(root.traceback_title().rstrip(':'))}</summary>"
-                     f"<pre>{escape(name_cells_in(root.traceback))}</pre></details>")
+                     f"<pre>{escape(plain_lines(name_cells_in(root.traceback)))}</pre></details>")
     parts.append(locals_html(root))
     tail = [line for line in root.stderr_tail if line.strip()][-20:]
     if tail:
@@ -146,9 +147,18 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
         if f is not root and not root.covers(f):
             how = "as a consequence" if f.consequence else "as well"
             parts.append(f'<div style="color:#6c757d">{escape(worker_name(f.rank))} ({f.device}) failed {how}: '
-                         f"{escape(f.summary())}</div>")
+                         f"{escape(one_line(f.summary()))}</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def plain_lines(text: str) -> str:
+    """Lines a run sent, as a terminal shows them: no escape sequence drawn as a glyph.
+
+    >>> plain_lines("ValueError: \x1b[31mred\x1b[0m\nnext")
+    'ValueError: red\nnext'
+    """
+    return "\n".join(shown(line) for line in text.split("\n"))
 
 
 def cell_card_html(cell: CellRecord) -> str:

@@ -233,7 +233,7 @@ def _run(magic: str, run_id: Optional[str]) -> Run:
     if run_id is None:
         run = last_run()
         if run is None:
-            raise UsageError(f"%{magic}: no run yet: start one with %ddp_fit FUNC")
+            raise UsageError(f"%{magic}: no run yet: start one with %ddp_fit FUNC (or a session: %ddp_session)")
         return run
     found = find_run(run_id)
     if found is not None:

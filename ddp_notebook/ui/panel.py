@@ -134,7 +134,12 @@ class DDPPanel(FullText, widgets.VBox):
         self.launch_button.disabled = not run.state.finished
 
     def show(self, run: Any, title: Optional[str] = None) -> RunView:
-        """Add a view of ``run`` (a retry's view goes below the run it retries)."""
+        """Add a view of ``run`` (a retry's view goes below the run it retries); its view when the
+        panel shows it already (a session formed again is told here twice: by the retry's button
+        and by the session)."""
+        shown = next((v for v in self.views if v.run is run), None)
+        if shown is not None:
+            return shown
         def on_retry(devices: list[str], parent: Any = run) -> Any:
             current = self._busy_with()
             if current is not None:
@@ -148,6 +153,8 @@ class DDPPanel(FullText, widgets.VBox):
         view = RunView(run, title=title, on_retry=on_retry if hasattr(run, "retry") else None)
         self.views.append(view)
         self.views_box.children = list(self.views)
+        for older in self.views[:-1]:  # what they say of the run after theirs (a session formed again)
+            older.refresh()
         self._follow_launch_button(run)
         run.subscribe(lambda _event: self._status_changed())
         self._status_changed()
@@ -169,6 +176,12 @@ class DDPPanel(FullText, widgets.VBox):
                 return
             self._shown_key = key
             self._update(self)
+
+    def close(self) -> None:
+        """Close the panel and its views (they stop following their runs)."""
+        for view in self.views:
+            view.close()
+        super().close()
 
     def fallback_html(self) -> str:
         return "".join(v.fallback_html() for v in self.views) or "<pre>DDPPanel (no run yet)</pre>"

@@ -30,10 +30,11 @@ from typing import Any, Optional
 
 import ipywidgets as widgets
 
+from ..core.console import one_line as plain
 from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
 from ..core.state import RunState, RunStatus, WorkerStatus, train_loss_of, valid_loss_of
-from ..lifecycle.session import session_of
+from ..lifecycle.session_state import formed_after, session_of
 from .html import (
     ORANGE,
     RED,
@@ -342,7 +343,7 @@ class RunView(FullText, widgets.VBox):
                 activity = session_rank_text(state, r, now)
                 failed = next((f for f in last.failures if f.rank == r), None) if last and activity else None
                 self._render_row(row, state.workers[r], r in failed_ranks or failed is not None, now, activity,
-                                 failed.summary() if failed is not None else "")
+                                 plain(failed.summary()) if failed is not None else "")
             for i, r in enumerate(self.rows):
                 self.outputs.children[i].value = output_html(state.workers[r])
             self._render_card(state)
@@ -374,6 +375,8 @@ class RunView(FullText, widgets.VBox):
         if state.supervisor_error is not None:
             return (f'<span style="color:{RED}">ddp_notebook\'s supervision of this run failed: '
                     f"{escape(state.supervisor_error)}</span>")
+        if state.origin == "session":
+            return self._session_note(state, now)
         stopping = state.stop_reason is not None or getattr(self.run, "stop_requested", False)
         if stopping and not state.finished:
             reason = f" ({escape(state.stop_reason)})" if state.stop_reason else ""
@@ -384,7 +387,7 @@ class RunView(FullText, widgets.VBox):
         quiet = state.quiet_note
         if quiet is not None and not state.finished:  # who holds the others up, before any watchdog decides
             return f'<span class="ddp-quiet-run" style="color:{ORANGE}"><b>No progress:</b> {escape(quiet)}</span>'
-        return self._session_note(state, now) if state.origin == "session" else ""
+        return ""
 
     def _session_note(self, state: RunState, now: float) -> str:
         """What a session's run does now, or how its last request ended, and how it ended."""
@@ -394,9 +397,20 @@ class RunView(FullText, widgets.VBox):
         for line in session_lines(state, now):
             color = next((c for start, c in colors.items() if line.startswith(start)), "")
             lines.append(f'<div style="{WRAP};color:{color or "inherit"}">{escape(line)}</div>')
-        if state.session_status == "ended":
-            lines.append(f'<div style="{WRAP};color:{RED}"><b>Ended:</b> its ranks are gone; Re-form below forms the '
-                         "session again (its namespaces are lost).</div>")
+        quiet = state.quiet_note
+        if quiet is not None and not state.finished:  # who holds the others up in the cell
+            lines.append(f'<div class="ddp-quiet-run" style="{WRAP};color:{ORANGE}"><b>No progress:</b> '
+                         f"{escape(quiet)}</div>")
+        later = formed_after(self.run) if state.finished else None
+        why = f" ({escape(state.stop_reason)})" if state.stop_reason else ""
+        if later is not None:  # restart(), Re-form, a request cut: the session lives on in another run
+            lines.append(f'<div style="{WRAP}"><b>Formed again</b> as run <code>{escape(later.id)}</code>, which holds '
+                         f"the session's ranks now (the ranks of this run are gone){why}.</div>")
+        elif state.session_status == "ended":
+            lines.append(f'<div style="{WRAP};color:{RED}"><b>Ended</b>{why}: its ranks are gone; Re-form below forms '
+                         "the session again (its namespaces are lost).</div>")
+        elif not state.finished and state.stop_reason:
+            lines.append(f'<div style="{WRAP}"><i>Stopping{why}: its ranks are being ended.</i></div>')
         elif state.session_status == "closed":
             lines.append(f'<div style="{WRAP}"><i>Closed: its ranks have left; ddp_notebook.session(...) or '
                          "%ddp_session forms a new one.</i></div>")
@@ -493,7 +507,8 @@ class RunView(FullText, widgets.VBox):
     def _render_card(self, state: RunState) -> None:
         root = state.root_failure
         session = state.origin == "session"
-        reform = session and state.session_status == "ended"  # re-formed from its card, whatever ended it
+        # Re-formed from its card, whatever ended it, unless the session was formed again since.
+        reform = session and state.session_status == "ended" and formed_after(self.run) is None
         if root is not None:
             self.card.value = failure_card_html(root, state.failures, state.healthy_devices)
         elif session and state.failed_cell is not None:  # the session goes on: fix the cell, run it again

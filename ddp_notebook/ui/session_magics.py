@@ -78,7 +78,16 @@ def show_session_view(value: Session) -> bool:
     from .panel import DDPPanel  # ipywidgets: only in a notebook
 
     mine = weakref.ref(value)  # a view never keeps its session alive (its finalizer ends the ranks)
-    display_kept_current(DDPPanel(run, on_start=lambda new: _follow_reform(mine(), new)))
+    panel = DDPPanel(run, on_start=lambda new: _follow_reform(mine(), new))
+    display_kept_current(panel)
+    shown = weakref.ref(panel)
+
+    def formed_again(new: Any) -> None:  # however it was (restart, Re-form, a request cut): shown below
+        if (p := shown()) is not None:
+            p.show(new)
+        _follow_reform(mine(), new)
+
+    value.on_new_run(formed_again)
     return True
 
 
@@ -143,7 +152,10 @@ class SessionMagics(Magics):
             except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
                 raise UsageError(f"%ddp_session: {e}") from None
             self._set_current(current)
-            print(f"Session ready: {_ranks(len(current.devices))} on {', '.join(current.devices)}.")
+            run = current.current_run
+            print(f"Session ready: {_ranks(len(current.devices))} on {', '.join(current.devices)} "
+                  f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
+            show_session_view(current)
             return
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:

@@ -11,7 +11,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUITE = ("launch_bench.py", "fit_bench.py", "overhead_bench.py", "reliability_bench.py", "engines_bench.py",
-         "relaunch_bench.py", "data_bench.py", "experiments_bench.py")
+         "relaunch_bench.py", "data_bench.py", "experiments_bench.py", "first_error_bench.py")
 
 if __name__ == "__main__":
     failed = 0

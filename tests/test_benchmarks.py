@@ -34,8 +34,11 @@ def test_benchmark_suite_smoke_mode_prints_every_table():
     out = subprocess.run([sys.executable, RUN, "--smoke"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     tables = [block for block in out.stdout.split("\n\n") if block.startswith("| ")]
-    assert len(tables) == 10, out.stdout
-    launch, fit, overhead, reliability, engines, relaunch, data, result, trackers, comparison = tables
+    assert len(tables) == 11, out.stdout
+    launch, fit, overhead, reliability, engines, relaunch, data, result, trackers, comparison, first_error = tables
+    assert [row.split("|")[1].strip() for row in first_error.splitlines()[2:]] == [
+        "`ddp_notebook.launch` (+ `wait()`)", "accelerate `notebook_launcher`"]
+    assert "main worker (cpu:0) failed: ValueError: rank 0 raised" in first_error.splitlines()[2]
     assert [row.split("|")[1].strip() for row in launch.splitlines()[2:]] == [
         "ddp_notebook, fork server started by the launch", "torch.multiprocessing fork"]
     assert all(len(row.split("|")) == 9 for row in launch.splitlines())

@@ -551,7 +551,7 @@ class SessionRanks(Scripted):
         self._call("send", tuple(ranks), request["op"])
         later = []
         if request["op"] == "ping":
-            later += [self.delay, [WorkerEvent(r, {"kind": "session", "op": "pong", "time": 0.0})
+            later += [self.delay, [WorkerEvent(r, {"kind": "pong", "time": 0.0})
                                    for r in ranks if r in self.answers]]
             for rank, after in self.dies.items():
                 later += [after, [Exited(rank, code=-9, signal="SIGKILL")]]
@@ -661,3 +661,39 @@ def test_ranks_that_all_wait_in_a_collective_when_interrupted_are_named_where_wi
     outcome = phase.outcome
     assert outcome.left_waiting == {0: "recv (<ddp cell 1>:1)", 1: "recv (<ddp cell 1>:1)"} and not outcome.stuck
     assert outcome.cut and outcome.interrupted
+
+
+# ---- the first error at once, when the peers sit idle -------------------------------------------
+def test_a_lone_error_beside_idle_peers_that_live_is_judged_at_once_not_after_the_window():
+    clock = FakeClock()
+    transport = SessionRanks(clock, answers={0}, delay=0.005, cpu={0: 0.0, 1: 0.0},
+                             script=[started(0) + started(1), [error(1, "boom"), Exited(1, code=1)]])
+    sup, stream = supervise(transport)
+    sup.supervise()
+    assert stream.state.root_failure.rank == 1
+    assert transport.called("send") == [("send", (0,), "ping")]  # it showed it lives before the error was judged
+    interrupted_at = [c for c in transport.calls if c[0] == "interrupt"][0][-1]
+    assert interrupted_at - 1000.0 <= supervisor.IDLE_LOOK + 0.02
+
+
+def test_a_busy_peer_keeps_the_window_open_and_its_same_error_makes_it_the_runs():
+    clock = FakeClock()
+    transport = SessionRanks(clock, answers={0, 1}, cpu={0: 1.0, 1: 1.0},
+                             script=[started(0) + started(1), [error(1, "KeyError: 'x'")], 0.4,
+                                     [error(0, "KeyError: 'x'", t=0.4)]])
+    sup, stream = supervise(transport)
+    sup.supervise()
+    assert stream.state.root_failure.same_on == ["cpu:0", "cpu:1"]
+    assert transport.called("send") == []  # computing: about to raise it too, so awaited
+
+
+def test_an_idle_peer_that_cannot_show_it_lives_is_awaited_and_its_death_is_the_cause():
+    # A rank killed closes its sockets before its end shows: the peer's knock-on error comes first.
+    clock = FakeClock()
+    transport = SessionRanks(clock, answers=(), dies={1: 0.3}, cpu={0: 0.0, 1: 0.0},
+                             script=[started(0) + started(1), [error(0, "Connection closed by peer")]])
+    sup, stream = supervise(transport)
+    sup.supervise()
+    root = stream.state.root_failure
+    assert root.rank == 1 and root.signal == "SIGKILL", root
+    assert [f.consequence for f in stream.state.failures if f.rank == 0] == [True]

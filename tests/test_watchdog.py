@@ -37,7 +37,9 @@ def test_auto_names_a_frozen_rank_its_peer_waits_for(floor, bad_rank, report_fir
                                f"(cpu:{bad_rank}) failed: stalled: no progress for ")
     assert "time.sleep(3600)" in err.failure.traceback  # the hung rank's own stack
     assert [f.rank for f in run.failures if not f.consequence] == [bad_rank]
-    assert {w.rank: w.status for w in run.workers}[1 - bad_rank] == "stopped"
+    # The peer was ended: stopped, or failed as a knock-on when the hung rank's end reached its
+    # collective before the interrupt did (either way not a cause).
+    assert {w.rank: w.shown_status for w in run.workers}[1 - bad_rank] in ("stopped", "knock-on")
 
 
 def test_auto_never_fails_a_rank_that_works_while_its_peer_waits(floor):

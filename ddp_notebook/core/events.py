@@ -48,7 +48,8 @@ class EventKind(TextEnum):
     MEETING = "meeting"  # rank 0 on an engine serves the run's store (port): the other ranks may start
     ALIVE = "alive"  # a rank on an engine is alive (every second; its host's link is up)
     STACKS = "stacks"  # a rank on an engine dumped its stacks (text), for the stall watchdog
-    # A session's rank answers the notebook (op: hello, out, display, pong, done, error; its
+    PONG = "pong"  # a rank's lifeline answers the supervisor's ping: it lives (a failure is being settled)
+    # A session's rank answers the notebook (op: hello, out, display, done, error; its
     # body pickled as the attachment): for the session, never an event of the run.
     SESSION = "session"
 
@@ -86,8 +87,8 @@ class Control(TextEnum):
     STOP = "stop"  # the run asks the rank to stop (ctx.should_stop)
     FLUSH = "flush"  # send the progress report held back by throttling, if any
     RELEASE = "release"  # every rank is done: leave
-    # A session's request (op: run, push, pull, interrupt, ping, idle, close; its body
-    # pickled as the attachment), for the session's loop on the rank.
+    # A request (op: ping, answered by the rank's lifeline in every mode; a session's run, push,
+    # pull, interrupt, idle, close, its body pickled as the attachment, for the session's loop).
     REQUEST = "request"
 
 

@@ -185,6 +185,18 @@ def _size(path: str) -> int:
 IDLE_CPU = 0.05
 
 
+def cpu_idle(cpu_then: Optional[float], cpu_now: Optional[float], elapsed: float) -> Optional[bool]:
+    """Whether a rank used under ``IDLE_CPU`` of a core between two readings of its CPU seconds
+    ``elapsed`` seconds apart (asleep, blocked; a rank about to raise computes); None: unknown.
+
+    >>> cpu_idle(1.0, 1.001, 0.1), cpu_idle(1.0, 1.08, 0.1), cpu_idle(None, 1.0, 0.1)
+    (True, False, None)
+    """
+    if cpu_then is None or cpu_now is None:
+        return None
+    return cpu_now - cpu_then < IDLE_CPU * max(elapsed, 1e-3)
+
+
 def stayed_idle(where_then: object, where_now: object, cpu_then: Optional[float], cpu_now: Optional[float],
                 elapsed: float) -> bool:
     """Whether a rank stayed at one place (its stack, or a site in it) between two looks
@@ -197,7 +209,7 @@ def stayed_idle(where_then: object, where_now: object, cpu_then: Optional[float]
     """
     if not where_now or where_then != where_now:
         return False
-    return cpu_then is None or cpu_now is None or cpu_now - cpu_then < IDLE_CPU * max(elapsed, 1e-3)
+    return cpu_idle(cpu_then, cpu_now, elapsed) is not False
 _NAMED_IN_NOTE = 4  # ranks a waiting rank's note names before "..."
 # Frames of decorators around torch.distributed's functions (c10d_logger's ``wrapper``): the
 # collective is the function they wrap.

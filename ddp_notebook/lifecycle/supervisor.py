@@ -10,7 +10,10 @@ has ended. It owns the run's bookkeeping, written once for every executor:
   that dies closes its sockets before its death is visible, so a peer's knock-on error can
   arrive first: ``transport.settle``), and an error raised by the function waits up to
   ``SAME_ERROR_WINDOW`` for the other ranks' (ranks in step raise the same error within
-  milliseconds, and then it is the run's error, not one rank's). *Decide*: ``order_failures``
+  milliseconds, and then it is the run's error, not one rank's), unless those ranks sit idle
+  (asleep, or blocked in a collective for the rank that raised: not about to raise it; their CPU
+  time says so within ``IDLE_LOOK``), so that the first error reaches the notebook at once.
+  *Decide*: ``order_failures``
   names the root cause among every failure known (silent deaths first, then the earliest report)
   and marks the rest as consequences; a failure seen later is judged again with the others, and
   a failure whose verdict changes is emitted again under its id;
@@ -43,10 +46,10 @@ from ..executors.base import Exited, Observation, Output, Transport, WorkerEvent
 from ..transfer.loading import Received
 from .cell_phase import CellPhase, Look
 from .clock import REAL_CLOCK, Clock
-from .stall import collective_name, is_waiting_in_collective, user_site
+from .stall import collective_name, cpu_idle, is_waiting_in_collective, user_site
 from .watchdog import DEFAULT_FLOOR, StallSetting, Watchdog
 
-__all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW", "PROOF_WAIT"]
+__all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW", "IDLE_LOOK", "PROOF_WAIT"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,9 @@ _STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
 # Seconds the first error raised by the function waits for the other ranks' before the cause is
 # named: ranks in step raise the same error within milliseconds of each other.
 SAME_ERROR_WINDOW = 1.0
+#: How long the ranks that did not raise are watched before they are judged idle (and the window
+#: closed for them): a busy rank's CPU time grows by that much; an idle one's hardly at all.
+IDLE_LOOK = 0.05
 # Seconds a session's ranks outside a failed cell get to show they live (they answer in
 # milliseconds; a dead one's exit is seen within that).
 PROOF_WAIT = 5.0
@@ -237,11 +243,11 @@ class Supervisor:
 
     def _on_event(self, rank: int, event: dict[str, Any], result: Optional[Received]) -> None:
         kind = event.get("kind")
+        if kind == EventKind.PONG:  # a settle's proof of life: the supervisor's alone
+            self._live.add(rank)
+            return
         if kind == EventKind.SESSION:
             op, phase = event.get("op"), self._phase
-            if op == "pong":  # a settle's proof of life: the supervisor's alone
-                self._live.add(rank)
-                return
             if op in ("done", "error") and phase is not None and event.get("id") == phase.id and \
                     rank in phase.waiting():
                 phase.answered(rank, op, bool(event.get("interrupted")), self.clock.monotonic())
@@ -360,12 +366,24 @@ class Supervisor:
         if (first.kind in SILENT_KINDS and first.kind != FailureKind.SERVER) or first.kind == FailureKind.STALL:
             return
         deadline = self.clock.monotonic() + SAME_ERROR_WINDOW
+        look: Optional[tuple[float, dict[int, Optional[float]]]] = None  # when, and the ranks' CPU seconds then
         while True:
             waiting = [r for r in self.ranks if r not in self.reported and r not in self.exited]
-            left = deadline - self.clock.monotonic()
+            now = self.clock.monotonic()
+            left = deadline - now
             if not waiting or left <= 0 or any(not first.same_error_as(f) for f in self._collected):
                 return
-            self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
+            if look is not None and now - look[0] >= 0.9 * IDLE_LOOK:  # (a poll may return a hair early)
+                cpu = self.transport.cpu_seconds(waiting)
+                # None of them computes, so none is about to raise it too: once each shows it lives
+                # (a dying rank, idle too, may not show its end yet), the first error is judged.
+                if all(cpu_idle(look[1].get(r), cpu.get(r), now - look[0]) for r in waiting):
+                    self._prove_alive(waiting, deadline)
+                    return
+                look = (now, cpu)
+            elif look is None:
+                look = (now, self.transport.cpu_seconds(waiting))
+            self._collect(self.transport.poll(min(left, _WINDOW_POLL, IDLE_LOOK)))
 
     # ---- a session's request: a phase of the run -------------------------------------------------
     def _check_cell(self) -> None:
@@ -405,17 +423,25 @@ class Supervisor:
         pipes may close after its peers saw its sockets close), or one of them ends, within
         ``PROOF_WAIT``; then judged. A death found is the run's failure, and its cause."""
         self._collect(self.transport.settle([r for r in self._alive() if r not in self.reported]))
-        asked = [r for r in live if r not in self.exited]
-        self._live -= set(asked)
-        if asked:
-            self.transport.send(asked, {"op": "ping"})  # one it cannot reach has ended: its exit shows
-            deadline = self.clock.monotonic() + PROOF_WAIT
-            while not self._live.issuperset(asked) and not self.exited.intersection(asked):
-                left = deadline - self.clock.monotonic()
-                if left <= 0:
-                    break
-                self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
+        self._prove_alive(live, self.clock.monotonic() + PROOF_WAIT)
         self._judge()
+
+    def _prove_alive(self, ranks: list[int], deadline: float) -> None:
+        """Ping ``ranks`` and collect until each answers from its lifeline's thread (which a dying
+        rank cannot), one of them ends, or ``deadline``."""
+        asked = [r for r in ranks if r not in self.exited]
+        self._live -= set(asked)
+        if not asked:
+            return
+        try:
+            self.transport.send(asked, {"op": "ping"})  # one it cannot reach has ended: its exit shows
+        except NotImplementedError:  # no way to ask (engines): nothing proven
+            return
+        while not self._live.issuperset(asked) and not self.exited.intersection(asked):
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                break
+            self._collect(self.transport.poll(min(left, _WINDOW_POLL)))
 
     def _decide(self, found: list[WorkerFailure]) -> None:
         """Name the root cause among every failure known, record the new ones and those whose

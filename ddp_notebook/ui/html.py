@@ -155,8 +155,8 @@ def failure_card_html(root: WorkerFailure, failures: Sequence[WorkerFailure], he
 def plain_lines(text: str) -> str:
     """Lines a run sent, as a terminal shows them: no escape sequence drawn as a glyph.
 
-    >>> plain_lines("ValueError: \x1b[31mred\x1b[0m\nnext")
-    'ValueError: red\nnext'
+    >>> plain_lines("ValueError: \\x1b[31mred\\x1b[0m\\nnext")
+    'ValueError: red\\nnext'
     """
     return "\n".join(shown(line) for line in text.split("\n"))
 

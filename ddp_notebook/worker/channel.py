@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..core.events import Control, encode, read_frame, write_all
+from ..core.events import Control, EventKind, encode, read_frame, write_all
 from .boot import EXIT_ORPHANED
 
 __all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline", "rank_channel", "take_requests"]
@@ -129,5 +129,8 @@ def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event,
         elif kind == Control.RELEASE:
             release.set()
             return
+        elif kind == Control.REQUEST and frame.get("op") == "ping":  # the supervisor settles a failure
+            if _rank_channel is not None:
+                _rank_channel.send({"kind": EventKind.PONG})  # from this thread: a dying rank cannot
         elif kind == Control.REQUEST and _requests is not None:
             _requests(frame)

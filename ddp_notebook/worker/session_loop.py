@@ -145,13 +145,11 @@ class _Rank:
         self.send({"op": "out", "cell": cell, "stream": stream, "text": text})
 
     def requested(self, frame: dict[str, Any]) -> None:
-        """A request, on the lifeline's thread: an interrupt or a ``ping`` is acted on at once, the
-        rest goes to the inbox (the main thread serves it)."""
+        """A request, on the lifeline's thread: an interrupt is acted on at once, the rest goes to
+        the inbox (the main thread serves it; the lifeline answers a ``ping`` itself)."""
         op = frame.get("op")
         if op == "interrupt":
             self.interrupt(frame.get("cell"))
-        elif op == "ping":  # the run's supervisor settles a failed cell: this rank lives
-            self.send({"op": "pong"})
         else:
             self.inbox.put(pickling.joined(frame, frame.get("blob"), SESSION_ROUTED))
 

@@ -39,6 +39,14 @@ def _free_port():
 
 @pytest.fixture
 def lab(tmp_path):
+    with serve_lab(tmp_path) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_lab(tmp_path, disabled=()):
+    """A JupyterLab server of its own (home, settings and root under ``tmp_path``), with the lab
+    extensions ``disabled`` off (as ``jupyter labextension disable`` does): (url, token, root)."""
     home = tmp_path / "home"
     root = tmp_path / "root"
     root.mkdir()
@@ -47,6 +55,10 @@ def lab(tmp_path):
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
     (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    if disabled:
+        (home / "config" / "labconfig").mkdir(parents=True)
+        (home / "config" / "labconfig" / "page_config.json").write_text(
+            json.dumps({"disabledExtensions": {name: True for name in disabled}}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
     port, token = _free_port(), os.urandom(12).hex()
@@ -65,9 +77,11 @@ def lab(tmp_path):
         except OSError:
             assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()
             time.sleep(0.2)
-    yield base, token, root
-    server.terminate()
-    server.wait(timeout=30)
+    try:
+        yield base, token, root
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def shot(locator, name, tries=5):

@@ -7,6 +7,9 @@ live; the package does it on import inside IPython, and the extension on load.
 from __future__ import annotations
 
 import sys
+import threading
+import time
+import weakref
 from collections.abc import Callable
 from html import escape
 from typing import Any, Optional
@@ -62,11 +65,19 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     return panel
 
 
+#: Seconds a front end has to open a view of a panel before its display is kept current as HTML.
+VIEW_WAIT = 5.0
+#: Seconds between two updates of the HTML form of a panel no front end shows as a widget.
+HTML_PACE = 1.0
+
+
 def display_kept_current(panel: Any) -> None:
     """Display ``panel`` with a display id, and send its display again at each status change of
     its runs: what shows no widget (GitHub, nbviewer, nbconvert, a notebook reopened untrusted)
     shows the fallback of the last update, which ends on the outcome, not the "starting" of the
-    first display.
+    first display. Where no front end opens a view of it within ``VIEW_WAIT`` (widgets that do
+    not render: a front end without ipywidgets' manager, VS Code or Colab at times), its HTML
+    form is sent again every ``HTML_PACE`` while its runs go on: the steps, rates and clock move.
 
     The updates come from the runs' threads; they are sent in the context of the cell that
     displayed the panel (``contextvars``), whose output they update, whatever cell runs then.
@@ -75,12 +86,41 @@ def display_kept_current(panel: Any) -> None:
 
     from IPython.display import display
 
+    panel._view_count = 0  # ipywidgets' view tracking: each front end view counts itself here
     handle = display(panel, display_id=True)
     if handle is None:  # no display id where nothing displays (a shell without a front end)
         return
     panel.display_handle = handle  # (what a notebook's build updates once more at its end)
     cell = contextvars.copy_context()
-    panel.keep_current(lambda shown: cell.copy().run(handle.update, shown))
+
+    def send(shown: Any) -> None:
+        cell.copy().run(handle.update, shown)
+
+    panel.keep_current(send)
+    threading.Thread(target=_unless_viewed, args=(weakref.ref(panel), send), name="ddp-html-view",
+                     daemon=True).start()
+
+
+def _unless_viewed(panel: Callable[[], Any], send: Callable[[Any], None]) -> None:
+    """If no front end opens a view of the panel within ``VIEW_WAIT``, send its display (its HTML
+    form shows) every ``HTML_PACE`` while any of its runs goes on, then once more at the end."""
+    deadline = time.monotonic() + VIEW_WAIT
+    while time.monotonic() < deadline:
+        shown = panel()
+        if shown is None or shown._view_count:  # a widget view: it follows the runs itself
+            return
+        del shown
+        time.sleep(0.2)
+    while True:
+        shown = panel()
+        if shown is None or shown._view_count:
+            return
+        going_on = shown.going_on()
+        send(shown)
+        if not going_on:
+            return
+        del shown  # (never held while asleep: a closed panel is collected)
+        time.sleep(HTML_PACE)
 
 
 class _Report:

@@ -7,7 +7,7 @@ run's noise and a long run's early drop readable.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import ipywidgets as widgets
 
@@ -15,7 +15,7 @@ from .text import format_metric
 
 __all__ = ["LossPlot", "smooth", "plot_png", "epoch_plot_png", "step_label"]
 
-Series = dict[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
+Series = Mapping[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
 
 
 def smooth(points: Sequence[tuple[float, float]], weight: float) -> list[tuple[float, float]]:

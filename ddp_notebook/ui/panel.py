@@ -183,6 +183,10 @@ class DDPPanel(FullText, widgets.VBox):
             view.close()
         super().close()
 
+    def going_on(self) -> bool:
+        """Whether a run it shows goes on (its display may still change)."""
+        return any(not v.run.state.finished for v in self.views)
+
     def fallback_html(self) -> str:
         return "".join(v.fallback_html() for v in self.views) or "<pre>DDPPanel (no run yet)</pre>"
 

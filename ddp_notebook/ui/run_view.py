@@ -18,6 +18,7 @@ at once.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import re
@@ -44,7 +45,7 @@ from .html import (
     failure_card_html,
     liveness_html,
 )
-from .loss_plot import LossPlot, epoch_plot_png
+from .loss_plot import LossPlot, epoch_plot_png, plot_png
 from .text import (
     format_data,
     format_duration,
@@ -613,7 +614,8 @@ class RunView(FullText, widgets.VBox):
             self.refresh()
 
     def fallback_html(self) -> str:
-        """The run as static HTML: its text view, its epoch table, its failure card."""
+        """The run as static HTML: its text view, its loss plot (an image), its epoch table, its
+        failure card."""
         state: RunState = self.run.state
         main, last = self._main_epochs(state)
         table = epoch_table_html(main.epoch_history, main.epochs, last) if main is not None else ""
@@ -621,8 +623,12 @@ class RunView(FullText, widgets.VBox):
         card = failure_card_html(root, state.failures, state.healthy_devices) if root is not None else ""
         if root is None and state.origin == "session" and state.failed_cell is not None:
             card = cell_card_html(state.failed_cell)
+        series = {f"rank {r} ({w.device})": w.loss_points for r, w in sorted(state.workers.items()) if w.loss_points}
+        plot = (f'<img class="ddp-fallback-plot" alt="loss by step" src="data:image/png;base64,'
+                f'{base64.b64encode(plot_png(series, False, False)).decode()}">') if series else ""
         # Not redrawn as time passes: a session's request says since when it runs, not for how long.
-        return f'<div class="ddp-fallback"><pre>{escape(format_run(state, frozen=True))}</pre>{table}{card}</div>'
+        return (f'<div class="ddp-fallback"><pre>{escape(format_run(state, frozen=True))}</pre>{plot}{table}{card}'
+                "</div>")
 
     def status_key(self) -> tuple:
         """What changes at a status change, and not at every report: the run's status, its

@@ -59,12 +59,16 @@ def test_a_runs_folder_of_another_user_is_refused(tmp_path, other_user):
 @pytest.mark.processes
 def test_a_sticky_shared_folder_like_tmp_is_fine_and_runs_are_owner_only(tmp_path):
     folder = shared(tmp_path, 0o1777)
-    run = ddp_notebook.launch(lambda ctx: ctx.rank, devices="cpu*2", run_root=str(folder / "runs"))
+    run = ddp_notebook.launch(faults.saves_a_checkpoint, devices="cpu*2", run_root=str(folder / "runs"))
     assert run.wait(timeout=120) == 0
+    # Every file of a run is its owner's alone, every folder too (the event log, the checkpoints and
+    # the pointers to the latest and best among them included).
+    modes = {os.path.relpath(os.path.join(d, n), run.run_dir): stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)
+             for d, dirs, files in os.walk(run.run_dir) for n in dirs + files}
+    assert {"events.jsonl", RunDir.RESULT, "checkpoints", "checkpoints/latest", "checkpoints/best"} <= set(modes)
+    assert {p: m for p, m in modes.items() if m != (0o700 if os.path.isdir(os.path.join(run.run_dir, p)) else 0o600)} \
+        == {}
     assert stat.S_IMODE(os.stat(run.run_dir).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(os.path.join(run.run_dir, RunDir.RESULT)).st_mode) == 0o600
-    for rank in (0, 1):
-        assert stat.S_IMODE(os.stat(RunDir(run.run_dir).stack_file(rank)).st_mode) == 0o600
 
 
 ATTACK = textwrap.dedent("""

@@ -302,8 +302,12 @@ class RunDir:
         os.replace(path + ".tmp", path)
         for marker in (self.LATEST, self.BEST) if best else (self.LATEST,):
             name = os.path.join(self.checkpoint_dir, marker)
-            with open(name + ".tmp", "w") as f:
-                f.write(os.path.basename(path))
+            try:
+                os.unlink(name + ".tmp")  # left by a crash mid-save
+            except FileNotFoundError:
+                pass
+            with self.open_private(name + ".tmp", "wb") as f:  # owner-only, as every file of a run
+                f.write(os.path.basename(path).encode())
             os.replace(name + ".tmp", name)
         if keep is not None:
             self.prune_checkpoints(keep)

@@ -760,12 +760,12 @@ class Run:
         """The ranks as ``torch.multiprocessing`` shows its children, in rank order: each a
         :class:`~ddp_notebook.lifecycle.torch_compat.WorkerProcess` (``pid``, ``is_alive()``,
         ``exitcode``, ``join()``), read from the run's state as it is now."""
-        return [WorkerProcess(rank, functools.partial(lambda r: self.state.workers[r], rank), self._finished,
-                              self.stop)
+        return [WorkerProcess(rank, functools.partial(lambda r: self.state.workers[r], rank), self._finished, self.stop)
                 for rank in range(len(self.devices))]
 
     def pids(self) -> list[Optional[int]]:
-        """The ranks' process ids, in rank order (None for a rank not started yet)."""
+        """The ranks' process ids, in rank order (None for a rank not started yet): a method, as
+        torch's ``ProcessContext.pids()`` is, so code written for it runs unchanged."""
         return [p.pid for p in self.processes]
 
     @property

@@ -187,10 +187,9 @@ class WorkerContext:
         self.resume_from = resume_from
         # Ranks on engines (maybe on other hosts, with no shared file system): the checkpoint to
         # resume from arrives as bytes, and a saved one travels to the notebook as an event.
-        #: On an engine: the checkpoint to resume from, as bytes (set by the engine's runner).
-        self.resume_data: Optional[bytes] = None
-        #: On an engine: checkpoints are sent to the notebook, which writes them (set by the engine's runner).
-        self.checkpoints_to_notebook = False
+        # The runner's, not the user's (set by the engine's runner):
+        self._resume_data: Optional[bytes] = None  # on an engine: the checkpoint to resume from, as bytes
+        self._checkpoints_to_notebook = False  # on an engine: checkpoints go to the notebook, which writes them
         #: The steps ``batches`` has counted (what ``log`` reports when not given a step).
         self.step = 0
         #: The current epoch of ``epochs`` (None outside it).
@@ -544,7 +543,7 @@ class WorkerContext:
         directory = RunDir(self.run_dir)
         event = {"kind": EventKind.CHECKPOINT, "rank": self.rank, "epoch": epoch,
                  "path": directory.checkpoint_path(epoch), "time": time.time(), "keep": keep, "best": bool(best)}
-        if self.checkpoints_to_notebook:  # the notebook writes it where a local run would have
+        if self._checkpoints_to_notebook:  # the notebook writes it where a local run would have
             buffer = io.BytesIO()
             torch.save(state, buffer)
             self._send(dict(event, data=buffer.getvalue()))
@@ -566,8 +565,8 @@ class WorkerContext:
             return None
         import torch
 
-        if self.resume_data is not None:
-            return torch.load(io.BytesIO(self.resume_data), map_location=self.device, weights_only=False)
+        if self._resume_data is not None:
+            return torch.load(io.BytesIO(self._resume_data), map_location=self.device, weights_only=False)
         path = self.resume_from if os.path.isfile(self.resume_from) else latest_checkpoint(self.resume_from)
         if path is None:
             return None

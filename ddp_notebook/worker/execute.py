@@ -171,8 +171,8 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
             backend=cfg["backend"], run_id=cfg["run_id"], run_dir=cfg["run_dir"], send=send, stop_event=stop,
             progress_interval=cfg.get("progress_interval", 0.1), resume_from=cfg.get("resume_from"),
         )
-        ctx.resume_data = cfg.get("resume_data")
-        ctx.checkpoints_to_notebook = bool(cfg.get("checkpoints_to_notebook"))
+        ctx._resume_data = cfg.get("resume_data")
+        ctx._checkpoints_to_notebook = bool(cfg.get("checkpoints_to_notebook"))
         context.set_current(ctx)
         send({"kind": EventKind.READY, **({"torch": torch.__version__} if rank == 0 else {})})
         where.phase = Phase.RUN

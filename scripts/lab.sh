@@ -3,7 +3,7 @@
 # token is printed). Extra arguments go to jupyter lab, e.g. --port 8899.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh tutorials
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-root)  # Jupyter refuses root unless told
 exec .venv/bin/jupyter lab --ip=127.0.0.1 --no-browser "${extra[@]}" notebooks/01_quickstart.ipynb "$@"

@@ -411,3 +411,25 @@ def test_the_loss_plots_steps_read_as_people_read_them():
     from ddp_notebook.ui.loss_plot import step_label
 
     assert [step_label(x) for x in (0.0, 20000.0, 100000.0, 1_500_000.0)] == ["0", "20k", "100k", "1.5M"]
+
+
+@pytest.mark.unit
+def test_the_panel_shows_at_once_and_offers_the_devices_it_finds_later_the_choice_kept():
+    import threading
+    import time
+
+    found = threading.Event()
+
+    def slowly():  # as finding the GPUs is where the notebook has not imported torch
+        found.wait(30)
+        return ["cuda:0", "cpu:0", "cpu:1", "cpu:2"]
+
+    panel = DDPPanel(launcher=lambda devices: fed(), available=slowly, selected=["cpu:0", "cpu:1"],
+                     validator=ddp_notebook.validate_devices)
+    assert list(panel.picker.options) == ["cpu:0", "cpu:1"] and panel.chosen_devices() == ["cpu:0", "cpu:1"]
+    found.set()
+    deadline = time.monotonic() + 30
+    while len(panel.picker.options) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(panel.picker.options) == ["cuda:0", "cpu:0", "cpu:1", "cpu:2"]
+    assert panel.chosen_devices() == ["cpu:0", "cpu:1"]  # the choice kept

@@ -59,7 +59,7 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     if launcher is None:
         panel = DDPPanel(run, on_start=on_start)
     else:
-        panel = DDPPanel(run, launcher=launcher, available=run._device_choices(),
+        panel = DDPPanel(run, launcher=launcher, available=run._device_choices,  # found on a thread: torch's import
                          selected=[str(d) for d in run.devices], validator=run._validate_devices, on_start=on_start)
     display_kept_current(panel)
     return panel

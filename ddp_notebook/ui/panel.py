@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from html import escape
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import ipywidgets as widgets
 
@@ -24,7 +24,9 @@ class DDPPanel(FullText, widgets.VBox):
     """Controls (device picker, Validate, Launch) above the views of a run and its retries.
 
     ``launcher(devices) -> Run`` starts a run on the chosen devices (``%ddp_fit`` gives one);
-    ``available`` are the devices the picker offers and ``validator(devices) -> report`` checks
+    ``available`` are the devices the picker offers (or a function that finds them: called on a
+    thread of its own, the picker offering the ``selected`` ones meanwhile, since finding the GPUs
+    imports torch, seconds in a notebook that has not) and ``validator(devices) -> report`` checks
     a choice (a run's ``_device_choices()`` and ``_validate_devices``). Without a launcher the panel
     only shows ``run`` and its retries. ``on_start(run)`` hears of every run the panel starts
     (launches and retries), so the notebook's idea of the current run follows it.
@@ -38,7 +40,8 @@ class DDPPanel(FullText, widgets.VBox):
     """
 
     def __init__(self, run: Any = None, launcher: Optional[Callable[[list[str]], Any]] = None,
-                 available: Sequence[str] = (), selected: Optional[Sequence[str]] = None,
+                 available: Union[Sequence[str], Callable[[], Sequence[str]]] = (),
+                 selected: Optional[Sequence[str]] = None,
                  validator: Optional[Callable[[list[str]], ValidationReport]] = None,
                  on_start: Optional[Callable[[Any], None]] = None) -> None:
         super().__init__()
@@ -57,10 +60,13 @@ class DDPPanel(FullText, widgets.VBox):
         self.report = widgets.HTML()
         children: list[Any] = []
         if launcher is not None:
-            options = list(available)
+            find = available if callable(available) else None
+            options = list(selected or ()) if find is not None else list(available)  # type: ignore[arg-type]
             chosen = [d for d in (selected or options[:2]) if d in options] or options[:1]
-            self.picker = widgets.SelectMultiple(options=options, value=tuple(chosen), rows=min(6, len(options)),
-                                                 description="devices")
+            self.picker = widgets.SelectMultiple(options=options, value=tuple(chosen),
+                                                 rows=min(6, max(len(options), 1)), description="devices")
+            if find is not None:
+                threading.Thread(target=self._offer, args=(find,), name="ddp-device-choices", daemon=True).start()
             self.validate_button = widgets.Button(description="Validate", icon="check")
             self.launch_button = widgets.Button(description="Launch", icon="play", button_style="success")
             self.validate_button.on_click(lambda _: self.validate())
@@ -71,6 +77,18 @@ class DDPPanel(FullText, widgets.VBox):
         self.children = children
         if run is not None:
             self.show(run)
+
+    def _offer(self, find: Callable[[], Sequence[str]]) -> None:
+        """Offer the devices ``find`` finds, the choice kept (the run's devices come first until then)."""
+        try:
+            found = list(find())
+        except Exception as e:  # noqa: BLE001 - said where the choice is made; the run's devices stay offered
+            self.report.value = f'<span style="color:{RED}">Finding the devices failed: {escape(str(e))}</span>'
+            return
+        chosen = self.picker.value
+        self.picker.options = found + [d for d in self.picker.options if d not in found]
+        self.picker.value = tuple(d for d in chosen if d in self.picker.options)
+        self.picker.rows = min(6, max(len(self.picker.options), 1))
 
     def chosen_devices(self) -> list[str]:
         # ranks follow the order of the picker's options, so cpu:0 stays the main worker

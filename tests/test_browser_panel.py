@@ -131,7 +131,11 @@ def test_panel_fits_at_1400px_shows_epochs_retries_once_and_says_when_it_is_stal
             timeout=120_000)
         page.wait_for_function(KERNEL_READY, timeout=60_000)  # both clicks handled by now
         expect(retried).to_have_count(1)  # one retry for a double click
+        page.set_viewport_size({"width": 1400, "height": 2400})  # the whole panel in view: the README's picture
+        fail_panel.scroll_into_view_if_needed()
+        page.wait_for_timeout(1500)  # (for the picture only: the retry's final plot is drawn after its title)
         shot(fail_panel, "panel-retried-once.png")
+        page.set_viewport_size({"width": 1400, "height": 1000})
         # The fallback of every display says the outcome once saved (not "starting").
         page.evaluate("() => { window.jupyterapp.commands.execute('docmanager:save'); }")
         deadline = time.monotonic() + 60
@@ -149,7 +153,14 @@ def test_panel_fits_at_1400px_shows_epochs_retries_once_and_says_when_it_is_stal
         assert page.evaluate(TITLE_OVER) == []
         page.set_viewport_size({"width": 1400, "height": 1000})
         note = long_panel.locator(".ddp-stale-note")
-        assert note.evaluate("e => getComputedStyle(e).visibility") == "hidden"
+        # (The note is drawn anew every tick: one read between a removal and its replacement is '' .)
+        shown = ""
+        for _ in range(100):
+            shown = note.evaluate("e => e.isConnected ? getComputedStyle(e).visibility : ''")
+            if shown:
+                break
+            page.wait_for_timeout(50)
+        assert shown == "hidden"
         # Kernel -> Restart, without its confirmation dialog.
         page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart(); }")
         expect(note).to_be_visible(timeout=60_000)

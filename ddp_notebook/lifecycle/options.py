@@ -33,7 +33,7 @@ else:  # pragma: no cover
 
 __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_from", "takes_launch_options",
            "Unpack", "check_seconds", "check_option_names", "check_flag", "options_set", "record_of", "MAX_SECONDS",
-           "MAX_THREADS"]
+           "MAX_THREADS", "UI_FORMS", "ui_form"]
 
 MAX_SECONDS = 365 * 24 * 3600  # a year: longer is a typo, and beyond what timers and timedelta take
 MAX_THREADS = 1024  # torch threads of one worker, far above any single machine
@@ -77,6 +77,11 @@ class LaunchOptions:
     report_to: Any = field(default=None, compare=False)
     """Trackers rank 0's logged values go to, from the notebook: ``"tensorboard"``, ``"mlflow"``, ``"wandb"``, a
     list of them, or a tracker object (a ``SummaryWriter``, anything with ``log(metrics, step)``)."""
+    ui: Optional[str] = None
+    """How its views show in a notebook: ``"widget"`` (the live panel), ``"html"`` (its HTML form, kept
+    current every second in place: where widgets do not render), ``"text"`` (its text, likewise).
+    Default ``$DDP_NOTEBOOK_UI``, else the panel, whose HTML form is kept current where no front end
+    opens a view of it within 5 s."""
 
     def __post_init__(self) -> None:
         for name in ("timeout", "stall_timeout", "stop_grace", "kill_grace", "progress_interval"):
@@ -99,6 +104,31 @@ class LaunchOptions:
         object.__setattr__(self, "name", check_name(self.name))
         object.__setattr__(self, "tags", check_tags(self.tags))
         object.__setattr__(self, "report_to", check_report_to(self.report_to))
+        ui_form(self.ui)  # a bad $DDP_NOTEBOOK_UI is said now, before anything starts
+
+
+#: How a run's views may show (``LaunchOptions.ui``).
+UI_FORMS = ("widget", "html", "text")
+
+
+def ui_form(ui: Optional[str]) -> str:
+    """The form a run's views take: ``ui``, else ``$DDP_NOTEBOOK_UI``, else ``"auto"`` (the panel,
+    its HTML form kept current where no front end opens a view of it).
+
+    Raises
+    ------
+    LaunchOptionError
+        ``ui`` or ``$DDP_NOTEBOOK_UI`` is not one of ``UI_FORMS``.
+    """
+    if ui is not None:
+        if not isinstance(ui, str) or ui not in UI_FORMS:
+            raise LaunchOptionError(f"ui must be {', '.join(map(repr, UI_FORMS))} or None (the default), not {ui!r}")
+        return ui
+    env = os.environ.get("DDP_NOTEBOOK_UI", "").strip()
+    if env and env not in UI_FORMS:
+        raise LaunchOptionError(f"$DDP_NOTEBOOK_UI is {env!r}: set it to {', '.join(map(repr, UI_FORMS))}, or unset "
+                                "it for the panel")
+    return env or "auto"
 
 
 def _is_auto(value: Any) -> bool:
@@ -170,6 +200,7 @@ class LaunchKwargs(TypedDict, total=False):
     name: Optional[str]
     tags: dict[str, Any]
     report_to: Any
+    ui: Optional[str]
 
 
 class CallMode(TextEnum):
@@ -211,8 +242,8 @@ class RunSettings:
 
 
 # The options a run's config records when set (core.experiment): the others say where and how it
-# is shown or kept (run_root, name, tags, report_to), are objects (engines), or may hold secrets (env).
-NOT_IN_CONFIG = frozenset({"run_root", "name", "tags", "report_to", "engines", "env"})
+# is shown or kept (run_root, name, tags, report_to, ui), are objects (engines), or may hold secrets (env).
+NOT_IN_CONFIG = frozenset({"run_root", "name", "tags", "report_to", "engines", "env", "ui"})
 
 
 def record_of(options: LaunchOptions, settings: RunSettings, devices: Sequence[Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from ..core.state import DataState
 from ..core.validation import ValidationReport
 from ..lifecycle.launch import show_while_waiting
+from ..lifecycle.options import ui_form
 from ..lifecycle.run import Run
 from ..lifecycle.sending import show_while_sending
 from .html import report_html
@@ -50,6 +51,7 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     """Display the live panel of ``run`` in a notebook (with ``launcher``: controls to relaunch
     it on other devices, offered and validated where it ran; ``on_start`` hears of every run the
     panel starts); print its state as text elsewhere."""
+    ui = ui_form(run.options.ui)
     if not in_notebook():
         print(format_run(run.state))
         return None
@@ -61,7 +63,7 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     else:
         panel = DDPPanel(run, launcher=launcher, available=run._device_choices,  # found on a thread: torch's import
                          selected=[str(d) for d in run.devices], validator=run._validate_devices, on_start=on_start)
-    display_kept_current(panel)
+    display_kept_current(panel, ui)
     return panel
 
 
@@ -71,13 +73,28 @@ VIEW_WAIT = 5.0
 HTML_PACE = 1.0
 
 
-def display_kept_current(panel: Any) -> None:
+class _Form:
+    """A panel shown in one of its static forms (``ui="html"``: HTML and text; ``"text"``: text)."""
+
+    def __init__(self, panel: Any, html: bool) -> None:
+        self.panel, self.html = panel, html
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        data = {"text/plain": repr(self.panel)}
+        if self.html:
+            data["text/html"] = self.panel.fallback_html()
+        return data
+
+
+def display_kept_current(panel: Any, ui: str = "auto") -> None:
     """Display ``panel`` with a display id, and send its display again at each status change of
     its runs: what shows no widget (GitHub, nbviewer, nbconvert, a notebook reopened untrusted)
     shows the fallback of the last update, which ends on the outcome, not the "starting" of the
     first display. Where no front end opens a view of it within ``VIEW_WAIT`` (widgets that do
     not render: a front end without ipywidgets' manager, VS Code or Colab at times), its HTML
     form is sent again every ``HTML_PACE`` while its runs go on: the steps, rates and clock move.
+    ``ui`` (``lifecycle.options.ui_form``): ``"widget"``, the panel and never its HTML form kept
+    current; ``"html"`` or ``"text"``, that form alone from the start, kept current so.
 
     The updates come from the runs' threads; they are sent in the context of the cell that
     displayed the panel (``contextvars``), whose output they update, whatever cell runs then.
@@ -86,25 +103,29 @@ def display_kept_current(panel: Any) -> None:
 
     from IPython.display import display
 
-    panel._view_count = 0  # ipywidgets' view tracking: each front end view counts itself here
-    handle = display(panel, display_id=True)
+    shown: Any = _Form(panel, html=ui == "html") if ui in ("html", "text") else panel
+    if shown is panel:
+        panel._view_count = 0  # ipywidgets' view tracking: each front end view counts itself here
+    handle = display(shown, display_id=True)
     if handle is None:  # no display id where nothing displays (a shell without a front end)
         return
     panel.display_handle = handle  # (what a notebook's build updates once more at its end)
     cell = contextvars.copy_context()
 
-    def send(shown: Any) -> None:
+    def send(_panel: Any) -> None:
         cell.copy().run(handle.update, shown)
 
     panel.keep_current(send)
-    threading.Thread(target=_unless_viewed, args=(weakref.ref(panel), send), name="ddp-html-view",
-                     daemon=True).start()
+    if ui != "widget":
+        wait = VIEW_WAIT if shown is panel else 0.0  # a static form is kept current from the start
+        threading.Thread(target=_unless_viewed, args=(weakref.ref(panel), send, wait), name="ddp-html-view",
+                         daemon=True).start()
 
 
-def _unless_viewed(panel: Callable[[], Any], send: Callable[[Any], None]) -> None:
-    """If no front end opens a view of the panel within ``VIEW_WAIT``, send its display (its HTML
-    form shows) every ``HTML_PACE`` while any of its runs goes on, then once more at the end."""
-    deadline = time.monotonic() + VIEW_WAIT
+def _unless_viewed(panel: Callable[[], Any], send: Callable[[Any], None], wait: float) -> None:
+    """If no front end opens a view of the panel within ``wait`` seconds, send its display (its
+    HTML form shows) every ``HTML_PACE`` while any of its runs goes on, then once more at the end."""
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         shown = panel()
         if shown is None or shown._view_count:  # a widget view: it follows the runs itself
@@ -155,7 +176,7 @@ def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:
 
         from .panel import DDPPanel
 
-        display_kept_current(DDPPanel(run))
+        display_kept_current(DDPPanel(run), ui_form(run.options.ui))
         return None
     return watch(run)
 

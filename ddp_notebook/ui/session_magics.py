@@ -25,6 +25,7 @@ from ..core.errors import (
     SessionEndedError,
 )
 from ..core.validation import InvalidDevicesError
+from ..lifecycle.options import ui_form
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import display_kept_current, in_notebook
 from .magics import _device_list, _parse, _stall_setting
@@ -79,7 +80,7 @@ def show_session_view(value: Session) -> bool:
 
     mine = weakref.ref(value)  # a view never keeps its session alive (its finalizer ends the ranks)
     panel = DDPPanel(run, on_start=lambda new: _follow_reform(mine(), new))
-    display_kept_current(panel)
+    display_kept_current(panel, ui_form(value.options.ui))
     shown = weakref.ref(panel)
 
     def formed_again(new: Any) -> None:  # however it was (restart, Re-form, a request cut): shown below

@@ -1,0 +1,68 @@
+"""How a run shows in a notebook (``ui.display``): the form its views take (``ui=``, or
+``$DDP_NOTEBOOK_UI``), checked before anything starts, and in a real kernel the HTML and text
+forms kept current in place while a run trains, never as a widget."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ddp_notebook.errors import LaunchOptionError
+from ddp_notebook.lifecycle.options import LaunchOptions, ui_form
+
+
+@pytest.mark.unit
+def test_the_form_is_the_option_else_the_environment_else_the_panel(monkeypatch):
+    monkeypatch.delenv("DDP_NOTEBOOK_UI", raising=False)
+    assert ui_form(None) == "auto" and ui_form("html") == "html"
+    monkeypatch.setenv("DDP_NOTEBOOK_UI", "text")
+    assert ui_form(None) == "text" and ui_form("widget") == "widget"
+    with pytest.raises(LaunchOptionError, match=r"ui must be 'widget', 'html', 'text' or None .*not 'HTML'"):
+        LaunchOptions(ui="HTML")
+    monkeypatch.setenv("DDP_NOTEBOOK_UI", "fancy")
+    with pytest.raises(LaunchOptionError, match=r"\$DDP_NOTEBOOK_UI is 'fancy'"):
+        LaunchOptions()  # said before anything starts
+
+
+@pytest.mark.kernel
+@pytest.mark.processes
+@pytest.mark.parametrize("form, mime", [("html", "text/html"), ("text", "text/plain")])
+def test_a_run_shown_as_html_or_text_is_kept_current_in_place_never_as_a_widget(form, mime):
+    import re
+
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        shown = []
+
+        def hook(msg):
+            if msg["msg_type"] in ("display_data", "update_display_data"):
+                shown.append((msg["msg_type"], msg["content"]["data"]))
+
+        code = ("import time, ddp_notebook\n"
+                "def train(ctx, steps=40):\n"
+                "    for step in range(1, steps + 1):\n"
+                "        ctx.log(step=step, total=steps, loss=1.0 / step)\n"
+                "        time.sleep(0.1)\n"
+                "    return steps\n"
+                f"run = ddp_notebook.launch(train, devices='cpu*2', ui={form!r})\n"
+                "run")
+        reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "ok"
+        deadline = time.monotonic() + 60
+        while not any("succeeded" in data.get("text/plain", "") for _, data in shown) and time.monotonic() < deadline:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except Exception:  # noqa: BLE001 - queue.Empty: look again until the deadline
+                continue
+            hook(msg)
+        assert shown and shown[0][0] == "display_data"
+        assert all("application/vnd.jupyter.widget-view+json" not in data for _, data in shown)
+        assert all(set(data) == ({"text/plain", "text/html"} if form == "html" else {"text/plain"}) for _, data in shown)
+        steps = {int(m.group(1)) for _, data in shown for m in [re.search(r"step (\d+)/40", data[mime])] if m}
+        assert len(steps) >= 3, steps  # kept current while it trained, not only at its status changes
+        assert "succeeded" in shown[-1][1]["text/plain"] and "step 40/40" in shown[-1][1][mime]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

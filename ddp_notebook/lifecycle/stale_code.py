@@ -49,6 +49,8 @@ def _compiled_from(cached: str) -> Optional[tuple[int, int]]:
     return int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")
 
 
+# A module file -> whether it is the user's own (not installed code, not this package's).
+_own: dict[str, bool] = {}
 # Where no bytecode cache tells: module name -> (its spec when noted, which a reload replaces;
 # the file's (mtime, size) then).
 _noted: dict[str, tuple[Any, tuple[int, int]]] = {}
@@ -59,8 +61,11 @@ def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optiona
     source = getattr(module, "__file__", None)
     if not isinstance(source, str) or not source.endswith(".py"):
         return None
-    real = os.path.realpath(source)
-    if real.startswith(library) or real.startswith(_PACKAGE):
+    own = _own.get(source)
+    if own is None:  # resolved once per file: a launch looks at every module (350 realpaths: 10 ms)
+        real = os.path.realpath(source)
+        own = _own[source] = not (real.startswith(library) or real.startswith(_PACKAGE))
+    if not own:
         return None
     try:
         st = os.stat(source)

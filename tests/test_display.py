@@ -66,3 +66,16 @@ def test_a_run_shown_as_html_or_text_is_kept_current_in_place_never_as_a_widget(
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+@pytest.mark.processes
+def test_ddp_fit_takes_the_form_and_refuses_one_it_does_not_know(ipython_shell):
+    from IPython.core.error import UsageError
+
+    shell = ipython_shell
+    shell.run_line_magic("load_ext", "ddp_notebook")
+    shell.user_ns["quick"] = lambda ctx: ctx.rank
+    with pytest.raises(UsageError, match=r"argument --ui: invalid choice: 'fancy'"):
+        shell.run_line_magic("ddp_fit", "quick --ui fancy -d cpu*2")
+    run = shell.run_line_magic("ddp_fit", "quick --ui text -d cpu*2 --wait")
+    assert shell.user_ns["_ddp_run"].options.ui == "text" and run == 0

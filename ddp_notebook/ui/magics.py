@@ -47,7 +47,7 @@ from ..lifecycle.launch import (
     start_fork_server,
     stop_fork_server,
 )
-from ..lifecycle.options import MAX_SECONDS
+from ..lifecycle.options import MAX_SECONDS, UI_FORMS
 from ..lifecycle.run import Run
 from ..lifecycle.stored import read_summary, stored_runs
 from ..recipes.fit import fit
@@ -282,7 +282,7 @@ def start_target(target: Any, name: str, devices: Optional[str], options: dict[s
                     raise FitConfigError(f"{name}() takes no {key!r} argument, so --{key.replace('_', '-')} "
                                          "cannot be passed to it")
                 run_kwargs[key] = given[key]
-        launch_kw = {k: given[k] for k in ("stall_timeout", "engines", "name", "tags", "report_to") if k in given}
+        launch_kw = {k: given[k] for k in ("stall_timeout", "engines", "name", "tags", "report_to", "ui") if k in given}
 
         def start(devs: Any) -> Run:
             return launch(target, devices=devs, args=args, kwargs=run_kwargs, **launch_kw)
@@ -383,6 +383,9 @@ class DDPMagics(Magics):
               help="a tag of the run (again for more: --tag arch=cnn --tag lr=0.1)")
     @argument("--report-to", metavar="TRACKER[,TRACKER]", help="send rank 0's logged values to trackers: "
                                                                 "tensorboard, mlflow, wandb (comma-separated)")
+    @argument("--ui", choices=UI_FORMS, help="how the run shows: widget (the panel), html or text (kept current "
+                                               "in place, where widgets do not render); default $DDP_NOTEBOOK_UI, "
+                                               "else the panel")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic
     def ddp_fit(self, line: str) -> Any:
@@ -401,7 +404,8 @@ class DDPMagics(Magics):
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
                    "engines": found[args.engines] if args.engines else None, "name": args.name,
                    "tags": dict(args.tag) or None,
-                   "report_to": [t for t in args.report_to.split(",") if t.strip()] if args.report_to else None}
+                   "report_to": [t for t in args.report_to.split(",") if t.strip()] if args.report_to else None,
+                   "ui": args.ui}
         try:
             run, relaunch = start_target(found[args.func], args.func, _device_list(args.devices), options,
                                          call_args, call_kwargs)

@@ -79,3 +79,28 @@ def test_ddp_fit_takes_the_form_and_refuses_one_it_does_not_know(ipython_shell):
         shell.run_line_magic("ddp_fit", "quick --ui fancy -d cpu*2")
     run = shell.run_line_magic("ddp_fit", "quick --ui text -d cpu*2 --wait")
     assert shell.user_ns["_ddp_run"].options.ui == "text" and run == 0
+
+
+@pytest.mark.kernel
+@pytest.mark.processes
+def test_a_session_takes_the_form_too():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        shown = []
+
+        def hook(msg):
+            if msg["msg_type"] in ("display_data", "update_display_data"):
+                shown.append(msg["content"]["data"])
+
+        reply = kc.execute_interactive("%load_ext ddp_notebook\n%ddp_session cpu*2 --ui html", timeout=120,
+                                       output_hook=hook)
+        assert reply["content"]["status"] == "ok"
+        assert shown and set(shown[0]) == {"text/plain", "text/html"}, shown[0].keys()
+        assert shown[0]["text/plain"].startswith("Session ") and 'class="ddp-fallback"' in shown[0]["text/html"]
+        reply = kc.execute_interactive("%ddp_session --stop", timeout=120)
+        assert reply["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

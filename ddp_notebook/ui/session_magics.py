@@ -25,7 +25,7 @@ from ..core.errors import (
     SessionEndedError,
 )
 from ..core.validation import InvalidDevicesError
-from ..lifecycle.options import ui_form
+from ..lifecycle.options import UI_FORMS, ui_form
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import display_kept_current, in_notebook
 from .magics import _device_list, _parse, _stall_setting
@@ -66,10 +66,10 @@ def _rank_choice(text: str) -> Union[list[int], slice]:
     return out
 
 
-def show_session_view(value: Session) -> bool:
+def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
     """A session shows as its run's view (the hook of ``Session._ipython_display_``): the live
     panel in a notebook, where Re-form shows the new run below; its text elsewhere. False when
-    no run holds its ranks (its repr shows)."""
+    no run holds its ranks (its repr shows). ``ui``: the form it takes (default its ``ui`` option)."""
     run = value.current_run
     if run is None:
         return False
@@ -80,7 +80,7 @@ def show_session_view(value: Session) -> bool:
 
     mine = weakref.ref(value)  # a view never keeps its session alive (its finalizer ends the ranks)
     panel = DDPPanel(run, on_start=lambda new: _follow_reform(mine(), new))
-    display_kept_current(panel, ui_form(value.options.ui))
+    display_kept_current(panel, ui_form(ui if ui is not None else value.options.ui))
     shown = weakref.ref(panel)
 
     def formed_again(new: Any) -> None:  # however it was (restart, Re-form, a request cut): shown below
@@ -125,6 +125,9 @@ class SessionMagics(Magics):
     @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
               help="the hang watchdog for cells: SECONDS without progress in a cell ends the session; auto (the "
                    "default) names a rank frozen while its peers wait for it; off")
+    @argument("--ui", choices=UI_FORMS, help="how the session shows: widget (its run's panel), html or text (kept "
+                                               "current in place, where widgets do not render); default "
+                                               "$DDP_NOTEBOOK_UI, else the panel")
     @argument("--stop", action="store_true", help="close the current session")
     @argument("--restart", action="store_true", help="form the current session again (its namespaces are lost), "
                                                      "on the devices given, else on its own")
@@ -156,11 +159,13 @@ class SessionMagics(Magics):
             run = current.current_run
             print(f"Session ready: {_ranks(len(current.devices))} on {', '.join(current.devices)} "
                   f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
-            show_session_view(current)
+            show_session_view(current, args.ui)
             return
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
             options["stall_timeout"] = None if args.stall_timeout == "off" else args.stall_timeout
+        if args.ui is not None:
+            options["ui"] = args.ui
         spec = _device_list(args.devices)
         if current is not None and not current.alive and spec is None and args.stall_timeout is None:
             # It ended (a rank died, a stall): shown with why, as the line asks; forming it again is asked apart.
@@ -168,7 +173,7 @@ class SessionMagics(Magics):
             print(f"Session {state.run_id} {state.session_status}: %ddp_session --restart forms it again on "
                   f"{', '.join(current.devices)} "
                   "(its namespaces were lost with its ranks), --restart DEVICES on others.")
-            show_session_view(current)
+            show_session_view(current, args.ui)
             return
         if current is not None and current.alive:
             # A session lives: the line most often means "show me the session". Anything that
@@ -186,7 +191,7 @@ class SessionMagics(Magics):
             print(f"Session live: {_ranks(current.world_size)} on {', '.join(current.devices)} "
                   f"(run {current.current_run.id if current.current_run else '-'}). "
                   "%%ddp runs a cell on every rank; %ddp_session --restart forms it again.")
-            show_session_view(current)
+            show_session_view(current, args.ui)
             return
         try:
             formed = session(spec, **options)
@@ -196,7 +201,7 @@ class SessionMagics(Magics):
         run = formed.current_run
         print(f"Session ready: {_ranks(formed.world_size)} on {', '.join(formed.devices)} "
               f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
-        show_session_view(formed)  # its live view, in a notebook
+        show_session_view(formed, args.ui)  # its live view, in a notebook
 
     @magic_arguments()
     @argument("--ranks", type=_rank_choice, metavar="RANKS",

@@ -261,6 +261,7 @@ class RunView(FullText, widgets.VBox):
         self._dirty = threading.Event()
         self._plotted_at = 0.0
         self._plotted_points: Any = None
+        self._fallback_plot: tuple[Any, str] = (None, "")  # the HTML form's plot, and the points it shows
         self._epochs_drawn: Any = None
         self._epochs_plotted_at = 0.0
         self._tick = 0
@@ -553,12 +554,11 @@ class RunView(FullText, widgets.VBox):
                 f"{escape(request_text(failed))}</summary>{cell_card_html(failed)}</details>")
 
     def _render_plot(self, state: RunState, now: float, force: bool) -> None:
-        # What is drawn changes with each closed bin and with the open one (the latest steps).
-        points = tuple((len(w.loss_history), w.loss_open) for w in state.workers.values())
+        points = _plot_key(state)
         if not any(n or opened for n, opened in points) or points == self._plotted_points or (
                 not force and now - self._plotted_at < PLOT_S):
             return
-        self.plot.update({f"rank {r} ({w.device})": w.loss_points for r, w in sorted(state.workers.items())})
+        self.plot.update(_loss_series(state))
         self._plotted_at, self._plotted_points = now, points
 
     # ---- actions --------------------------------------------------------------------------
@@ -623,9 +623,13 @@ class RunView(FullText, widgets.VBox):
         card = failure_card_html(root, state.failures, state.healthy_devices) if root is not None else ""
         if root is None and state.origin == "session" and state.failed_cell is not None:
             card = cell_card_html(state.failed_cell)
-        series = {f"rank {r} ({w.device})": w.loss_points for r, w in sorted(state.workers.items()) if w.loss_points}
-        plot = (f'<img class="ddp-fallback-plot" alt="loss by step" src="data:image/png;base64,'
-                f'{base64.b64encode(plot_png(series, False, False)).decode()}">') if series else ""
+        points = _plot_key(state)
+        if points != self._fallback_plot[0]:  # drawn again only when a point came (it is sent every second)
+            series = {label: p for label, p in _loss_series(state).items() if p}
+            self._fallback_plot = (points, f'<img class="ddp-fallback-plot" alt="loss by step" src="data:image/png;'
+                                   f'base64,{base64.b64encode(plot_png(series, False, False)).decode()}">'
+                                   if series else "")
+        plot = self._fallback_plot[1]
         # Not redrawn as time passes: a session's request says since when it runs, not for how long.
         return (f'<div class="ddp-fallback"><pre>{escape(format_run(state, frozen=True))}</pre>{plot}{table}{card}'
                 "</div>")
@@ -642,6 +646,16 @@ class RunView(FullText, widgets.VBox):
 
     def __repr__(self) -> str:
         return format_run(self.run.state)
+
+
+def _plot_key(state: RunState) -> tuple:
+    """What a loss plot shows changes with each closed bin and with the open one (the latest steps)."""
+    return tuple((len(w.loss_history), w.loss_open) for w in state.workers.values())
+
+
+def _loss_series(state: RunState) -> dict[str, list[tuple[float, float]]]:
+    """Each rank's loss points, labelled as the plots label them."""
+    return {f"rank {r} ({w.device})": w.loss_points for r, w in sorted(state.workers.items())}
 
 
 def output_html(w: Any, shown: int = OUTPUT_SHOWN) -> str:

@@ -1,5 +1,7 @@
 """The widget panel: fed events with no kernel, then driven by a real failing 2-worker run."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch  # noqa: F401 - the workers import it; importing here keeps timings comparable
@@ -433,3 +435,26 @@ def test_the_panel_shows_at_once_and_offers_the_devices_it_finds_later_the_choic
         time.sleep(0.01)
     assert list(panel.picker.options) == ["cuda:0", "cpu:0", "cpu:1", "cpu:2"]
     assert panel.chosen_devices() == ["cpu:0", "cpu:1"]  # the choice kept
+
+
+CHILD_DRAWING_AT_EXIT = """
+import threading, time
+from ddp_notebook.ui.loss_plot import plot_png
+series = {"rank 0": [(float(i), 1.0 / (i + 1)) for i in range(2000)]}
+def draw():
+    while True:
+        plot_png(series, True, True)
+for _ in range(4):
+    threading.Thread(target=draw, daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.processes
+def test_the_interpreter_exits_cleanly_while_views_draw_their_plots():
+    # A view's thread drawing as Python exits was ended inside matplotlib's C++: exit 134
+    # ("terminate called without an active exception") or 139, most times with four drawers.
+    for _trial in range(4):
+        child = subprocess.run([sys.executable, "-c", CHILD_DRAWING_AT_EXIT], capture_output=True, text=True,
+                               timeout=120)
+        assert child.returncode == 0, child.stderr[-2000:]

@@ -25,6 +25,7 @@ from ..core.experiment import differing
 from ..core.state import RunState
 from ..lifecycle.experiments import LISTED_ORIGINS, ListedRun, find_runs, runs_of_here
 from .html import badge
+from .loss_plot import drawing
 from .text import format_duration, format_metric
 
 __all__ = ["compare", "Comparison", "PLOTS_SHOWN", "REFRESH_S"]
@@ -240,6 +241,7 @@ class Comparison:
         return pd.DataFrame.from_records(records, columns=columns)
 
     # ---- showing it ------------------------------------------------------------------------------
+    @drawing(None)
     def plot_png(self) -> Optional[bytes]:
         """The curves as a PNG: one plot per metric, one line per run (None when no run logged any)."""
         metrics = self.metrics

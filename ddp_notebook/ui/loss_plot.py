@@ -6,8 +6,12 @@ run's noise and a long run's early drop readable.
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import io
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import ipywidgets as widgets
 
@@ -16,6 +20,33 @@ from .text import format_metric
 __all__ = ["LossPlot", "smooth", "plot_png", "epoch_plot_png", "step_label"]
 
 Series = Mapping[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
+F = TypeVar("F", bound=Callable[..., Any])
+
+# A view's thread may be drawing when the interpreter exits. Python then ends that thread with a
+# forced unwind, and one through matplotlib's C++ (ft2font) aborts the process: "terminate called
+# without an active exception", exit 134. So drawings take turns under one lock, and at exit the
+# no drawing starts again and the one in progress, if any, is waited for.
+_DRAWING = threading.Lock()
+_exiting = False
+
+
+def drawing(empty: Any) -> Callable[[F], F]:
+    """Make a function that draws with matplotlib take its turn, and return ``empty`` at exit."""
+    def wrap(draw: F) -> F:
+        @functools.wraps(draw)
+        def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+            with _DRAWING:
+                return empty if _exiting else draw(*args, **kwargs)
+        return one_at_a_time  # type: ignore[return-value]
+    return wrap
+
+
+@atexit.register
+def _stop_drawing() -> None:
+    global _exiting
+    _exiting = True  # first: drawers that wait for the lock then give it up at once (it is not fair)
+    if _DRAWING.acquire(timeout=30):
+        _DRAWING.release()
 
 
 def smooth(points: Sequence[tuple[float, float]], weight: float) -> list[tuple[float, float]]:
@@ -42,6 +73,7 @@ def step_label(x: float) -> str:
     return format_metric(int(x)) if x == int(x) else f"{x:g}"
 
 
+@drawing(b"")
 def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -71,6 +103,7 @@ def plot_png(series: Series, log_scale: bool, smoothed: bool) -> bytes:
     return buf.getvalue()
 
 
+@drawing(b"")
 def epoch_plot_png(train: Sequence[tuple[float, float]], valid: Sequence[tuple[float, float]]) -> bytes:
     """Train and valid loss per epoch (``(epoch, loss)`` points, epochs as the table counts them),
     as fastai's and Keras' progress draw them."""

@@ -431,3 +431,82 @@ def test_engines_busy_with_a_run_are_refused_to_another(rc):
     finally:
         run.stop(grace=5, wait=True)
     assert ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,)).wait(timeout=60) == 1  # free again
+
+
+# ---- sessions on engines: the same cells, blame and judgement as on local workers ----------------
+def test_a_session_on_engines_runs_cells_prints_pushes_and_pulls(rc):
+    engine_pids = rc[:].apply_sync(__import__("os").getpid)
+    s = ddp_notebook.session(engines=rc)
+    try:
+        assert s.devices == ["cpu:0", "cpu:1"] and "engine 0" in (s.current_run.state.workers[0].place or "")
+        assert s.run("import os; x = rank * 10\nos.getpid()") == engine_pids  # one rank per engine, kept
+        assert s.run("print('hello from', rank); x + 1") == [1, 11]  # the namespace stays
+        assert s.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()") == [3.0, 3.0]
+        s.push(lr=0.5, w=torch.ones(100_000))  # by value: an engine may be on another host
+        assert s.run("lr * float(w.sum())", ranks=1) == [50_000.0]
+        assert s.pull("x") == [0, 10]
+        out = s.current_run.output(1)
+        assert "hello from 1" in out
+        # A value over a store value's 8 MiB travels in parts.
+        s.push(big=torch.ones(3 * 1024 * 1024))
+        assert s.run("float(big.sum())") == [3.0 * 1024 * 1024] * 2
+    finally:
+        s.close()
+    assert s.current_run.state.status.value == "succeeded"
+    assert_engines_clean(rc)
+
+
+def test_a_cell_failing_on_one_engine_is_blamed_and_the_peer_left_waiting_is_named(rc):
+    s = ddp_notebook.session(engines=rc)
+    try:
+        first = s.current_run
+        with pytest.raises(ddp_notebook.errors.CellError) as e:
+            s.run("if rank == 1:\n    raise ValueError('bad on one')\ndist.all_reduce(torch.ones(1))")
+        message = str(e.value)
+        assert message.startswith("cell 1 failed on rank 1 (cpu:1): ValueError: bad on one. Rank 0 was left in it: "
+                                  "waits in all_reduce"), message
+        assert "formed again" in message and s.current_run is not first and s.current_run.parent is first
+        assert first.state.status.value == "stopped"
+        assert s.run("rank") == [0, 1]  # the new ranks serve
+        # A cell failing on every rank is said once, and the session goes on.
+        with pytest.raises(ddp_notebook.errors.CellError, match="failed on every rank .* the same way: ZeroDivision"):
+            s.run("1 / 0")
+        assert s.alive and s.run("rank + 1") == [1, 2]
+    finally:
+        s.close()
+    assert_engines_clean(rc)
+
+
+def test_a_cell_on_engines_is_interrupted_and_the_session_goes_on(rc):
+    s = ddp_notebook.session(engines=rc)
+    try:
+        s.run("import time")
+        future = s.run("time.sleep(60)", block=False)
+        wait_until(lambda: s.state.request is not None and s.state.request.background, timeout=30)
+        assert s.interrupt()
+        with pytest.raises(ddp_notebook.errors.SessionInterrupted):
+            future.result(timeout=30)
+        assert s.run("rank") == [0, 1]
+    finally:
+        s.close()
+    assert_engines_clean(rc)
+
+
+def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell):
+    from IPython.core.error import UsageError
+
+    shell = ipython_shell
+    shell.run_line_magic("load_ext", "ddp_notebook")
+    shell.user_ns["engines_here"] = rc
+    try:
+        shell.run_line_magic("ddp_session", "--engines engines_here")
+        s = shell.user_ns["_ddp_session"]
+        assert "engine 1" in (s.current_run.state.workers[1].place or "")
+        with pytest.raises(UsageError, match="there is no 'nowhere' in the notebook"):
+            shell.run_line_magic("ddp_session", "--engines nowhere")
+        assert shell.run_cell_magic("ddp", "", "rank * 2") is None
+        assert s.run("rank * 3") == [0, 3]
+    finally:
+        shell.run_line_magic("ddp_session", "--stop")
+        shell.user_ns.pop("engines_here", None)
+    assert_engines_clean(rc)

@@ -140,6 +140,9 @@ class RankConfig(TypedDict, total=False):
     # listens on (the other ranks), the run's secret, the address this rank's gloo pairs use
     # (``local``) and the seconds a silent peer host is given (``network_timeout``; several hosts).
     meeting: dict[str, Any]
+    # A session's ranks on engines: the store the notebook hosts for its requests (``address``,
+    # ``port``; the keys under the meeting's secret, ``worker.channel.watch_requests``).
+    requests: dict[str, Any]
     resume_data: bytes  # ranks on engines: the checkpoint to resume from (the notebook read it)
     checkpoints_to_notebook: bool  # ranks on engines: ctx.save_checkpoint sends the checkpoint to the notebook
     data: Optional[dict[str, Any]]  # where the call's shared tensors and arrays are (transfer.packing)

@@ -82,17 +82,17 @@ def pickled_names(code: str, namespace: dict[str, Any]) -> bytes:
     return _pickled(notebook_names(code, namespace), "the notebook's {!r}, which the cell uses,")
 
 
-def packed(values: dict[str, Any]) -> tuple[bytes, Optional[packing.Placement]]:
+def packed(values: dict[str, Any], by_value: bool = False) -> tuple[bytes, Optional[packing.Placement]]:
     """The values to push: their large tensors and arrays placed once in shared memory, each
     rank mapping them (copy-on-write), as a launch sends its data; pickled whole where memory
-    cannot be shared.
+    cannot be shared, or ``by_value`` (ranks on engines, which may be on other hosts).
 
     Raises
     ------
     NotPicklableError
         A value cannot be sent (named).
     """
-    if not packing.supported():
+    if by_value or not packing.supported():
         return _pickled(values, "the value of {!r}"), None
     try:
         packed = packing.pack(values)

@@ -34,7 +34,6 @@ from ..core.errors import (
     ArgumentsError,
     CellError,
     DDPNotebookError,
-    LaunchOptionError,
     SessionBusyError,
     SessionEndedError,
     SessionInterrupted,
@@ -122,9 +121,6 @@ class Session:
     """
 
     def __init__(self, devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe] = None) -> None:
-        if options.engines is not None:
-            raise LaunchOptionError("a session runs its ranks in local worker processes: engines= is not supported "
-                                    "for sessions yet (use launch(..., engines=...))")
         self._spec = devices
         self.options = options
         self._probe = probe
@@ -572,7 +568,8 @@ class Session:
         **values
             Names and the values they take on every rank. Tensors and arrays of 64 kB or more
             are placed once in shared memory and mapped by each rank (copy-on-write: what a
-            rank writes stays its own), as a launch sends its data; the rest is pickled.
+            rank writes stays its own), as a launch sends its data; the rest is pickled (all
+            of it for ranks on engines).
 
         Raises
         ------
@@ -595,7 +592,7 @@ class Session:
         self._check_free()
         with self._claimed(), self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
             try:
-                data, placed = packed(values)
+                data, placed = packed(values, by_value=self.options.engines is not None)
             except KeyboardInterrupt:
                 raise SessionInterrupted("Push interrupted while its values were being packed: nothing was sent, "
                                          "the ranks' namespaces are as they were") from None
@@ -772,7 +769,8 @@ def session(devices: Optional[DeviceSpec] = None, *, probe: Optional[Probe] = No
     probe : Probe, optional
         Answers validation's questions about this machine (tests pass a ``StaticProbe``).
     **options
-        The launch options below (``engines`` is not supported for sessions yet).
+        The launch options below; with ``engines``, one rank per ipyparallel engine (the
+        engines reach this notebook over TCP: it sends them its requests).
 
     Returns
     -------
@@ -784,7 +782,7 @@ def session(devices: Optional[DeviceSpec] = None, *, probe: Optional[Probe] = No
     InvalidDevicesError
         The device list failed validation; no process was started.
     LaunchOptionError
-        A launch option cannot work (or ``engines`` was given).
+        A launch option cannot work.
     SessionEndedError
         The ranks' run ended before every rank was ready (its failure is named).
 

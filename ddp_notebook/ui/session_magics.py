@@ -19,16 +19,14 @@ from ..core.devices import parse_devices
 from ..core.errors import (
     ArgumentsError,
     DeviceSpecError,
-    LaunchOptionError,
     NotPicklableError,
     SessionBusyError,
     SessionEndedError,
 )
-from ..core.validation import InvalidDevicesError
 from ..lifecycle.options import UI_FORMS, ui_form
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import display_kept_current, in_notebook
-from .magics import _device_list, _parse, _stall_setting
+from .magics import _USER_MISTAKES, _device_list, _lookup, _parse, _stall_setting
 from .text import format_run
 
 __all__ = ["SessionMagics", "SESSION_MAGICS", "show_session_view"]
@@ -125,6 +123,7 @@ class SessionMagics(Magics):
     @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
               help="the hang watchdog for cells: SECONDS without progress in a cell ends the session; auto (the "
                    "default) names a rank frozen while its peers wait for it; off")
+    @argument("--engines", help="one rank per ipyparallel engine: the name of a Client or DirectView")
     @argument("--ui", choices=UI_FORMS, help="how the session shows: widget (its run's panel), html or text (kept "
                                                "current in place, where widgets do not render); default "
                                                "$DDP_NOTEBOOK_UI, else the panel")
@@ -153,7 +152,7 @@ class SessionMagics(Magics):
                 return
             try:
                 current.restart(devices=_device_list(args.devices), without_failed=args.without_failed)
-            except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
+            except _USER_MISTAKES as e:
                 raise UsageError(f"%ddp_session: {e}") from None
             self._set_current(current)
             run = current.current_run
@@ -166,8 +165,15 @@ class SessionMagics(Magics):
             options["stall_timeout"] = None if args.stall_timeout == "off" else args.stall_timeout
         if args.ui is not None:
             options["ui"] = args.ui
+        if args.engines is not None:
+            try:
+                options["engines"] = _lookup(args.engines, self.shell.user_ns if self.shell is not None else {})
+            except KeyError as e:
+                raise UsageError(f"%ddp_session: there is no {e.args[0]!r} in the notebook; --engines takes the name "
+                                 "of an ipyparallel Client or DirectView") from None
         spec = _device_list(args.devices)
-        if current is not None and not current.alive and spec is None and args.stall_timeout is None:
+        if current is not None and not current.alive and spec is None and args.stall_timeout is None \
+                and args.engines is None:
             # It ended (a rank died, a stall): shown with why, as the line asks; forming it again is asked apart.
             state = current.state
             print(f"Session {state.run_id} {state.session_status}: %ddp_session --restart forms it again on "
@@ -182,8 +188,9 @@ class SessionMagics(Magics):
                 same = spec is None or [str(d) for d in parse_devices(spec)] == current.devices
             except DeviceSpecError as e:
                 raise UsageError(f"%ddp_session: {e}") from None
-            if not same or args.stall_timeout is not None:
-                asked = f"on {spec}" if not same else "with --stall-timeout"
+            if not same or args.stall_timeout is not None or args.engines is not None:
+                asked = f"on {spec}" if not same else "with --stall-timeout" if args.stall_timeout is not None \
+                    else "on engines"
                 raise UsageError(
                     f"%ddp_session: a session lives on {', '.join(current.devices)}; a new one {asked} would lose "
                     "its namespaces. " + (f"%ddp_session --restart {spec} forms it again on those devices, "
@@ -195,7 +202,7 @@ class SessionMagics(Magics):
             return
         try:
             formed = session(spec, **options)
-        except (DeviceSpecError, InvalidDevicesError, LaunchOptionError, ArgumentsError) as e:
+        except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_session: {e}") from None
         self._set_current(formed)
         run = formed.current_run

@@ -1,5 +1,6 @@
 """How a rank's events leave it (one ``Channel`` with two carriers), and how the notebook's
-control frames reach it (``watch_lifeline``).
+control frames reach it (``watch_lifeline`` on a worker process's control pipe,
+``watch_requests`` on an engine, from a store the notebook hosts; both ``obey`` each frame).
 
 ``PipeChannel`` writes frames (``core.events``) to the pipe a worker process inherited;
 ``DataChannel`` publishes ipyparallel data messages from an engine, under increasing keys that
@@ -14,12 +15,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Optional
 
-from ..core.events import Control, EventKind, encode, read_frame, write_all
+from ..core.events import Control, EventKind, FrameDecoder, encode, read_frame, write_all
 from .boot import EXIT_ORPHANED
 
-__all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline", "rank_channel", "take_requests"]
+__all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline", "watch_requests", "obey", "rank_channel",
+           "take_requests", "request_key"]
 
 _channels: weakref.WeakSet[Channel] = weakref.WeakSet()
 _rank_channel: Optional[Channel] = None  # this worker's (one per worker process)
@@ -43,8 +46,17 @@ def rank_channel() -> Channel:
 
 def take_requests(handler: Optional[Callable[[dict[str, Any]], None]]) -> None:
     """Hand the notebook's requests (``Control.REQUEST`` frames) to ``handler`` from now on
-    (None: they are dropped, as they are before anyone takes them)."""
+    (None: they are dropped, as they are before anyone takes them).
+
+    Raises
+    ------
+    RuntimeError
+        No request can reach this rank (an engine that cannot reach the notebook's store): said
+        with the address it tried.
+    """
     global _requests
+    if handler is not None and _rank_channel is not None and _rank_channel.unreachable:
+        raise RuntimeError(_rank_channel.unreachable)
     _requests = handler
 
 
@@ -61,6 +73,9 @@ if hasattr(os, "register_at_fork"):
 
 class Channel:
     """``send(event, blob=None)``: fill in rank and time, then hand the event to the carrier."""
+
+    #: Why no request of the notebook can reach this rank ('' when they can).
+    unreachable = ""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -94,10 +109,11 @@ class PipeChannel(Channel):
 
 
 class DataChannel(Channel):
-    """ipyparallel data messages, keyed so the notebook reads them in order (no attachments:
-    an engine's result is the return value of its call)."""
+    """ipyparallel data messages, keyed so the notebook reads them in order (an attachment
+    travels under ``blob``, as bytes); this engine's rank channel until ``close()``."""
 
     def __init__(self, rank: int, publish: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
+        global _rank_channel
         super().__init__(rank)
         if publish is None:
             from ipyparallel.datapub import publish_data  # only on an engine
@@ -105,32 +121,74 @@ class DataChannel(Channel):
             publish = publish_data
         self._publish = publish
         self._seq = itertools.count()
+        _rank_channel = self
 
     def _carry(self, event: dict[str, Any], blob: Optional[bytes]) -> None:
-        self._publish({f"{next(self._seq):012d}": event})
+        self._publish({f"{next(self._seq):012d}": event if blob is None else dict(event, blob=blob)})
+
+    def close(self) -> None:
+        """The rank's call ends: the engine has no rank channel any more."""
+        global _rank_channel
+        if _rank_channel is self:
+            _rank_channel = None
+
+
+def obey(frame: dict[str, Any], stop: threading.Event, release: threading.Event,
+         flush: Optional[Callable[[], None]] = None) -> bool:
+    """Act on one control frame of the notebook (``core.events.Control``): stop asked; send
+    held-back progress (the stall watchdog asks, so a hung rank's report names its true last
+    step); every rank is done (True: stop reading); a session's request (to ``take_requests``'
+    handler), a ``ping`` answered here."""
+    kind = frame.get("kind")
+    if kind == Control.STOP:
+        stop.set()
+    elif kind == Control.FLUSH and flush is not None:
+        # Its own thread: this one must never wait on a lock the main thread may hold.
+        threading.Thread(target=flush, name="ddp-flush", daemon=True).start()
+    elif kind == Control.RELEASE:
+        release.set()
+        return True
+    elif kind == Control.REQUEST and frame.get("op") == "ping":  # the supervisor settles a failure
+        if _rank_channel is not None:
+            _rank_channel.send({"kind": EventKind.PONG})  # from this thread: a dying rank cannot
+    elif kind == Control.REQUEST and _requests is not None:
+        _requests(frame)
+    return False
 
 
 def watch_lifeline(fd: int, stop: threading.Event, release: threading.Event,
                    flush: Optional[Callable[[], None]] = None) -> None:
-    """Read the control pipe of a worker process, one frame at a time (``core.events.Control``):
-    stop asked; send held-back progress (the stall watchdog asks, so a hung rank's report names
-    its true last step); every rank is done (leave); a session's request (to ``take_requests``'
-    handler). EOF = the notebook is gone, so leave at once."""
+    """Read the control pipe of a worker process, one frame at a time, and ``obey`` each.
+    EOF = the notebook is gone, so leave at once."""
     while True:
         frame = read_frame(fd)
         if frame is None:
             os._exit(EXIT_ORPHANED)
-        kind = frame.get("kind")
-        if kind == Control.STOP:
-            stop.set()
-        elif kind == Control.FLUSH and flush is not None:
-            # Its own thread: this one must never wait on a lock the main thread may hold.
-            threading.Thread(target=flush, name="ddp-flush", daemon=True).start()
-        elif kind == Control.RELEASE:
-            release.set()
+        if obey(frame, stop, release, flush):
             return
-        elif kind == Control.REQUEST and frame.get("op") == "ping":  # the supervisor settles a failure
-            if _rank_channel is not None:
-                _rank_channel.send({"kind": EventKind.PONG})  # from this thread: a dying rank cannot
-        elif kind == Control.REQUEST and _requests is not None:
-            _requests(frame)
+
+
+def request_key(rank: int, seq: int) -> str:
+    """The store key of the notebook's ``seq``-th frame to ``rank``: its number of parts, each
+    part under ``{key}/{i}`` (a store value holds at most 8 MiB)."""
+    return f"req/{rank}/{seq}"
+
+
+def watch_requests(store: Any, rank: int, stop: threading.Event) -> None:
+    """An engine's rank: the notebook's control frames, read in order from the store it hosts
+    (``request_key``), each obeyed, until a ``RELEASE`` frame (the run is over). The store gone
+    (the notebook left) ends a session's loop as its ``close`` would."""
+    store.set_timeout(timedelta(days=7))  # a session may sit idle for days: each read waits
+    release = threading.Event()
+    for seq in itertools.count():
+        key = request_key(rank, seq)
+        try:
+            parts = int(store.get(key))
+            data = b"".join(store.get(f"{key}/{i}") for i in range(parts))
+        except Exception:  # noqa: BLE001 - DistNetworkError: the notebook is gone
+            if _requests is not None:
+                _requests({"kind": Control.REQUEST, "op": "close"})
+            return
+        for event, blob in FrameDecoder().feed(data):
+            if obey(event if blob is None else dict(event, blob=blob), stop, release):
+                return

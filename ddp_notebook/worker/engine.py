@@ -7,7 +7,8 @@ group of its own is refused, never touched. Events travel as ipyparallel data me
 (``channel.DataChannel``); the result, or the error event, is the return value of the call. The
 ranks meet in a store rank 0's call hosts (``meeting``); nothing needs a shared file system.
 Signals from the notebook (through ipyparallel's nanny): SIGUSR2 sets ``ctx.should_stop``,
-SIGINT interrupts the function, STACK_SIGNAL dumps the stacks for the stall watchdog.
+SIGINT interrupts the function, STACK_SIGNAL dumps the stacks for the stall watchdog. A session's
+rank also reads the notebook's requests from a store the notebook hosts (``channel.watch_requests``).
 """
 from __future__ import annotations
 
@@ -17,20 +18,23 @@ import socket
 import tempfile
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Optional
 
 from ..core.events import EventKind, RankConfig
 from ..core.version import __version__
 from .boot import STACK_SIGNAL
-from .channel import DataChannel
+from .channel import DataChannel, watch_requests
 from .context import peak_memory
 from .engine_state import EngineSnapshot
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, remove_stack_dump
 from .meeting import Meeting
-from .network import interfaces, machine_key
+from .network import interfaces, machine_key, normalised, shown
 from .pulse import Pulse
 
-__all__ = ["describe_engine", "run_rank", "EngineNotReady"]
+__all__ = ["describe_engine", "run_rank", "EngineNotReady", "REQUESTS_CONNECT"]
+
+REQUESTS_CONNECT = 15.0  # seconds a session's rank tries to reach the notebook's request store
 
 
 class EngineNotReady(RuntimeError):
@@ -81,6 +85,7 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
     os.close(fd)
     stacks = install_stack_dump(stack_path)
     meeting_cfg = cfg["meeting"]
+    _take_requests(cfg, out, stop)
     pulse = Pulse(rank, world_size, out.send, stack_path, network_timeout=meeting_cfg.get("network_timeout"))
     pulse.start()
     out.send({"kind": EventKind.STARTED, "pid": os.getpid(), "host": socket.gethostname(),
@@ -117,6 +122,7 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
         return {"kind": EventKind.DONE, "time": time.time(), "blob": blob, "memory": peak_memory()}
     finally:
         armed.clear()
+        out.close()
         pulse.stop()
         saved.restore()
         remove_stack_dump(stacks)
@@ -130,6 +136,27 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGINT, saved_int)
         flush_std()
+
+
+def _take_requests(cfg: RankConfig, out: DataChannel, stop: threading.Event) -> None:
+    """A session's rank: read the notebook's requests from the store the notebook hosts, on a
+    thread of its own (until the notebook says the run is over, or goes). An engine that cannot
+    reach it says so to the session's loop (``DataChannel.unreachable``)."""
+    where = cfg.get("requests")
+    if not where:
+        return
+    import torch.distributed as dist
+
+    address, port = normalised(str(where["address"])), int(where["port"])
+    try:
+        raw = dist.TCPStore(address, port, None, False, timeout=timedelta(seconds=REQUESTS_CONNECT))
+    except (RuntimeError, OSError) as e:  # DistNetworkError is a RuntimeError
+        out.unreachable = (f"engine of rank {cfg['rank']} cannot reach the notebook at {shown(address, port)}, where "
+                           f"a session's requests come from: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return
+    store = dist.PrefixStore(f"{cfg['meeting']['secret']}/", raw)
+    threading.Thread(target=watch_requests, args=(store, cfg["rank"], stop), name="ddp-requests",
+                     daemon=True).start()
 
 
 def _meet(cfg: RankConfig, out: DataChannel) -> Meeting:

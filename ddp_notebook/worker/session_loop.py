@@ -106,6 +106,7 @@ class _Rank:
         self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt, until it raised
         self.asked_to_leave: Optional[int] = None  # the cell the notebook asked to interrupt
         self.replied = False
+        self.leaving = False  # the run stops this rank (an engine's interrupt)
         self.from_notebook: dict[str, Any] = {}  # what the notebook put in the namespace, by name
         self.display = RankDisplay(self.displayed)
         self.namespace: dict[str, Any] = {
@@ -150,6 +151,9 @@ class _Rank:
         op = frame.get("op")
         if op == "interrupt":
             self.interrupt(frame.get("cell"))
+        elif op == "leave":  # the run stops this rank (on an engine): out of any cell, now
+            self.leaving = True
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
         else:
             self.inbox.put(pickling.joined(frame, frame.get("blob"), SESSION_ROUTED))
 
@@ -160,8 +164,9 @@ class _Rank:
 
     def on_sigint(self, signum: int, frame: Any) -> None:
         # Only the cell the notebook asked to interrupt is interrupted; a SIGINT at any other
-        # time (between cells, a stray Ctrl-C) is ignored: the rank must keep serving.
-        if self.cell is not None and self.interrupted == self.cell:
+        # time (between cells, a stray Ctrl-C) is ignored: the rank must keep serving. Except once
+        # the run stops this rank (``leave``, on an engine, which is not killed): it leaves.
+        if self.leaving or (self.cell is not None and self.interrupted == self.cell):
             self.interrupted = None
             raise KeyboardInterrupt
 
@@ -169,6 +174,8 @@ class _Rank:
     def serve(self) -> None:
         idle = False
         while True:
+            if self.leaving:  # raised, not returned: the rank was stopped, its peers need not wait
+                raise KeyboardInterrupt
             wait = self.heartbeat if idle and self.heartbeat else None
             try:
                 message = self.inbox.get(timeout=wait)

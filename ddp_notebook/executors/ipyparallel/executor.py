@@ -5,6 +5,10 @@ one host, else on the address of rank 0 its peers reached when validation probed
 (``network``); each rank's gloo/NCCL interface is the one that reaches rank 0, unless ``env``
 names one. They also meet in Python before and after the function, so that an engine, which
 cannot be killed, is never left waiting in C++. Nothing needs a shared file system.
+
+A session's ranks take the notebook's requests (its cells, a ping) from a store the notebook
+hosts for the run, on its address the engines reach (``network_plan.notebook_address``), under
+the run's secret too.
 """
 from __future__ import annotations
 
@@ -18,10 +22,11 @@ from ...core.errors import EngineUnavailableError
 from ...core.probes import Probe
 from ...core.rundir import RunDir, latest_checkpoint
 from ...core.validation import ValidationReport
+from ...worker.meeting import Meeting
 from ..base import Executor, StartSpec, Transport, rank_configs
 from .engine_checks import EngineProbe, validate_on_engines
 from .engines import Engines
-from .network_plan import machines_of, network_timeout
+from .network_plan import machines_of, network_timeout, notebook_address
 from .transport import EngineTransport
 
 __all__ = ["IpyparallelExecutor"]
@@ -88,8 +93,27 @@ class IpyparallelExecutor(Executor):
             config["env"].pop("CUDA_VISIBLE_DEVICES", None)
             config["meeting"] = {"address": plan.address, "port": None, "secret": secret,
                                  "local": plan.local[rank], "network_timeout": timeout}
+        requests = self._request_store(n, secret, float(spec.config.get("timeout", 1800))) \
+            if spec.config.get("mode") == "session" else None
+        if requests is not None:
+            for config in configs:
+                config["requests"] = {"address": requests.address, "port": requests.port}
         return EngineTransport(self.engines.subset(range(n)), configs, spec.payload, spec.directory,
-                               [str(i.get("host", "?")) for i in info], timeout)
+                               [str(i.get("host", "?")) for i in info], timeout, requests)
+
+    def _request_store(self, n: int, secret: str, timeout: float) -> Meeting:
+        """The store a session's ranks take the notebook's requests from, on this host's address
+        that the engines reach.
+
+        Raises
+        ------
+        EngineUnavailableError
+            An engine reaches no address of this host.
+        """
+        address, problems = notebook_address(self.engines, n)
+        if problems or not address:
+            raise EngineUnavailableError(" ".join(problems) or "no engine reaches this notebook over TCP")
+        return Meeting.host(address, secret, timeout)
 
     def finished(self, directory: RunDir, world_size: int) -> None:
         """Nothing to tidy: rank 0's store ended with its call."""

@@ -13,6 +13,10 @@ is a validation error, found before anything starts.
 Addresses are IPv4 or IPv6 (unbracketed: ``fd00::11``), and rank 0's IPv4 addresses are tried
 first, so a network that has both is used as on IPv4 alone. On one host the ranks use loopback:
 ``127.0.0.1``, or ``::1`` on a host whose loopback has no IPv4 address.
+
+A session's ranks also reach the notebook, which sends them its requests through a store it
+hosts (``notebook_address``): the same probe, the other way round (loopback when every engine
+shares the notebook's host).
 """
 from __future__ import annotations
 
@@ -22,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ...core.switches import seconds_from_env
-from ...worker.network import close_probe, is_loopback, open_probe, reach
+from ...worker.network import close_probe, interfaces, is_loopback, machine_key, open_probe, reach
 
-__all__ = ["NetworkPlan", "plan_network", "machines_of", "network_timeout", "NETWORK_TIMEOUT_ENV"]
+__all__ = ["NetworkPlan", "plan_network", "notebook_address", "machines_of", "network_timeout", "NETWORK_TIMEOUT_ENV"]
 
 NETWORK_TIMEOUT_ENV = "DDP_NOTEBOOK_NETWORK_TIMEOUT"
 DEFAULT_NETWORK_TIMEOUT = 10.0  # seconds of silence after which a host is taken as cut off
@@ -114,3 +118,37 @@ def plan_network(engines: Any, n: int) -> NetworkPlan:
             local.append(answers[r].get("local") or "")
             interfaces.append(answers[r].get("interface"))
     return NetworkPlan(address, local, interfaces, True, problems)
+
+
+def notebook_address(engines: Any, n: int) -> tuple[str, list[str]]:
+    """The address of this notebook's host that the first ``n`` engines of ``engines`` reach
+    (where a session's request store listens), and the problems found (engines that reach none
+    of its addresses). Loopback when every engine runs in the notebook's host (and network
+    namespace); otherwise this process listens for a moment on each of its addresses and the
+    engines elsewhere try them, the address most of them reached winning."""
+    info = engines.describe()[:n]
+    here = machine_key()
+    others = [r for r, machine in enumerate(machines_of(info)) if machine != here]
+    own = _addresses_of({"addresses": interfaces()})
+    if not others:
+        loopback = [ip for ip in own if is_loopback(ip)]
+        return ("::1" if loopback and all(":" in ip for ip in loopback) else "127.0.0.1"), []
+    candidates = [ip for ip in own if not is_loopback(ip)]
+    ports = open_probe(candidates)
+    try:
+        targets = sorted(ports.items(), key=lambda t: candidates.index(t[0]))
+        pending = {r: engines.client[engines.ids[r]].apply_async(reach, targets) for r in others}
+        answers: dict[int, dict[str, Any]] = {}
+        for r, ar in pending.items():
+            try:
+                answers[r] = dict(ar.get(timeout=_ANSWER))
+            except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError
+                answers[r] = {"errors": {"?": str(e)}}
+    finally:
+        close_probe()
+    problems = [f"engine {engines.ids[r]} (host {info[r].get('host')}) cannot reach this notebook over TCP ("
+                + ("; ".join(f"{a}: {why}" for a, why in a_["errors"].items()) or "it has no address") + "): a "
+                "session's ranks take the notebook's requests from it. Check firewalls and routes, or run "
+                "the notebook on the engines' network." for r, a_ in answers.items() if "errors" in a_]
+    reached = Counter(a["address"] for a in answers.values() if "address" in a)
+    return (reached.most_common(1)[0][0] if reached else ""), problems

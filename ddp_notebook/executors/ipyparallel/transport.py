@@ -8,22 +8,26 @@ Each rank says it is alive every second. On several hosts a rank a peer reports 
 dumps arrive as events too, and are written to the run directory's stack files.
 Requests are signals sent through ipyparallel (SIGUSR2 = please stop, SIGINT = interrupt,
 STACK_SIGNAL = dump stacks). An engine is the user's process, never ours to kill: one that does not
-stop after an interrupt is reported and left running.
+stop after an interrupt is reported and left running. A session's requests (its cells, a ping)
+are frames the notebook puts in a store it hosts, under each rank's next key
+(``worker.channel.request_key``), cut in parts the store holds; each rank reads its own in order.
 """
 from __future__ import annotations
 
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ...core.events import EventKind, RankConfig
+from ...core.events import Control, EventKind, RankConfig, encode
 from ...core.failures import FailureKind, Phase
 from ...core.rundir import RunDir
 from ...transfer.loading import Received
 from ...worker.boot import STACK_SIGNAL
+from ...worker.channel import request_key
 from ...worker.engine import run_rank
+from ...worker.meeting import Meeting
 from ..base import Exited, Observation, Output, Transport, WorkerEvent
 from .engines import Engines
 
@@ -32,14 +36,19 @@ __all__ = ["EngineTransport"]
 _SETTLE = 2.0  # seconds to wait for every outcome before the cause is named (a death is seen late)
 _POLL = 0.05  # data messages are not a file to wait on: look this often
 _DEATH_SEEN_WITHIN = 3.0  # seconds: a rank silent longer before its engine "died" was cut off first
+_PART = 4 * 1024 * 1024  # bytes of a request frame per store value (a store value holds 8 MiB at most)
 
 
 class EngineTransport(Transport):
     """Watches the calls of a run's ranks until each has ended (or been given up on)."""
 
     def __init__(self, engines: Engines, configs: Sequence[RankConfig], payload: bytes, directory: RunDir,
-                 hosts: Sequence[str], network_timeout: Optional[float] = None) -> None:
+                 hosts: Sequence[str], network_timeout: Optional[float] = None,
+                 requests: Optional[Meeting] = None) -> None:
         self.engines = engines
+        self.requests = requests  # a session's: the store its ranks read the notebook's requests from
+        self._sent = [0] * len(configs)  # per rank: the frames put in the store so far
+        self._send_lock = threading.Lock()
         self.configs = list(configs)
         self.payload = payload
         self.directory = directory
@@ -85,11 +94,20 @@ class EngineTransport(Transport):
 
     def settle(self, silent: Sequence[int]) -> list[Observation]:
         # A dead engine is noticed by the cluster a moment after the peers that it left in a
-        # collective report their knock-on errors: wait briefly for every outcome.
+        # collective report their knock-on errors: wait briefly for every outcome, or, where the
+        # ranks take requests (a session's, which live on after a cell's error), until each silent
+        # one has ended or answered a ping (which a dead engine cannot).
         out: list[Observation] = []
-        deadline = time.monotonic() + _SETTLE
+        start = time.monotonic()
+        deadline = start + _SETTLE
+        waiting = [r for r in silent if r not in self._ended]
+        if self.requests is not None:
+            self.send(waiting, {"op": "ping"})
         while time.monotonic() < deadline and len(self._ended) < len(self._ars):
             out += self.poll(_POLL)
+            if self.requests is not None and all(r in self._ended or self._heard.get(r, 0.0) > start
+                                                 for r in waiting):
+                break
         return out
 
     def _pump(self, rank: int, out: list[Observation]) -> None:
@@ -101,6 +119,10 @@ class EngineTransport(Transport):
             self._heard[rank] = time.monotonic()
             kind = event.get("kind")
             if kind == EventKind.ALIVE:
+                continue
+            blob = event.pop("blob", None)
+            if isinstance(blob, bytes):  # a session's answer: its pickled part
+                out.append(WorkerEvent(rank, dict(event, blob=len(blob)), Received(blob)))
                 continue
             if kind == EventKind.STACKS:
                 self._keep_stacks(rank, event)
@@ -193,6 +215,33 @@ class EngineTransport(Transport):
     def wake(self) -> None:
         self._wake.set()
 
+    def send(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,
+             give_up: Optional[Callable[[], bool]] = None) -> list[int]:
+        if self.requests is None:
+            return super().send(ranks, request, body, give_up)
+        return self._put(ranks, encode(dict(request, kind=Control.REQUEST), body))
+
+    def _put(self, ranks: Sequence[int], frame: bytes, ended_too: bool = False) -> list[int]:
+        """Put ``frame`` under each rank's next key (its parts first, their count last: a rank
+        reads the count, then the parts); the ranks it could not reach."""
+        parts = [frame[i:i + _PART] for i in range(0, len(frame), _PART)] or [b""]
+        missed = []
+        with self._send_lock:
+            for rank in ranks:
+                if (rank in self._ended and not ended_too) or self.requests is None:
+                    missed.append(rank)
+                    continue
+                key = request_key(rank, self._sent[rank])
+                try:
+                    for i, part in enumerate(parts):
+                        self.requests.store.set(f"{key}/{i}", part)
+                    self.requests.store.set(key, str(len(parts)))
+                except Exception:  # noqa: BLE001 - DistNetworkError: the store is closed
+                    missed.append(rank)
+                    continue
+                self._sent[rank] += 1
+        return missed
+
     def _signal(self, sig: int, ranks: Sequence[int]) -> None:
         """Signal the engines of ``ranks`` that run our function. A rank not started yet (its
         engine may still run another task, and has none of our handlers) gets no signal; an
@@ -226,6 +275,8 @@ class EngineTransport(Transport):
         now = time.monotonic()
         for r in ranks:
             self._interrupted.setdefault(r, now)
+        if self.requests is not None:  # a session's rank ignores a SIGINT it was not told to leave on
+            self._put(ranks, encode({"kind": Control.REQUEST, "op": "leave"}))
         self._signal(signal.SIGINT, ranks)
 
     def kill(self, ranks: Sequence[int]) -> None:
@@ -261,4 +312,11 @@ class EngineTransport(Transport):
         self.interrupt([r for r in range(len(self.configs)) if r not in self._ended])
 
     def close(self) -> None:
-        """Nothing to free: the engines are the cluster's."""
+        """Free the request store (its readers on the engines told to stop first); the engines
+        are the cluster's."""
+        if self.requests is not None:
+            # Every rank's reader stops reading, a rank's whose call ended too.
+            self._put(range(len(self.configs)), encode({"kind": Control.RELEASE}), ended_too=True)
+            with self._send_lock:
+                self.requests.close()
+                self.requests = None

@@ -494,6 +494,7 @@ def test_a_cell_on_engines_is_interrupted_and_the_session_goes_on(rc):
 
 def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell):
     from IPython.core.error import UsageError
+    from IPython.utils.capture import capture_output
 
     shell = ipython_shell
     shell.run_line_magic("load_ext", "ddp_notebook")
@@ -506,6 +507,12 @@ def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell)
             shell.run_line_magic("ddp_session", "--engines nowhere")
         assert shell.run_cell_magic("ddp", "", "rank * 2") is None
         assert s.run("rank * 3") == [0, 3]
+        # What a rank displays comes to the cell, labelled by rank, not to the engine's own output.
+        with capture_output() as shown:
+            shell.run_cell_magic("ddp", "", "from IPython.display import HTML\ndisplay(HTML(f'<b>rank {rank}</b>'))")
+        html = [o.data.get("text/html") for o in shown.outputs]
+        assert "<b>rank 0</b>" in html and "<b>rank 1</b>" in html, (html, shown.stdout)
+        assert "[rank 1]" in shown.stdout
     finally:
         shell.run_line_magic("ddp_session", "--stop")
         shell.user_ns.pop("engines_here", None)

@@ -119,6 +119,24 @@ def test_a_rank_raising_on_host_2_is_named(hosts):
     assert_engines_clean(hosts)
 
 
+def test_a_session_across_hosts_runs_cells_and_names_the_rank_that_raised(hosts):
+    # The ranks take the notebook's requests from a store it hosts on its bridge address.
+    s = ddp_notebook.session(engines=hosts.view([0, 1, 2]))
+    try:
+        names = s.run("import socket\nout = [None] * world_size\ndist.all_gather_object(out, socket.gethostname())\nout")
+        assert names[0] == names[2] and len(set(names[0])) == 3  # every rank sees the three hosts
+        s.push(w=torch.ones(50_000))  # by value: no memory is shared across hosts
+        assert s.run("float(w.sum()) * rank") == [0.0, 50_000.0, 100_000.0]
+        with pytest.raises(ddp_notebook.errors.CellError) as e:
+            s.run("if rank == 2:\n    raise KeyError('only on h3')\ndist.barrier()")
+        assert str(e.value).startswith("cell 3 failed on rank 2 (cpu:2): KeyError: 'only on h3'. Ranks 0, 1 were "
+                                       "left in it"), str(e.value)
+        assert s.run("rank") == [0, 1, 2]  # formed again, on the same engines
+    finally:
+        s.close()
+    assert_engines_clean(hosts)
+
+
 def test_checkpoints_reach_the_notebook_and_a_retry_on_host_1_resumes_from_them(hosts):
     x, y = models.regression_data()
     kw = dict(train_data=(x[:384], y[:384]), valid_data=(x[384:], y[384:]), loss=torch.nn.MSELoss(),

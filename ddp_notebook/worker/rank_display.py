@@ -9,7 +9,9 @@ them (its ``post_execute`` event). A cell's value is formatted here too, by the 
 formatter: the notebook receives its text, or its bundle (a figure as an image), never the
 object only to print it.
 
-Without IPython (a bare engine), bundles are the value's text alone.
+On an ipyparallel engine, whose kernel is an IPython shell already, that shell is used, its
+display publisher lent to the session while its loop runs. Without IPython, bundles are the
+value's text alone.
 
 Bundles are bounded: each text cut at ``TEXT_CHARS``; past ``BUNDLE_CHARS`` in all, only the
 text is kept.
@@ -47,6 +49,7 @@ class RankDisplay:
     def __init__(self, publish: Publish) -> None:
         self._publish = publish
         self.shell: Any = None
+        self._lent: Any = None  # the display publisher of a shell that was there, while borrowed
         #: ``display`` for the ranks' namespaces (IPython's), or None without IPython.
         self.show: Optional[Callable[..., Any]] = None
         try:
@@ -74,8 +77,14 @@ class RankDisplay:
             def clear_output(self, wait: bool = False) -> None:
                 pass  # an output area of the rank's own has nothing to clear
 
-        if InteractiveShell.initialized():  # a shell that is already there (an engine's kernel) keeps its ways
-            self.shell, self.show = InteractiveShell.instance(), display
+        if InteractiveShell.initialized():
+            # A shell that is already there (an engine's kernel) keeps its ways, but what the
+            # session's cells display goes to the notebook's cell: its publisher is borrowed
+            # (a public trait) until the session's loop ends (``close``).
+            shell = InteractiveShell.instance()
+            self.shell, self.show = shell, display
+            self._lent = shell.display_pub
+            shell.display_pub = _Publisher(shell=shell)
             return
         if "matplotlib" not in sys.modules and "MPLBACKEND" not in os.environ \
                 and importlib.util.find_spec("matplotlib_inline") is not None:
@@ -113,6 +122,11 @@ class RankDisplay:
         if not isinstance(text, str):  # IPython's formatter caught the repr's error and gave None
             return f"{failed} an error>"
         return cut(text, TEXT_CHARS)
+
+    def close(self) -> None:
+        """Give a borrowed shell its own display publisher back."""
+        if self._lent is not None:
+            self.shell.display_pub, self._lent = self._lent, None
 
     def cell_ended(self) -> None:
         """Show the figures the cell drew (matplotlib's inline backend), as IPython does when a

@@ -317,4 +317,5 @@ def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None
         rank.serve()
     finally:
         take_requests(None)
+        rank.display.close()
         signal.signal(signal.SIGINT, previous)

@@ -35,6 +35,7 @@ __all__ = ["EngineTransport"]
 
 _SETTLE = 2.0  # seconds to wait for every outcome before the cause is named (a death is seen late)
 _POLL = 0.05  # data messages are not a file to wait on: look this often
+_POLL_SESSION = 0.005  # ... and this often for a session's ranks, whose answers a user waits for
 _DEATH_SEEN_WITHIN = 3.0  # seconds: a rank silent longer before its engine "died" was cut off first
 _PART = 4 * 1024 * 1024  # bytes of a request frame per store value (a store value holds 8 MiB at most)
 
@@ -75,7 +76,7 @@ class EngineTransport(Transport):
 
     # ---- what happened ------------------------------------------------------------------------
     def poll(self, timeout: float) -> list[Observation]:
-        self._wake.wait(min(timeout, _POLL))
+        self._wake.wait(min(timeout, _POLL if self.requests is None else _POLL_SESSION))
         self._wake.clear()
         out, self._given_up = self._given_up, []
         for rank, ar in list(self._ars.items()):

@@ -103,6 +103,16 @@ def test_a_fit_on_ipv6_only_hosts_trains(hosts):
     assert_engines_clean(hosts)
 
 
+def test_a_session_on_ipv6_only_hosts_runs_cells(hosts):
+    # The ranks reach the notebook's request store on an address the probe found for them.
+    s = ddp_notebook.session(engines=hosts.view([0, 1, 2]))
+    try:
+        assert s.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()") == [6.0, 6.0, 6.0]
+    finally:
+        s.close()
+    assert_engines_clean(hosts)
+
+
 def test_a_host_cut_off_mid_run_is_named_within_the_same_bound_as_on_ipv4(hosts):
     check_a_host_cut_off_mid_run(hosts)  # as on IPv4: the ranks' IPv6 connections get keepalive too
     assert_engines_clean(hosts)

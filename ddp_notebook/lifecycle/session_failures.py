@@ -75,8 +75,11 @@ def cell_error(cell: Optional[int], failures: list[WorkerFailure], values: dict[
     if also:
         sentences.append("Also raised: " + "; ".join(f"rank {f.rank}, {_short(f.summary())}"
                                                      for f in sorted(also, key=lambda f: f.rank)))
+    left: dict[str, list[int]] = {}  # ranks left at the same place, for the same reason, said once
     for f in sorted((f for f in ordered[1:] if f.knock_on), key=lambda f: f.rank):
-        sentences.append(f"Rank {f.rank} was left in it: {f.message}")
+        left.setdefault(f.message, []).append(f.rank)
+    for message, ranks in left.items():
+        sentences.append(f"{ranks_text(ranks).capitalize()} {'was' if len(ranks) == 1 else 'were'} left in it: {message}")
     if interrupted:
         sentences.append(f"{ranks_text(sorted(interrupted)).capitalize()}, still in it, "
                          f"{'was' if len(interrupted) == 1 else 'were'} interrupted")

@@ -1,6 +1,7 @@
 """A trivial cell on every rank, from running it to every rank's result: a ddp_notebook session
-(``%%ddp``, as a notebook user runs it, and ``session.run``) beside ipyparallel's ``%px`` and
-``DirectView.execute`` on a local cluster of 2 engines.
+(``%%ddp``, as a notebook user runs it, and ``session.run``, on local workers and on 2 engines)
+beside ipyparallel's ``%px`` and ``DirectView.execute`` on 2 other engines of the same local
+cluster (a session's ranks keep their engines busy).
 
 Each trial runs the cell ``1`` (and ``print(1)``, whose output comes back too) on 2 ranks and
 waits for every rank's result; trials are interleaved; medians and 95th percentiles in
@@ -39,12 +40,14 @@ def main() -> None:
 
     shell = InteractiveShell.instance()
     shell.register_magics(SessionMagics)
-    cluster = ipp.Cluster(n=2, log_level=40)
+    cluster = ipp.Cluster(n=4, log_level=40)
     rc = cluster.start_and_connect_sync(activate=False)
     session = ddp_notebook.session("cpu*2")
+    on_engines = None
     try:
-        rc.wait_for_engines(2, timeout=120)
-        view = rc[:]
+        rc.wait_for_engines(4, timeout=120)
+        on_engines = ddp_notebook.session(engines=rc[2:4])
+        view = rc[0:2]
         view.activate()  # %px on these engines
 
         def px(code: str) -> None:
@@ -60,6 +63,11 @@ def main() -> None:
                 values = session.run(code)
             assert len(values) == 2
 
+        def ours_on_engines(code: str) -> None:
+            with capture_output():
+                values = on_engines.run(code)
+            assert len(values) == 2
+
         set_current_session(session)
 
         def magic(code: str) -> None:
@@ -67,6 +75,7 @@ def main() -> None:
                 shell.run_cell_magic("ddp", "", code)  # each rank's value formatted there, shown here
 
         cases = {"ddp_notebook %%ddp": magic, "ddp_notebook session.run": ours,
+                 "ddp_notebook session.run on engines": ours_on_engines,
                  "ipyparallel DirectView.execute": execute, "ipyparallel %px --block": px}
         times: dict[tuple[str, str], list[float]] = {}
         for fn in cases.values():  # warm up: the first contact imports and connects
@@ -88,6 +97,8 @@ def main() -> None:
             print(f"| {name} | {_ms(times[(name, '1')])} | {_ms(times[(name, 'print(1)')])} |")
     finally:
         session.close()
+        if on_engines is not None:
+            on_engines.close()
         rc.close()
         cluster.stop_cluster_sync()
 

@@ -79,7 +79,8 @@ def cell_error(cell: Optional[int], failures: list[WorkerFailure], values: dict[
     for f in sorted((f for f in ordered[1:] if f.knock_on), key=lambda f: f.rank):
         left.setdefault(f.message, []).append(f.rank)
     for message, ranks in left.items():
-        sentences.append(f"{ranks_text(ranks).capitalize()} {'was' if len(ranks) == 1 else 'were'} left in it: {message}")
+        were = "was" if len(ranks) == 1 else "were"
+        sentences.append(f"{ranks_text(ranks).capitalize()} {were} left in it: {message}")
     if interrupted:
         sentences.append(f"{ranks_text(sorted(interrupted)).capitalize()}, still in it, "
                          f"{'was' if len(interrupted) == 1 else 'were'} interrupted")

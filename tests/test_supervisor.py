@@ -575,7 +575,8 @@ def test_a_cells_error_is_believed_once_the_ranks_outside_it_show_they_live_and_
     outcome = sup.supervise()
     assert phase.outcome.ended.is_set() and not phase.outcome.gone and not phase.outcome.cut
     assert transport.called("send") == [("send", (1,), "ping")]
-    assert delivered == [(0, "error", b"body")]  # the pong was the supervisor's
+    # The pong was the supervisor's; the session's thread is woken once the request is judged.
+    assert delivered == [(0, "error", b"body"), (-1, "judged", None)]
     assert not [e for e in stream.events if e["kind"] == "session"] and sup.root is None
     assert outcome.status == RunStatus.SUCCEEDED
 

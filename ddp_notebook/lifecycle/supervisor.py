@@ -409,6 +409,8 @@ class Supervisor:
         with self._cmd_lock:
             self._phase = None
         phase.outcome.ended.set()
+        if self._deliver is not None:  # the session's thread may wait for its next answer: wake it
+            self._deliver(-1, {"kind": EventKind.SESSION, "op": "judged"}, None)
 
     def _look(self, ranks: list[int]) -> Look:
         """Where ``ranks`` wait (their stacks, as the watchdog dumps them) and their CPU time."""

@@ -536,6 +536,35 @@ read back from its log as a later kernel would):
     code("""
 %ddp_debug $run_id
 """),
+    md("""
+## A session on ipyparallel engines
+
+When one machine is not enough, the ranks run on the engines of an ipyparallel cluster, one
+rank per engine (here two local engines; see tutorial 4). The cells, their output and the blame
+are the same; the engines reach this notebook over TCP, which sends them its requests:
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+import ipyparallel as ipp
+cluster = ipp.Cluster(n=2, log_level=40)
+rc = cluster.start_and_connect_sync()
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+%ddp_session --engines rc --ui text
+"""),
+    code("""
+%%ddp
+t = torch.ones(1) * (rank + 1)
+dist.all_reduce(t)
+t.item()
+"""),
+    code("""
+# NBVAL_IGNORE_OUTPUT
+%ddp_session --stop
+rc.close()
+cluster.stop_cluster_sync()
+"""),
 ]
 
 

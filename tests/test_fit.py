@@ -66,6 +66,16 @@ def test_validation_metrics_and_early_stopping():
     assert 0.0 <= result.history[0]["close"] <= 1.0
 
 
+def test_an_epoch_takes_the_same_seconds_in_the_result_and_in_the_panel_and_run_history():
+    x, y = models.regression_data()
+    run = ddp_notebook.fit(model=models.linear, train_data=(x[:384], y[:384]), valid_data=(x[384:], y[384:]),
+                           loss=torch.nn.MSELoss(), optimizer=models.sgd(0.1), epochs=3, batch_size=32,
+                           devices="cpu*2", wait=False)
+    result = run.wait(timeout=120)
+    shown = [(h["epoch"], h["seconds"]) for h in run.history]  # what the panel's epoch table shows
+    assert [(h["epoch"], h["seconds"]) for h in result.history] == shown and len(shown) == 3
+
+
 def test_a_resumed_fit_stops_early_where_the_original_would_have():
     x, y = models.regression_data()
     kw = dict(train_data=(x[:384], y[:384]), valid_data=(x[384:], y[384:]), loss=torch.nn.MSELoss(),

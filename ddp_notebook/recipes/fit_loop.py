@@ -308,6 +308,11 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
         _check_epoch(module, record, epoch, ctx.step)
         history.append(record)
         ctx.log(epoch=epoch, **{k: v for k, v in record.items() if k not in ("epoch", "seconds")})
+        # The epoch's time as the panel, %ddp_status and Run.history show it (its validation
+        # included); samples_per_s stays the training part's pace.
+        shown = ctx._loss_history.seconds_of(epoch)
+        if shown is not None:
+            record["seconds"] = shown
         stop = stopping.update(record[spec.monitor])  # every rank sees the same record: they stop together
         if spec.checkpoint:
             ctx.save_checkpoint({"model": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,

@@ -203,6 +203,13 @@ class LossHistory:
             self._records = {e: r for e, r in self._records.items() if e == self._open}
         return dict(event, **extra) if extra else event
 
+    def seconds_of(self, epoch: int) -> Optional[float]:
+        """How long ``epoch`` took, as its record says it (from the previous epoch's last report
+        to its own last), while it is the open epoch; None once it is not."""
+        with self._lock:
+            record = self._records.get(epoch)
+            return round(float(record["end"] - record["start"]), 3) if record and "end" in record else None
+
     @staticmethod
     def _record(record: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": record["epoch"], "seconds": round(float(record["end"] - record["start"]), 3),

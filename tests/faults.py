@@ -342,3 +342,17 @@ def saves_a_checkpoint(ctx):
 
     ctx.save_checkpoint({"w": torch.zeros(2)}, epoch=0, best=True)
     return ctx.rank
+
+
+def fails_until_resumed(ctx, times: int = 1):
+    """Save a checkpoint counting the attempts, and raise on rank 1 until ``times`` attempts failed;
+    then return the attempts made (each restart resumes from the last checkpoint)."""
+    state = ctx.load_checkpoint() or {"attempt": 0}
+    attempt = state["attempt"] + 1
+    ctx.save_checkpoint({"attempt": attempt}, epoch=attempt)
+    import torch.distributed as dist
+
+    dist.barrier()  # the checkpoint is saved before rank 1 raises
+    if attempt <= times and ctx.rank == 1:
+        raise ValueError(f"attempt {attempt} fails")
+    return attempt

@@ -102,6 +102,38 @@ def test_framework_progress_can_be_turned_off():
     assert progress_of(run, 0) == progress_of(run, 1) == []
 
 
+def test_accelerates_own_notebook_tests_pass_through_the_drop_in(monkeypatch):
+    # accelerate's test_utils/scripts/test_notebook.py, its launcher replaced by the drop-in, on 2
+    # processes: the fault-tolerant test drains its queue through max_restarts.
+    pytest.importorskip("accelerate")
+    import time
+
+    from accelerate.test_utils.scripts import test_notebook as theirs
+
+    from ddp_notebook.integrations.accelerate import notebook_launcher
+
+    monkeypatch.setattr(theirs, "notebook_launcher", notebook_launcher)
+    monkeypatch.setattr(theirs, "NUM_PROCESSES", 2)
+    for name in ("test_can_initialize", "test_clean_cuda_fork", "test_mixed_precision", "test_static_rdzv_backend",
+                 "test_c10d_rdzv_backend", "test_fault_tolerant"):
+        getattr(theirs, name)()
+    statuses = [r.status for r in _attempts(ddp_notebook.last_run())]  # (both ranks take from the queue)
+    assert statuses[-1] == "succeeded" and set(statuses[:-1]) == {"failed"} and 2 <= len(statuses) <= 4, statuses
+    # test_monitoring: a rank that raises ends the one that sleeps at once (accelerate's expects
+    # torch elastic's ChildFailedError; the drop-in raises WorkerFailedError, torch's spawn type).
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError, match="I'm an even process. I don't like to sleep."):
+        notebook_launcher(theirs.bipolar_sleep_function, (100,), num_processes=2, monitor_interval=0.01)
+    assert time.monotonic() - started < 60
+
+
+def _attempts(run):
+    chain = [run]
+    while chain[-1].parent is not None:
+        chain.append(chain[-1].parent)
+    return chain[::-1]
+
+
 def test_accelerate_notebook_launcher_drop_in():
     pytest.importorskip("accelerate")
     from ddp_notebook.integrations.accelerate import notebook_launcher

@@ -176,3 +176,26 @@ def test_a_subscriber_that_raises_is_logged_and_the_run_goes_on(caplog):
     with caplog.at_level("ERROR", logger="ddp_notebook.core.stream"):
         assert run.wait(timeout=60) == [4.0, 4.0]
     assert any("a subscriber of run" in r.getMessage() and r.exc_info[0] is ValueError for r in caplog.records)
+
+
+# ---- max_restarts: a failed run starts again, each attempt a run of its own -----------------------
+def test_a_failed_run_starts_again_from_its_checkpoint_until_it_succeeds_and_wait_follows():
+    run = ddp_notebook.launch(faults.fails_until_resumed, devices="cpu*2", kwargs={"times": 2}, max_restarts=3)
+    assert run.wait(timeout=120) == 3  # the third attempt, resumed from the second's checkpoint
+    attempts = [run, run.restarted, run.restarted.restarted]
+    assert [a.status for a in attempts] == ["failed", "failed", "succeeded"] and attempts[2].restarted is None
+    assert attempts[1].parent is run and attempts[2].parent is attempts[1]
+    assert [a.options.max_restarts for a in attempts] == [3, 2, 1]
+    assert attempts[1].root_failure.message == "attempt 2 fails" and attempts[1].root_failure.rank == 1
+
+
+def test_restarts_run_out_and_a_stopped_run_is_not_started_again():
+    run = ddp_notebook.launch(faults.fails_until_resumed, devices="cpu*2", kwargs={"times": 5}, max_restarts=1)
+    with pytest.raises(WorkerFailedError, match="attempt 2 fails"):
+        run.wait(timeout=120)  # the last attempt's failure
+    assert run.restarted is not None and run.restarted.restarted is None
+    stopped = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2", max_restarts=2)
+    wait_for(stopped, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+    stopped.stop(grace=5, wait=True)
+    assert stopped.status == "stopped" and stopped.restarted is None
+

@@ -86,3 +86,19 @@ def test_a_stop_grace_that_would_never_end_the_stop_is_refused(grace):
         assert not run.stop_requested
     finally:
         run.wait(timeout=60)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", 10_000])
+def test_max_restarts_takes_a_whole_number(bad):
+    from ddp_notebook.lifecycle.options import LaunchOptions
+
+    with pytest.raises(LaunchOptionError, match="max_restarts must be a whole number from 0 to 1000, not"):
+        LaunchOptions(max_restarts=bad)
+    assert LaunchOptions(max_restarts=3).max_restarts == 3
+
+
+@pytest.mark.unit
+def test_a_session_refuses_max_restarts_before_anything_starts():
+    with pytest.raises(LaunchOptionError, match="a session does not take max_restarts: session.restart"):
+        ddp_notebook.session("cpu*2", max_restarts=1)

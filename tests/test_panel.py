@@ -458,3 +458,13 @@ def test_the_interpreter_exits_cleanly_while_views_draw_their_plots():
         child = subprocess.run([sys.executable, "-c", CHILD_DRAWING_AT_EXIT], capture_output=True, text=True,
                                timeout=120)
         assert child.returncode == 0, child.stderr[-2000:]
+
+
+@pytest.mark.processes
+def test_a_run_started_again_after_its_failure_shows_below_it():
+    run = ddp_notebook.launch(faults.fails_until_resumed, devices="cpu*2", kwargs={"times": 1}, max_restarts=1)
+    panel = DDPPanel(run)
+    assert run.wait(timeout=120) == 2
+    assert [v.run for v in panel.views] == [run, run.restarted]
+    panel.views[1].refresh()
+    assert "succeeded" in panel.views[1].title.value and f"retry of {run.id}" in panel.views[1].title.value

@@ -1,5 +1,6 @@
 """Existing DDP code (tutorial style, its own init_process_group) under ddp_notebook.spawn."""
 import pytest
+import torch
 
 import ddp_notebook
 from ddp_notebook import WorkerFailedError
@@ -87,12 +88,33 @@ def test_items_put_in_a_multiprocessing_queue_reach_the_notebook(kind):
         assert items.index(tensors[rank]) < items.index(f"rank {rank} done")
 
 
-def test_a_worker_reading_a_queue_of_the_call_is_told_what_queues_do_here():
+def test_a_queue_of_the_call_works_both_ways_on_the_ranks_as_an_inherited_one_does():
     import torch.multiprocessing as mp
 
-    with pytest.raises(WorkerFailedError, match="QueueUseError: a queue passed to the workers carries items from "
-                       "the workers to the notebook: put\\(\\) here, get\\(\\) in the notebook"):
-        ddp_notebook.spawn(tutorial_ddp.gets_from_queue, args=(mp.SimpleQueue(),), nprocs=2)
+    q = mp.Queue()
+    for item in ("a", "b", torch.ones(3)):
+        q.put(item)
+    # Each rank takes one item, says what it saw, and puts its rank back: get, empty, qsize, put.
+    got = ddp_notebook.spawn(tutorial_ddp.gets_from_queue, args=(q,), nprocs=2, join=False).wait(timeout=60)
+    assert got[0] in ("a", "b") and got[1] >= 0 and got[2] is False
+    rest = sorted(str(q.get(timeout=10)) for _ in range(3))  # one item left, and each rank's number
+    assert rest[:2] == ["0", "1"] and rest[2] in ("a", "b", "tensor([1., 1., 1.])"), rest
+    assert q.empty()
+    # A get that finds nothing raises queue.Empty on the rank, at once or after its timeout.
+    assert ddp_notebook.spawn(tutorial_ddp.gets_from_queue, args=(mp.SimpleQueue(), 0.2), nprocs=1,
+                              join=False).wait(timeout=60) == "empty"
+
+
+def test_accelerate_s_fault_tolerant_function_drains_its_queue_through_restarts():
+    # accelerate's test_notebook.py: each failed run puts one less back, until a run succeeds.
+    import torch.multiprocessing as mp
+
+    from ddp_notebook.integrations.accelerate import notebook_launcher
+
+    q = mp.Queue()
+    q.put(2)
+    notebook_launcher(tutorial_ddp.tough_nut_function, (q,), num_processes=2, max_restarts=3)
+    assert q.empty()
 
 
 def test_join_false_gives_what_process_context_callers_use():

@@ -96,8 +96,26 @@ def puts_in_queue(rank, queue, nbytes):
     queue.put(f"rank {rank} done")
 
 
-def gets_from_queue(rank, queue):
-    return queue.get()
+def gets_from_queue(rank, queue, timeout=None):
+    import queue as queues
+
+    try:
+        item = queue.get(timeout=timeout) if timeout is not None else queue.get()
+    except queues.Empty:
+        return "empty"
+    size, empty = queue.qsize(), queue.empty()
+    queue.put(rank)
+    return item, size, empty
+
+
+def tough_nut_function(queue):
+    """accelerate's tests/test_notebook.py: fails while its queue holds a number above 0."""
+    if queue.empty():
+        return
+    trial = queue.get()
+    if trial > 0:
+        queue.put(trial - 1)
+        raise RuntimeError("The queue still not empty.")
 
 
 def torchrun_main(total_epochs=2, backend="gloo"):

@@ -45,6 +45,9 @@ class EventKind(TextEnum):
     DONE = "done"  # the rank's outcome: success (rank 0 attaches its pickled return value)
     ERROR = "error"  # the rank's outcome: an exception (phase, type, message, traceback)
     QUEUE_PUT = "queue_put"  # an item put in a queue of the call (queue: its index; attached: the item)
+    # A rank asks a queue of the call (queue, op: get, empty or qsize, id, block, timeout); the
+    # notebook answers with a ``queue_answer`` request (id; the item attached, or empty, value, error)
+    QUEUE_ASK = "queue_ask"
     MEETING = "meeting"  # rank 0 on an engine serves the run's store (port): the other ranks may start
     ALIVE = "alive"  # a rank on an engine is alive (every second; its host's link is up)
     STACKS = "stacks"  # a rank on an engine dumped its stacks (text), for the stall watchdog
@@ -87,8 +90,9 @@ class Control(TextEnum):
     STOP = "stop"  # the run asks the rank to stop (ctx.should_stop)
     FLUSH = "flush"  # send the progress report held back by throttling, if any
     RELEASE = "release"  # every rank is done: leave
-    # A request (op: ping, answered by the rank's lifeline in every mode; a session's run, push,
-    # pull, interrupt, idle, close, its body pickled as the attachment, for the session's loop).
+    # A request (op: ping, answered by the rank's lifeline in every mode; queue_answer, for a
+    # queue of the call; a session's run, push, pull, interrupt, idle, close, its body pickled as
+    # the attachment, for the session's loop).
     REQUEST = "request"
 
 

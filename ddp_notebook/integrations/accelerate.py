@@ -65,11 +65,12 @@ def notebook_launcher(function: Callable[..., Any], args: tuple[Any, ...] = (), 
     at a loopback store the notebook serves (``use_port`` and ``master_addr`` are not used), a
     failure names its rank, rank 0's return value is returned, and the run can be retried
     (``ddp_notebook.last_run().retry()``). ``mixed_precision`` is passed on as accelerate's
-    launcher does; one machine only (``num_nodes=1``); the other keywords of accelerate's launcher
-    (rendezvous, restarts) have no meaning here and are ignored."""
+    launcher does, and ``max_restarts`` (a failed run starts again, each attempt a run of its own);
+    one machine only (``num_nodes=1``); the other keywords of accelerate's launcher (rendezvous,
+    monitoring) have no meaning here and are ignored."""
     if num_nodes != 1 or node_rank != 0:
         raise LaunchOptionError(f"notebook_launcher runs on this machine only: num_nodes=1 and node_rank=0, not "
                                 f"num_nodes={num_nodes!r}, node_rank={node_rank!r} (for several machines, use "
                                 "ddp_notebook.launch with engines=)")
     env = {"ACCELERATE_MIXED_PRECISION": str(mixed_precision)}
-    return spawn(_WithoutRank(function), args=tuple(args), nprocs=num_processes, env=env)
+    return spawn(_WithoutRank(function), args=tuple(args), nprocs=num_processes, env=env, max_restarts=max_restarts)

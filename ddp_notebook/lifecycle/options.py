@@ -37,6 +37,7 @@ __all__ = ["LaunchOptions", "LaunchKwargs", "RunSettings", "CallMode", "options_
 
 MAX_SECONDS = 365 * 24 * 3600  # a year: longer is a typo, and beyond what timers and timedelta take
 MAX_THREADS = 1024  # torch threads of one worker, far above any single machine
+MAX_RESTARTS = 1000  # a failed run started again at most this many times
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class LaunchOptions:
     report_to: Any = field(default=None, compare=False)
     """Trackers rank 0's logged values go to, from the notebook: ``"tensorboard"``, ``"mlflow"``, ``"wandb"``, a
     list of them, or a tracker object (a ``SummaryWriter``, anything with ``log(metrics, step)``)."""
+    max_restarts: int = 0
+    """How many times a failed run starts again on the same devices (torch elastic's meaning), each
+    attempt a run of its own, from the last checkpoint where there is one; ``wait()`` follows to the
+    last attempt. A stopped run is not started again."""
     ui: Optional[str] = None
     """How its views show in a notebook: ``"widget"`` (the live panel), ``"html"`` (its HTML form, kept
     current every second in place: where widgets do not render), ``"text"`` (its text, likewise).
@@ -90,6 +95,10 @@ class LaunchOptions:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise LaunchOptionError(f"{name} must be a whole number >= {least} or None, not {value!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or \
+                not 0 <= self.max_restarts <= MAX_RESTARTS:
+            raise LaunchOptionError(f"max_restarts must be a whole number from 0 to {MAX_RESTARTS}, not "
+                                    f"{self.max_restarts!r}")
         if self.threads_per_worker is not None and self.threads_per_worker > MAX_THREADS:
             raise LaunchOptionError(f"threads_per_worker must be at most {MAX_THREADS}, not {self.threads_per_worker}")
         if self.backend is not None and (not isinstance(self.backend, str) or self.backend not in BACKENDS):
@@ -200,6 +209,7 @@ class LaunchKwargs(TypedDict, total=False):
     name: Optional[str]
     tags: dict[str, Any]
     report_to: Any
+    max_restarts: int
     ui: Optional[str]
 
 

@@ -59,6 +59,7 @@ from .options import (
 )
 from .provenance import GitLookup
 from .reporting import Reporter
+from .restarts import restart_after
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
 from .store import loopback_store
@@ -104,25 +105,22 @@ class Run:
                  executor: Optional[Executor] = None, options: Optional[LaunchOptions] = None,
                  settings: Optional[RunSettings] = None, report: Optional[ValidationReport] = None,
                  parent: Optional[Run] = None, restart: Optional[Restart] = None) -> None:
-        #: The run's directory (its paths: ``events_path``, ``checkpoint_dir``...).
-        self.dir = directory
+        self.dir = directory  #: The run's directory (its paths: ``events_path``, ``checkpoint_dir``...).
         #: The run's id, such as ``"20261129-174217-5266c4"`` (what the magics and ``Run.load`` take).
         self.id = directory.id
         self.run_dir = directory.path  #: The path of the run's directory (its log, call, result, checkpoints).
-        #: The run's event stream: its state, and the events for ``subscribe``.
-        self.stream = stream
-        #: The devices, one per rank, in rank order.
-        self.devices: list[Device] = list(devices)
-        #: The validation report of the device list (None for a run read back from disk).
-        self.report = report
+        self.stream = stream  #: The run's event stream: its state, and the events for ``subscribe``.
+        self.devices: list[Device] = list(devices)  #: The devices, one per rank, in rank order.
+        self.report = report  #: The validation report of the device list (None for a run read back from disk).
         #: The torch.distributed backend, ``"gloo"`` or ``"nccl"``.
         self.backend: str = (report.backend if report else stream.state.backend) or "gloo"
         self._executor = executor
         #: The launch options the run was started with (a retry starts with them too).
         self.options = options or LaunchOptions()
         self._settings = settings or RunSettings()
-        #: The run this one retries (None for a first launch).
-        self.parent = parent
+        self.parent = parent  #: The run this one retries (None for a first launch).
+        #: The run started again after this one failed (``max_restarts``), else None: ``wait`` follows it.
+        self.restarted: Optional[Run] = None
         self._restart = restart
         self._finished = threading.Event()
         self._stop_requested = False
@@ -222,7 +220,8 @@ class Run:
                 SupervisorOptions(kill_grace=self.options.kill_grace, stop_grace=self.options.stop_grace,
                                   stall_timeout=self.options.stall_timeout, stall_floor=floor),
                 self.stream.emit,  # and beside the run's events: a session's answers, or the call's queues' items
-                self._settings.answers or (QueueFeeder(payload.queues).deliver if payload.queues else None),
+                self._settings.answers or (QueueFeeder(payload.queues, self._tell, lambda: self.done).deliver
+                                           if payload.queues else None),
                 functools.partial(changed_files, placement.table if placement else None))
             live.track(self)
             thread.start()
@@ -283,6 +282,7 @@ class Run:
 
     def _end(self, result: Optional[Received]) -> None:
         self._result = result
+        self.restarted = restart_after(self)  # before wait() returns: it follows a restart
         self._finished.set()
         live.run_ended()
 
@@ -296,7 +296,7 @@ class Run:
 
     def _tell(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,
               give_up: Optional[Callable[[], bool]] = None) -> list[int]:
-        """A session's request to ``ranks`` (``Transport.send``): the ranks it did not reach."""
+        """A request to ``ranks`` (``Transport.send``; a session's, a queue's answer): the ranks it did not reach."""
         sup = self._supervisor
         return list(ranks) if sup is None or self.done else sup.transport.send(ranks, request, body, give_up)
 
@@ -397,9 +397,8 @@ class Run:
 
     @property
     def history(self) -> list[dict[str, Any]]:
-        """Rank 0's epochs, one dict each (what the panel's epoch table shows): ``epoch`` (from 0:
-        the panel's "epoch 3/8" is ``epoch`` 2), ``train_loss``, every number logged in the epoch,
-        ``seconds``."""
+        """Rank 0's epochs, one dict each (the panel's epoch table): ``epoch`` (from 0: the panel's
+        "epoch 3/8" is ``epoch`` 2), ``train_loss``, every number logged in the epoch, ``seconds``."""
         return self.state.history
 
     @property
@@ -514,7 +513,7 @@ class Run:
             raise self._interrupted() from None
         if not ended:
             raise WaitTimeoutError(f"run {self.id} is still {self.status} after {timeout} s")
-        return self._value()
+        return self._value() if self.restarted is None else self.restarted.wait(timeout)
 
     def result(self) -> Any:
         """The main worker's return value of a finished run, without waiting.

@@ -34,6 +34,7 @@ from ..core.errors import (
     ArgumentsError,
     CellError,
     DDPNotebookError,
+    LaunchOptionError,
     SessionBusyError,
     SessionEndedError,
     SessionInterrupted,
@@ -121,6 +122,8 @@ class Session:
     """
 
     def __init__(self, devices: Optional[DeviceSpec], options: LaunchOptions, probe: Optional[Probe] = None) -> None:
+        if options.max_restarts:
+            raise LaunchOptionError("a session does not take max_restarts: session.restart() forms it again")
         self._spec = devices
         self.options = options
         self._probe = probe

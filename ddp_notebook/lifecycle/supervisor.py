@@ -54,7 +54,7 @@ __all__ = ["Supervisor", "SupervisorOptions", "Outcome", "SAME_ERROR_WINDOW", "I
 log = logging.getLogger(__name__)
 
 _DONE, _ERROR, _STOPPED = "done", "error", "stopped"  # how a rank reported its end
-_FOR_THE_NOTEBOOK = (EventKind.QUEUE_PUT, EventKind.SESSION)
+_FOR_THE_NOTEBOOK = (EventKind.QUEUE_PUT, EventKind.QUEUE_ASK, EventKind.SESSION)
 _STDERR_KEPT = 40  # lines of each rank's stderr kept for its failure record
 # Seconds the first error raised by the function waits for the other ranks' before the cause is
 # named: ranks in step raise the same error within milliseconds of each other.

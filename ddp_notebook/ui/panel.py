@@ -5,6 +5,7 @@ it; it renders and calls, nothing more.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any, Optional, Union
@@ -14,6 +15,7 @@ import ipywidgets as widgets
 from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
 from ..core.validation import ValidationReport
+from ..lifecycle.restarts import show_restarts_with
 from .html import RED, report_html
 from .run_view import FullText, RunView, StartGuard
 
@@ -45,6 +47,7 @@ class DDPPanel(FullText, widgets.VBox):
                  validator: Optional[Callable[[list[str]], ValidationReport]] = None,
                  on_start: Optional[Callable[[Any], None]] = None) -> None:
         super().__init__()
+        _panels.add(self)
         if launcher is not None and validator is None:
             raise TypeError("a panel that launches needs a validator (for instance run._validate_devices)")
         self.launcher = launcher
@@ -210,3 +213,16 @@ class DDPPanel(FullText, widgets.VBox):
 
     def __repr__(self) -> str:
         return "\n".join(repr(v) for v in self.views) or "DDPPanel (no run yet)"
+
+
+_panels: weakref.WeakSet[DDPPanel] = weakref.WeakSet()
+
+
+def _show_restart(failed: Any, new: Any) -> None:
+    """A run a panel shows failed and started again (``max_restarts``): the new attempt shows below it."""
+    for panel in list(_panels):
+        if any(v.run is failed for v in panel.views):
+            panel.show(new)
+
+
+show_restarts_with(_show_restart)

@@ -122,5 +122,8 @@ def watch(run: Any, out: Optional[IO[str]] = None) -> Callable[[], None]:
         changed.set()
         thread.join(timeout=10)
         view.finish(run.state)
+        restarted = getattr(run, "restarted", None)
+        if restarted is not None:  # it failed and started again (max_restarts): each attempt's table
+            watch(restarted, stream)()
 
     return finish

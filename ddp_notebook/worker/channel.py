@@ -22,13 +22,15 @@ from ..core.events import Control, EventKind, FrameDecoder, encode, read_frame, 
 from .boot import EXIT_ORPHANED
 
 __all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline", "watch_requests", "obey", "rank_channel",
-           "take_requests", "request_key"]
+           "take_requests", "take_queue_answers", "request_key"]
 
 _channels: weakref.WeakSet[Channel] = weakref.WeakSet()
 _rank_channel: Optional[Channel] = None  # this worker's (one per worker process)
 # Who serves the notebook's requests on this rank (a session's loop): called on the lifeline's
 # thread with each request frame, its body under ``blob``.
 _requests: Optional[Callable[[dict[str, Any]], None]] = None
+# Who takes the notebook's answers about the call's queues (``transfer.queues``), likewise.
+_queue_answers: Optional[Callable[[dict[str, Any]], None]] = None
 
 
 def rank_channel() -> Channel:
@@ -58,6 +60,13 @@ def take_requests(handler: Optional[Callable[[dict[str, Any]], None]]) -> None:
     if handler is not None and _rank_channel is not None and _rank_channel.unreachable:
         raise RuntimeError(_rank_channel.unreachable)
     _requests = handler
+
+
+def take_queue_answers(handler: Optional[Callable[[dict[str, Any]], None]]) -> None:
+    """Hand the notebook's answers about the call's queues (``queue_answer`` requests) to
+    ``handler`` from now on."""
+    global _queue_answers
+    _queue_answers = handler
 
 
 def _after_fork_in_child() -> None:
@@ -151,6 +160,9 @@ def obey(frame: dict[str, Any], stop: threading.Event, release: threading.Event,
     elif kind == Control.REQUEST and frame.get("op") == "ping":  # the supervisor settles a failure
         if _rank_channel is not None:
             _rank_channel.send({"kind": EventKind.PONG})  # from this thread: a dying rank cannot
+    elif kind == Control.REQUEST and frame.get("op") == "queue_answer":
+        if _queue_answers is not None:
+            _queue_answers(frame)
     elif kind == Control.REQUEST and _requests is not None:
         _requests(frame)
     return False

@@ -21,9 +21,9 @@ from typing import Any, Optional
 from ..core.events import EventKind, encode, read_frame, write_all
 from ..core.rundir import RunDir
 from ..transfer.packing import Placement, pack
-from ..transfer.queues import send_items_with
+from ..transfer.queues import Asker, ask_with, send_items_with
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
-from .channel import PipeChannel, watch_lifeline
+from .channel import PipeChannel, take_queue_answers, watch_lifeline
 from .context import current_context, peak_memory
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, warm_up
 
@@ -36,7 +36,8 @@ def _flush_progress() -> None:
 
 def _items_through(channel: PipeChannel) -> None:
     """Send what the function puts in a queue of the call (``transfer.queues``) to the notebook, its
-    tensors in shared memory this process holds until it exits, as it holds its result's."""
+    tensors in shared memory this process holds until it exits, as it holds its result's; ask the
+    notebook's queue what the function asks of it."""
     held: list[Placement] = []
 
     def send(index: int, obj: Any) -> None:
@@ -48,6 +49,9 @@ def _items_through(channel: PipeChannel) -> None:
                      item.data)
 
     send_items_with(send)
+    asker = Asker(channel.send)  # get, empty, qsize: asked of the notebook's queue, answered on the lifeline
+    ask_with(asker.ask)
+    take_queue_answers(asker.answered)
 
 
 def main() -> None:

@@ -425,7 +425,7 @@ def test_engines_busy_with_a_run_are_refused_to_another(rc):
     run = ddp_notebook.launch(faults.wait_for_stop, engines=rc)
     try:
         wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
-        with pytest.raises(InvalidDevicesError, match=rf"engine 0 is in use by run {run.id} \(running\): stop it first"):
+        with pytest.raises(InvalidDevicesError, match=rf"engine 0 is in use by run {run.id} \(running\): stop it "):
             ddp_notebook.launch(faults.takes_arg, engines=rc, args=(1,))
         assert "engine 1 is in use" in run._validate_devices("cpu:0,cpu:1").summary()
     finally:
@@ -492,6 +492,30 @@ def test_a_cell_on_engines_is_interrupted_and_the_session_goes_on(rc):
     assert_engines_clean(rc)
 
 
+def test_a_view_without_engines_is_said_alone_and_a_magic_takes_a_view_of_a_client(rc, ipython_shell):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(InvalidDevicesError) as e:
+        ddp_notebook.session(engines=rc[5:7])
+    assert str(e.value) == ("invalid device list 'cpu': The view has no engines: start some (ipcluster start -n 2, or "
+                            "ipyparallel.Cluster(n=2).start_and_connect_sync()), or choose a view of engines that "
+                            "exist (rc.ids lists them).")
+    shell = ipython_shell
+    shell.run_line_magic("load_ext", "ddp_notebook")
+    shell.user_ns["engines_here"] = rc
+    try:
+        shell.run_line_magic("ddp_session", "--engines engines_here[1:]")
+        s = shell.user_ns["_ddp_session"]
+        assert s.devices == ["cpu:0"] and "engine 1" in (s.current_run.state.workers[0].place or "")
+        shell.run_line_magic("ddp_session", "--stop")
+        for bad in ("engines_here[a]", "engines_here[1.5]", "engines_here(1)", "nowhere[0]"):
+            with pytest.raises(UsageError, match="there is no"):
+                shell.run_line_magic("ddp_session", f"--engines {bad}")
+    finally:
+        shell.user_ns.pop("engines_here", None)
+    assert_engines_clean(rc)
+
+
 def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell):
     from IPython.core.error import UsageError
     from IPython.utils.capture import capture_output
@@ -505,6 +529,8 @@ def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell)
         assert "engine 1" in (s.current_run.state.workers[1].place or "")
         with pytest.raises(UsageError, match="there is no 'nowhere' in the notebook"):
             shell.run_line_magic("ddp_session", "--engines nowhere")
+        with pytest.raises(UsageError, match="a new one on engines would lose its namespaces"):
+            shell.run_line_magic("ddp_session", "--engines engines_here[0:2]")  # a view, read as written
         assert shell.run_cell_magic("ddp", "", "rank * 2") is None
         assert s.run("rank * 3") == [0, 3]
         # What a rank displays comes to the cell, labelled by rank, not to the engine's own output.
@@ -517,3 +543,59 @@ def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell)
         shell.run_line_magic("ddp_session", "--stop")
         shell.user_ns.pop("engines_here", None)
     assert_engines_clean(rc)
+
+
+CHILD_SESSION = """
+import sys, time, ipyparallel as ipp, ddp_notebook
+rc = ipp.Client(profile=sys.argv[1], cluster_id=sys.argv[2])
+s = ddp_notebook.session(engines=rc)
+s.run("import time\\nprint('looping', flush=True)\\nwhile True:\\n    time.sleep(0.5)", block=False)
+while "looping" not in s.current_run.output(0) + s.current_run.output(1):  # both ranks in the cell
+    time.sleep(0.05)
+print("running", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_notebook_killed_mid_cell_frees_its_engines_and_an_engine_death_leaves_a_session_to_form_again():
+    # Its own cluster: an engine is killed at the end.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cluster = ipp.Cluster(n=2, log_level=40)
+    rc = cluster.start_and_connect_sync()
+    try:
+        rc[:].execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})", block=True)
+        # The notebook dies (the out-of-memory killer) while its session's cell loops on the engines:
+        # the ranks see the notebook's request store go, and leave the cell.
+        child = subprocess.Popen([sys.executable, "-c", CHILD_SESSION, cluster.profile, cluster.cluster_id],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert "running\n" in iter(child.stdout.readline, "")  # (after the ranks' own lines)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        started = time.monotonic()
+        assert rc[:].apply_async(os.getpid).get(timeout=60)  # the engines answer again
+        assert time.monotonic() - started < 30
+        assert_engines_clean(rc)
+        # An engine dies: the session ends naming it; restart() cannot form it on a gone engine and
+        # leaves the session as it was; restart(without_failed=True) forms it on the other one.
+        s = ddp_notebook.session(engines=rc)
+        pids = s.run("import os; os.getpid()")
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(ddp_notebook.errors.SessionEndedError, match="engine 1 died.* "
+                           r"session.restart\(without_failed=True\) forms it again on the other engines"):
+            s.run("import time; time.sleep(30)")
+        ended = s.current_run
+        with pytest.raises(EngineUnavailableError, match="engine 1 is not available any more"):
+            s.restart()
+        assert s.current_run is ended and s.devices == ["cpu:0", "cpu:1"]
+        s.restart(without_failed=True)
+        assert s.devices == ["cpu:0"] and s.run("import os; os.getpid()") == [pids[0]]
+        s.close()
+    finally:
+        rc.close()
+        cluster.stop_cluster_sync()

@@ -76,7 +76,8 @@ class ValidationReport:
         """One paragraph: what is wrong, for exception messages."""
         if self.ok:
             return f"devices {format_devices(self.devices)} are valid ({self.backend})"
-        problems = " ".join(f.message for f in self.errors)
+        messages = (f.message.rstrip() for f in self.errors)
+        problems = " ".join(m if m.endswith((".", "!", "?")) else m + "." for m in messages)
         return f"invalid device list {self.spec!r}: {problems}"
 
     def __str__(self) -> str:

@@ -35,6 +35,9 @@ class Run(Protocol):
     @property
     def status(self) -> str: ...
 
+    @property
+    def state(self) -> Any: ...
+
     def _held(self) -> list[str]: ...
 
     def _leave_with_notebook(self) -> None: ...
@@ -74,10 +77,15 @@ def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: O
     process still holds (a GPU, an engine): two runs must not share it by accident."""
     report = executor.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
     wanted = set(executor.held(report.devices))
-    busy = [Finding("error", "busy", f"{item} is in use by run {run.id} ({run.status}): stop it first (run.stop(), "
-                    "%ddp_stop) or choose another device.", item)
-            for run in going() for item in sorted(wanted & set(run._held()))]
-    return replace(report, findings=report.findings + tuple(busy)) if busy else report
+    busy = [Finding("error", "busy", f"{item} is in use by {what} {run.id} ({run.status}): {how} first or choose "
+                    f"another {'engine' if item.startswith('engine') else 'device'}.", item)
+            for run in going() for item in sorted(wanted & set(run._held()))
+            for what, how in [("the session of run", "close it (session.close(), %ddp_session --stop)")
+                              if run.state.origin == "session" else ("run", "stop it (run.stop(), %ddp_stop)")]]
+    # What another of our runs holds is said once: not also as an engine that does not answer.
+    held = {f.device for f in busy}
+    kept = tuple(f for f in report.findings if f.device is None or f.device not in held)
+    return replace(report, findings=kept + tuple(busy)) if busy else report
 
 
 @contextlib.contextmanager

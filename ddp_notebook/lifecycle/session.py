@@ -27,6 +27,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, Optional, Union
 
 from ..core.devices import DeviceSpec
@@ -42,7 +43,7 @@ from ..core.errors import (
 from ..core.events import EventKind, cell_file_name
 from ..core.failures import WorkerFailure, ranks_text
 from ..core.probes import Probe
-from ..core.state import RunState, RunStatus
+from ..core.state import RunState
 from ..core.validation import InvalidDevicesError
 from .call import Call
 from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
@@ -61,7 +62,7 @@ from .session_exchange import (
     loaded_value,
     unsent_error,
 )
-from .session_failures import cell_error, failures_of, push_hint
+from .session_failures import cell_error, ended_text, failures_of, push_hint
 from .session_state import SessionRecord, sessions, value_text
 
 __all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session", "set_current_session",
@@ -399,24 +400,10 @@ class Session:
             pass
         return self._run.done
 
-    def _end_text(self, what: str, extra: str = "") -> str:
-        assert self._run is not None
-        run = self._run
-        root = run.root_failure
-        if root is not None:
-            cause = root.headline()
-        elif run.status == RunStatus.STOPPED:
-            cause = f"its run {run.id} was stopped ({run.state.stop_reason})"
-        elif run.done:
-            cause = f"its run {run.id} ended ({run.status})"
-        else:
-            cause = f"its run {run.id} is ending"
-        return (f"{what}: {cause}{extra}. session.restart() forms it again on {', '.join(self.devices)} (the ranks' "
-                "namespaces are lost)")
-
     def _end_error(self, what: str, extra: str = "") -> SessionEndedError:
         assert self._run is not None
-        error = SessionEndedError(self._end_text(what, extra), self._run.root_failure, self._run.failures)
+        text = ended_text(self._run, what, extra, self.devices, self.options.engines is not None)
+        error = SessionEndedError(text, self._run.root_failure, self._run.failures)
         self._ended = error
         return error
 
@@ -685,6 +672,7 @@ class Session:
         """
         if devices is not None and without_failed:
             raise ArgumentsError("restart() takes devices= or without_failed=True, not both")
+        options = self.options
         if without_failed:
             causing = {f.rank for f in self.state.failures if not f.consequence}
             if not causing:
@@ -693,18 +681,23 @@ class Session:
             devices = [d for rank, d in enumerate(self.devices) if rank not in causing]
             if not devices:
                 raise ArgumentsError("without_failed=True: every rank of this session failed; give devices=")
+            if self.options.engines is not None:  # on the engines of the ranks kept
+                options = replace(self.options, engines=self.options.engines.subset(
+                    [r for r in range(len(self.devices)) if r not in causing]))
         if devices is not None:  # checked before the old ranks go: a bad list loses nothing
-            report = validate_for(devices, self.options, self._probe)
+            report = validate_for(devices, options, self._probe)
             if not report.ok:
                 raise InvalidDevicesError(report)
         lost = self._run is not None and not self._closed and self._ended is None and not self._run.done
         self.close()
-        before = self._run
+        before, kept = self._run, (self._spec, self.options)
         old = before.id if before is not None else None
-        if devices is not None:
-            self._spec = devices
-        self._run = None
-        self._start(parent=before)
+        self._spec, self.options, self._run = devices if devices is not None else self._spec, options, None
+        try:
+            self._start(parent=before)
+        except DDPNotebookError:  # (an engine gone since): the session is as it was, closed, its run the old one
+            self._run, (self._spec, self.options) = before, kept
+            raise
         self._closed = False
         print(f"Session formed again on {', '.join(self.devices)}"
               + (f" (run {self._run.id}, after {old})" if old and self._run is not None else "")

@@ -17,7 +17,7 @@ from ..core.failures import FailureKind, WorkerFailure, failure_from_error, orde
 from .cell_phase import INTERRUPT_GRACE, Gathered
 from .session_exchange import loaded_value
 
-__all__ = ["failures_of", "cell_error", "push_hint"]
+__all__ = ["failures_of", "cell_error", "push_hint", "ended_text"]
 
 
 def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
@@ -109,3 +109,22 @@ def push_hint(replies: dict[int, dict], namespace: dict[str, Any]) -> str:
         if isinstance(name, str) and name in namespace and name.isidentifier():
             return f"{name!r} is the notebook's, not the ranks': session.push({name}={name}) sends it to every rank"
     return ""
+
+
+def ended_text(run: Any, what: str, extra: str, devices: Sequence[str], on_engines: bool) -> str:
+    """Why a session's run ended (``what``: what could not go on), and how to form it again: on
+    the same devices, or, where an engine is gone, without it."""
+    root = run.root_failure
+    if root is not None:
+        cause = root.headline()
+    elif run.status == "stopped":
+        cause = f"its run {run.id} was stopped ({run.state.stop_reason})"
+    elif run.done:
+        cause = f"its run {run.id} ended ({run.status})"
+    else:
+        cause = f"its run {run.id} is ending"
+    if on_engines and root is not None and root.kind in (FailureKind.ENGINE, FailureKind.NETWORK):
+        how = f"session.restart(without_failed=True) forms it again on the other engines (rank {root.rank}'s is gone)"
+    else:
+        how = f"session.restart() forms it again on {', '.join(devices)}"
+    return f"{what}: {cause}{extra}. {how} (the ranks' namespaces are lost)"

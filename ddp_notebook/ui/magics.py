@@ -111,6 +111,35 @@ def _lookup(name: str, ns: dict[str, Any]) -> Any:
     return value
 
 
+def _engines_named(text: str, ns: dict[str, Any]) -> Any:
+    """What ``--engines`` names: a Client or view in the notebook (``rc``), or a view of it by
+    whole-number indices or a slice (``rc[0:2]``, ``rc[::2]``), read, never evaluated;
+    ``KeyError`` naming what is not there."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        raise KeyError(text) from None
+    if not isinstance(node, ast.Subscript):
+        return _lookup(text.strip(), ns)
+    base = _dotted(node.value)
+    if base is None:
+        raise KeyError(text)
+
+    def number(part: Optional[ast.expr]) -> Optional[int]:
+        try:
+            value = ast.literal_eval(part) if part is not None else None
+        except ValueError:
+            raise KeyError(text) from None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise KeyError(text)
+        return value
+
+    part = node.slice
+    key = slice(number(part.lower), number(part.upper), number(part.step)) if isinstance(part, ast.Slice) \
+        else number(part)
+    return _lookup(base, ns)[key]
+
+
 def _dotted(node: ast.expr) -> Optional[str]:
     """``a.b.c`` for a chain of names and attributes, else None."""
     if isinstance(node, ast.Name):
@@ -397,7 +426,8 @@ class DDPMagics(Magics):
                            (args.engines, "an ipyparallel Client or DirectView")):
             if name is not None:
                 try:
-                    found[name] = _lookup(name, self.user_ns)
+                    found[name] = _engines_named(name, self.user_ns) if name == args.engines else \
+                        _lookup(name, self.user_ns)
                 except KeyError as e:
                     raise UsageError(f"%ddp_fit: there is no {e.args[0]!r} in the notebook; define {what} with "
                                      "that name first") from None

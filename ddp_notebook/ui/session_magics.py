@@ -26,7 +26,7 @@ from ..core.errors import (
 from ..lifecycle.options import UI_FORMS, ui_form
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import display_kept_current, in_notebook
-from .magics import _USER_MISTAKES, _device_list, _lookup, _parse, _stall_setting
+from .magics import _USER_MISTAKES, _device_list, _engines_named, _parse, _stall_setting
 from .text import format_run
 
 __all__ = ["SessionMagics", "SESSION_MAGICS", "show_session_view"]
@@ -167,7 +167,7 @@ class SessionMagics(Magics):
             options["ui"] = args.ui
         if args.engines is not None:
             try:
-                options["engines"] = _lookup(args.engines, self.shell.user_ns if self.shell is not None else {})
+                options["engines"] = _engines_named(args.engines, self.shell.user_ns if self.shell is not None else {})
             except KeyError as e:
                 raise UsageError(f"%ddp_session: there is no {e.args[0]!r} in the notebook; --engines takes the name "
                                  "of an ipyparallel Client or DirectView") from None

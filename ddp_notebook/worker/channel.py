@@ -189,7 +189,8 @@ def request_key(rank: int, seq: int) -> str:
 def watch_requests(store: Any, rank: int, stop: threading.Event) -> None:
     """An engine's rank: the notebook's control frames, read in order from the store it hosts
     (``request_key``), each obeyed, until a ``RELEASE`` frame (the run is over). The store gone
-    (the notebook left) ends a session's loop as its ``close`` would."""
+    (the notebook died) makes a session's rank leave, out of the cell it runs too, as a worker
+    process's lifeline ends it: the engine is free again."""
     store.set_timeout(timedelta(days=7))  # a session may sit idle for days: each read waits
     release = threading.Event()
     for seq in itertools.count():
@@ -199,7 +200,7 @@ def watch_requests(store: Any, rank: int, stop: threading.Event) -> None:
             data = b"".join(store.get(f"{key}/{i}") for i in range(parts))
         except Exception:  # noqa: BLE001 - DistNetworkError: the notebook is gone
             if _requests is not None:
-                _requests({"kind": Control.REQUEST, "op": "close"})
+                _requests({"kind": Control.REQUEST, "op": "leave"})
             return
         for event, blob in FrameDecoder().feed(data):
             if obey(event if blob is None else dict(event, blob=blob), stop, release):

@@ -66,6 +66,10 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
     >>> validate_on_engines("cuda:0,cuda:0", fake).ok
     True
     """
+    if not engines.ids:  # nothing else can be said of a device list for no engine
+        return ValidationReport(str(spec or "cpu"), (), backend, (Finding(
+            "error", "engines", "The view has no engines: start some (ipcluster start -n 2, or ipyparallel.Cluster("
+            "n=2).start_and_connect_sync()), or choose a view of engines that exist (rc.ids lists them)."),))
     info = engines.describe()
     spec = f"cpu*{len(engines)}" if spec is None else spec
     # A bare "cuda" asks for every GPU; on engines that means as many as the smallest engine has.
@@ -77,17 +81,14 @@ def validate_on_engines(spec: Optional[DeviceSpec], engines: Engines, *, backend
         count = len(info)  # validate_devices reports what is wrong with the spec
     report = validate_devices(spec, backend=backend, probe=EngineProbe(info[:count]))
     findings = [f for f in report.findings if f.code not in _PER_MACHINE]
-    if not engines.ids:
-        findings.append(Finding("error", "engines", "The view has no engines: start some (ipcluster start -n 2, "
-                                "or ipyparallel.Cluster(n=2).start_and_connect_sync())."))
-    elif len(report.devices) > len(engines):
+    if len(report.devices) > len(engines):
         findings.append(Finding("error", "engines", f"{len(report.devices)} devices for {len(engines)} engine"
                                 f"{'s' if len(engines) != 1 else ''} (ids {', '.join(map(str, engines.ids))}): "
                                 "each engine runs one rank; list fewer devices or start more engines."))
     placed = list(zip(engines.ids, info, report.devices))
     for eid, i, _device in placed:
         if "error" in i:
-            findings.append(Finding("error", "engine", i["error"]))
+            findings.append(Finding("error", "engine", i["error"], f"engine {eid}"))
         elif "torch_error" in i:
             findings.append(Finding("error", "engine", f"engine {eid} cannot import torch: {i['torch_error']}"))
         elif i.get("ddp_notebook") != __version__:

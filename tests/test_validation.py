@@ -170,7 +170,8 @@ def test_validation_never_raises(spec):
         assert f.device is None or (f.device in f.message and f.device in map(str, r.devices)), f
     assert r.ok == all(f.level == "warning" for f in r.findings)
     assert r.summary() == (f"devices {','.join(map(str, r.devices))} are valid ({r.backend})" if r.ok
-                           else f"invalid device list {spec!r}: " + " ".join(f.message for f in r.errors))
+                           else f"invalid device list {spec!r}: " + " ".join(  # each a sentence
+                               f.message if f.message.endswith((".", "!", "?")) else f.message + "." for f in r.errors))
     try:
         devices = parse_devices(spec, cuda_count=probe.cuda_count)
     except DeviceSpecError as e:

@@ -198,6 +198,13 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
     here = ddp_notebook.compare()  # the good runs compared, the unreadable one said, the other user's never listed
     assert here.run_ids == [r.id for r in runs] and len(here.unreadable) == 1 and broken.id in here.unreadable[0]
     assert "left out, its log cannot be read: 20260101-000002-dddd01" in repr(here) and "cannot be read" in here.html()
+    # Shown as text alone where asked (ui=, or $DDP_NOTEBOOK_UI), never a widget in any form.
+    assert list(ddp_notebook.compare(ui="text")._repr_mimebundle_()) == ["text/plain"]
+    assert set(ddp_notebook.compare(ui="widget")._repr_mimebundle_()) == {"text/plain", "text/html"}
+    monkeypatch.setenv("DDP_NOTEBOOK_UI", "text")
+    assert list(ddp_notebook.compare()._repr_mimebundle_()) == ["text/plain"]
+    with pytest.raises(ddp_notebook.errors.LaunchOptionError, match="ui must be 'widget', 'html', 'text' or None"):
+        ddp_notebook.compare(ui="pretty")
     with pytest.raises(RunLoadError, match="cannot be read as a run's"):  # named, it must be read
         ddp_notebook.compare(broken.id)
     everything = ddp_notebook.compare(everywhere=True, last=3)

@@ -24,6 +24,7 @@ from ..core.events import EventKind
 from ..core.experiment import differing
 from ..core.state import RunState
 from ..lifecycle.experiments import LISTED_ORIGINS, ListedRun, find_runs, runs_of_here
+from ..lifecycle.options import ui_form
 from .html import badge
 from .loss_plot import drawing
 from .text import format_duration, format_metric
@@ -42,7 +43,7 @@ OWN_COLUMNS = ("devices", "function")  # config entries with a column of their o
 
 
 def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[int] = None,
-            everywhere: bool = False) -> Comparison:
+            everywhere: bool = False, ui: Optional[str] = None) -> Comparison:
     """Compare runs: their curves overlaid, their configs' differences and their final metrics.
 
     Parameters
@@ -57,6 +58,10 @@ def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[
         Only the last ``last`` runs (of those given, or found).
     everywhere : bool, default False
         Without ``runs``: every run of the runs folder, whichever notebook launched it.
+    ui : str, optional
+        How it shows: ``"html"`` (its curves and table; ``"widget"`` and the default are the same:
+        a comparison is no widget) or ``"text"`` (its table as text alone). Default
+        ``$DDP_NOTEBOOK_UI``, else HTML.
 
     Returns
     -------
@@ -70,6 +75,8 @@ def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[
     ArgumentsError
         A metric that none of the runs logged (the message lists those they did), or ``last``
         that is not a whole number >= 1.
+    LaunchOptionError
+        ``ui`` (or ``$DDP_NOTEBOOK_UI``) is not one of ``"widget"``, ``"html"``, ``"text"``.
 
     Examples
     --------
@@ -97,7 +104,9 @@ def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[
         listed, unreadable = _readable(runs_of_here(everywhere, origins=LISTED_ORIGINS))
     if last is not None:
         listed = listed[-last:]
-    return Comparison(listed, list(metrics) if metrics is not None else None, unreadable)
+    comparison = Comparison(listed, list(metrics) if metrics is not None else None, unreadable)
+    comparison.text_only = ui_form(ui) == "text"
+    return comparison
 
 
 def _readable(listed: list[ListedRun]) -> tuple[list[ListedRun], list[str]]:
@@ -125,6 +134,8 @@ class Comparison:
                  unreadable: Sequence[str] = ()) -> None:
         self._listed = listed
         self._asked = metrics
+        #: Shown as its text alone (``compare(..., ui="text")``), not its curves and table.
+        self.text_only = False
         #: A line for each run of the folder whose log could not be read (left out).
         self.unreadable = list(unreadable)
         if metrics is not None:
@@ -388,6 +399,8 @@ class Comparison:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
         states = self.states
+        if self.text_only:
+            return {"text/plain": self._text(states)}
         return {"text/plain": self._text(states), "text/html": self._html(states)}
 
     def _ipython_display_(self) -> None:

@@ -485,6 +485,8 @@ class DDPMagics(Magics):
     @argument("--metric", action="append", metavar="M", help="a metric to plot (again for more; default: the "
                                                              "losses and metrics logged)")
     @argument("--all", action="store_true", help="without RUN: every run on disk, whichever notebook launched it")
+    @argument("--ui", choices=UI_FORMS, help="how it shows: html (curves and table; widget is the same) or text "
+                                             "(the table as text)")
     @line_magic
     def ddp_compare(self, line: str) -> Any:
         """Compare runs: their curves overlaid (one plot per metric), then a table of what differs
@@ -492,8 +494,8 @@ class DDPMagics(Magics):
         ``Comparison`` (``.frame()``: a pandas DataFrame)."""
         args = _parse(self.ddp_compare, line)
         try:
-            return compare(*args.runs, metrics=args.metric, last=args.last, everywhere=args.all)
-        except (RunLoadError, UnsafeRunDirError, ArgumentsError) as e:
+            return compare(*args.runs, metrics=args.metric, last=args.last, everywhere=args.all, ui=args.ui)
+        except (RunLoadError, UnsafeRunDirError, ArgumentsError, LaunchOptionError) as e:
             raise UsageError(f"%ddp_compare: {e}") from None
 
     @magic_arguments()

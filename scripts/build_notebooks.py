@@ -129,8 +129,11 @@ except ddp_notebook.FitConfigError as e:
 """),
     md("""
 ## A worker that raises
-`train` raises on rank 1 at step 5. The run's panel turns that worker's row red and shows a
-failure card with the message, the traceback and the retry buttons.
+`train` raises on rank 1 at step 5. In a live notebook the run's panel turns that worker's row
+red and shows a failure card with the message, the traceback and the retry buttons. A page that
+shows no widgets (this one, GitHub, nbviewer) keeps the panel's HTML form instead, as it was when
+the run ended: each rank's status in words (rank 1 `failed`, rank 0 `knock-on`), the loss plot,
+and the same card with a red edge.
 """),
     code("""
 import torch.distributed as dist

@@ -38,7 +38,10 @@ root_doc = "index"
 
 # The tutorials keep their stored outputs: nbval runs them in the test suite, the docs never do.
 nb_execution_mode = "off"
-# What a widget shows in the docs is its stored text/HTML fallback, never a live widget.
+# The tutorials keep no widget state: a page shows a panel's HTML form (what a notebook viewer
+# shows), not an empty widget view.
+nb_mime_priority_overrides = [(builder, "application/vnd.jupyter.widget-view+json", None)
+                              for builder in ("html", "dirhtml", "singlehtml")]
 nb_render_markdown_format = "myst"
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3

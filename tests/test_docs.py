@@ -124,6 +124,10 @@ def test_the_site_builds_without_a_warning(built):
     for page in ("index", "getting-started", "api/running", "api/worker", "tutorials/02_when_a_worker_fails",
                  "benchmarks", "architecture", "reliability", "changelog"):
         assert (html_dir / f"{page}.html").is_file(), page
+    # A tutorial's panel shows as its HTML form (the card, the rows in words), as its text says:
+    # the tutorials keep no widget state, so a widget view would show nothing.
+    failing = (html_dir / "tutorials/02_when_a_worker_fails.html").read_text()
+    assert 'class="ddp-failure"' in failing and "ValueError: boom at step 5" in failing
 
 
 @pytest.mark.processes

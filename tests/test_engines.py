@@ -546,19 +546,21 @@ def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell)
 
 
 CHILD_SESSION = """
-import sys, time, ipyparallel as ipp, ddp_notebook
+import os, sys, time, ipyparallel as ipp, ddp_notebook
 rc = ipp.Client(profile=sys.argv[1], cluster_id=sys.argv[2])
 s = ddp_notebook.session(engines=rc)
-s.run("import time\\nprint('looping', flush=True)\\nwhile True:\\n    time.sleep(0.5)", block=False)
-while "looping" not in s.current_run.output(0) + s.current_run.output(1):  # both ranks in the cell
+marker = sys.argv[3]
+s.run(f"import time\\nopen({marker!r} + str(rank), 'w').close()\\nwhile True:\\n    time.sleep(0.5)", block=False)
+while not all(os.path.exists(marker + str(r)) for r in (0, 1)):  # both ranks in the cell
     time.sleep(0.05)
 print("running", flush=True)
 time.sleep(600)
 """
 
 
-def test_a_notebook_killed_mid_cell_frees_its_engines_and_an_engine_death_leaves_a_session_to_form_again():
+def test_a_notebook_killed_mid_cell_frees_its_engines_and_an_engine_death_leaves_a_session_to_form_again(tmp_path):
     # Its own cluster: an engine is killed at the end.
+    import select
     import signal
     import subprocess
     import sys
@@ -570,10 +572,16 @@ def test_a_notebook_killed_mid_cell_frees_its_engines_and_an_engine_death_leaves
         rc[:].execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})", block=True)
         # The notebook dies (the out-of-memory killer) while its session's cell loops on the engines:
         # the ranks see the notebook's request store go, and leave the cell.
-        child = subprocess.Popen([sys.executable, "-c", CHILD_SESSION, cluster.profile, cluster.cluster_id],
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", CHILD_SESSION, cluster.profile, cluster.cluster_id,
+                                  str(tmp_path / "in-cell-")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        said = []
         try:
-            assert "running\n" in iter(child.stdout.readline, "")  # (after the ranks' own lines)
+            deadline = time.monotonic() + 120
+            while "running\n" not in said and time.monotonic() < deadline and child.poll() is None:
+                if select.select([child.stdout], [], [], 1.0)[0]:
+                    said.append(child.stdout.readline())
+            assert "running\n" in said, "".join(said)
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait(timeout=30)

@@ -115,10 +115,14 @@ def test_accelerates_own_notebook_tests_pass_through_the_drop_in(monkeypatch):
     monkeypatch.setattr(theirs, "notebook_launcher", notebook_launcher)
     monkeypatch.setattr(theirs, "NUM_PROCESSES", 2)
     for name in ("test_can_initialize", "test_clean_cuda_fork", "test_mixed_precision", "test_static_rdzv_backend",
-                 "test_c10d_rdzv_backend", "test_fault_tolerant"):
+                 "test_c10d_rdzv_backend"):
         getattr(theirs, name)()
-    statuses = [r.status for r in _attempts(ddp_notebook.last_run())]  # (both ranks take from the queue)
-    assert statuses[-1] == "succeeded" and set(statuses[:-1]) == {"failed"} and 2 <= len(statuses) <= 4, statuses
+    # Its fault-tolerant function on one process: with two, both take from the queue, and once it
+    # holds 0 one rank may find it empty after empty() said it was not, and wait in get() for an
+    # item no one puts (as it would under accelerate's own launcher). One rank drains it in 3 restarts.
+    monkeypatch.setattr(theirs, "NUM_PROCESSES", 1)
+    theirs.test_fault_tolerant()
+    assert [r.status for r in _attempts(ddp_notebook.last_run())] == ["failed"] * 3 + ["succeeded"]
     # test_monitoring: a rank that raises ends the one that sleeps at once (accelerate's expects
     # torch elastic's ChildFailedError; the drop-in raises WorkerFailedError, torch's spawn type).
     started = time.monotonic()

@@ -112,9 +112,11 @@ def test_accelerate_s_fault_tolerant_function_drains_its_queue_through_restarts(
     from ddp_notebook.integrations.accelerate import notebook_launcher
 
     q = mp.Queue()
-    q.put(2)
-    notebook_launcher(tutorial_ddp.tough_nut_function, (q,), num_processes=2, max_restarts=3)
+    q.put(3)  # (one process: with two, both take from the queue, and one may wait for an item no one puts)
+    notebook_launcher(tutorial_ddp.tough_nut_function, (q,), num_processes=1, max_restarts=3)
     assert q.empty()
+    run = ddp_notebook.last_run()
+    assert run.status == "succeeded" and run.parent.parent.parent.status == "failed"  # three restarts
 
 
 def test_join_false_gives_what_process_context_callers_use():

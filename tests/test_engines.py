@@ -492,7 +492,16 @@ def test_a_cell_on_engines_is_interrupted_and_the_session_goes_on(rc):
     assert_engines_clean(rc)
 
 
-def test_a_view_without_engines_is_said_alone_and_a_magic_takes_a_view_of_a_client(rc, ipython_shell):
+@pytest.fixture
+def shell_with_engines(rc, ipython_shell):
+    """The IPython shell with the extension loaded and the cluster's client as ``engines_here``."""
+    ipython_shell.run_line_magic("load_ext", "ddp_notebook")
+    ipython_shell.user_ns["engines_here"] = rc
+    yield ipython_shell
+    ipython_shell.user_ns.pop("engines_here", None)
+
+
+def test_a_view_without_engines_is_said_alone_and_a_magic_takes_a_view_of_a_client(rc, shell_with_engines):
     from IPython.core.error import UsageError
 
     with pytest.raises(InvalidDevicesError) as e:
@@ -500,29 +509,22 @@ def test_a_view_without_engines_is_said_alone_and_a_magic_takes_a_view_of_a_clie
     assert str(e.value) == ("invalid device list 'cpu': The view has no engines: start some (ipcluster start -n 2, or "
                             "ipyparallel.Cluster(n=2).start_and_connect_sync()), or choose a view of engines that "
                             "exist (rc.ids lists them).")
-    shell = ipython_shell
-    shell.run_line_magic("load_ext", "ddp_notebook")
-    shell.user_ns["engines_here"] = rc
-    try:
-        shell.run_line_magic("ddp_session", "--engines engines_here[1:]")
-        s = shell.user_ns["_ddp_session"]
-        assert s.devices == ["cpu:0"] and "engine 1" in (s.current_run.state.workers[0].place or "")
-        shell.run_line_magic("ddp_session", "--stop")
-        for bad in ("engines_here[a]", "engines_here[1.5]", "engines_here(1)", "nowhere[0]"):
-            with pytest.raises(UsageError, match="there is no"):
-                shell.run_line_magic("ddp_session", f"--engines {bad}")
-    finally:
-        shell.user_ns.pop("engines_here", None)
+    shell = shell_with_engines
+    shell.run_line_magic("ddp_session", "--engines engines_here[1:]")
+    s = shell.user_ns["_ddp_session"]
+    assert s.devices == ["cpu:0"] and "engine 1" in (s.current_run.state.workers[0].place or "")
+    shell.run_line_magic("ddp_session", "--stop")
+    for bad in ("engines_here[a]", "engines_here[1.5]", "engines_here(1)", "nowhere[0]"):
+        with pytest.raises(UsageError, match="there is no"):
+            shell.run_line_magic("ddp_session", f"--engines {bad}")
     assert_engines_clean(rc)
 
 
-def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell):
+def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, shell_with_engines):
     from IPython.core.error import UsageError
     from IPython.utils.capture import capture_output
 
-    shell = ipython_shell
-    shell.run_line_magic("load_ext", "ddp_notebook")
-    shell.user_ns["engines_here"] = rc
+    shell = shell_with_engines
     try:
         shell.run_line_magic("ddp_session", "--engines engines_here")
         s = shell.user_ns["_ddp_session"]
@@ -541,7 +543,6 @@ def test_ddp_session_magic_forms_a_session_on_engines_by_name(rc, ipython_shell)
         assert "[rank 1]" in shown.stdout
     finally:
         shell.run_line_magic("ddp_session", "--stop")
-        shell.user_ns.pop("engines_here", None)
     assert_engines_clean(rc)
 
 

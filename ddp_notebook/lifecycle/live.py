@@ -77,15 +77,22 @@ def validate_on(executor: Executor, devices: Optional[DeviceSpec], *, backend: O
     process still holds (a GPU, an engine): two runs must not share it by accident."""
     report = executor.validate(devices, backend=backend, min_free_memory=min_free_memory, probe=probe)
     wanted = set(executor.held(report.devices))
-    busy = [Finding("error", "busy", f"{item} is in use by {what} {run.id} ({run.status}): {how} first or choose "
-                    f"another {'engine' if item.startswith('engine') else 'device'}.", item)
-            for run in going() for item in sorted(wanted & set(run._held()))
-            for what, how in [("the session of run", "close it (session.close(), %ddp_session --stop)")
-                              if run.state.origin == "session" else ("run", "stop it (run.stop(), %ddp_stop)")]]
+    busy = [_held_by(run, item) for run in going() for item in sorted(wanted & set(run._held()))]
     # What another of our runs holds is said once: not also as an engine that does not answer.
     held = {f.device for f in busy}
     kept = tuple(f for f in report.findings if f.device is None or f.device not in held)
     return replace(report, findings=kept + tuple(busy)) if busy else report
+
+
+def _held_by(run: Run, item: str) -> Finding:
+    """``item`` (a GPU, ``engine 1``) is held by ``run``: how to free it, a session's way or a run's."""
+    if run.state.origin == "session":
+        what, how = "the session of run", "close it (session.close(), %ddp_session --stop)"
+    else:
+        what, how = "run", "stop it (run.stop(), %ddp_stop)"
+    other = "engine" if item.startswith("engine") else "device"
+    return Finding("error", "busy", f"{item} is in use by {what} {run.id} ({run.status}): {how} first or choose "
+                   f"another {other}.", item)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ def restart_after(run: Any) -> Optional[Any]:
     """The new attempt of ``run``, started, when it failed with restarts left (``max_restarts``);
     None otherwise. Called once the run has ended, before its ``wait()`` returns."""
     left = run.options.max_restarts
-    if left <= 0 or run.state.status != RunStatus.FAILED or run.state.origin == "session":
+    if left <= 0 or run.state.status != RunStatus.FAILED:  # (a session refuses max_restarts)
         return None
     root = run.state.root_failure
     try:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ..core.errors import CellError
 from ..core.failures import FailureKind, WorkerFailure, failure_from_error, order_failures, ranks_text
+from ..core.state import RunStatus
 from .cell_phase import INTERRUPT_GRACE, Gathered
 from .session_exchange import loaded_value
 
@@ -117,7 +118,7 @@ def ended_text(run: Any, what: str, extra: str, devices: Sequence[str], on_engin
     root = run.root_failure
     if root is not None:
         cause = root.headline()
-    elif run.status == "stopped":
+    elif run.status == RunStatus.STOPPED:
         cause = f"its run {run.id} was stopped ({run.state.stop_reason})"
     elif run.done:
         cause = f"its run {run.id} ended ({run.status})"

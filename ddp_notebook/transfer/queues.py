@@ -132,22 +132,21 @@ class QueueEnd:
         self.put(obj)
 
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
-        if _asker is None:
-            raise QueueUseError(_NOT_CONNECTED)
-        return _asker(self.index, "get", bool(block), timeout)
+        return self._ask("get", bool(block), timeout)
 
     def get_nowait(self) -> Any:
         return self.get(False)
 
     def empty(self) -> bool:
-        if _asker is None:
-            raise QueueUseError(_NOT_CONNECTED)
-        return bool(_asker(self.index, "empty", False, None))
+        return bool(self._ask("empty"))
 
     def qsize(self) -> int:
+        return int(self._ask("qsize"))
+
+    def _ask(self, op: str, block: bool = False, timeout: Optional[float] = None) -> Any:
         if _asker is None:
             raise QueueUseError(_NOT_CONNECTED)
-        return int(_asker(self.index, "qsize", False, None))
+        return _asker(self.index, op, block, timeout)
 
     def full(self) -> bool:
         return False

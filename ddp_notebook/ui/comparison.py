@@ -104,9 +104,8 @@ def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[
         listed, unreadable = _readable(runs_of_here(everywhere, origins=LISTED_ORIGINS))
     if last is not None:
         listed = listed[-last:]
-    comparison = Comparison(listed, list(metrics) if metrics is not None else None, unreadable)
-    comparison.text_only = ui_form(ui) == "text"
-    return comparison
+    return Comparison(listed, list(metrics) if metrics is not None else None, unreadable,
+                      text_only=ui_form(ui) == "text")
 
 
 def _readable(listed: list[ListedRun]) -> tuple[list[ListedRun], list[str]]:
@@ -131,11 +130,11 @@ class Comparison:
     table, live while a run goes on; ``frame()``, a pandas DataFrame; ``repr()``, the table as text."""
 
     def __init__(self, listed: list[ListedRun], metrics: Optional[list[str]] = None,
-                 unreadable: Sequence[str] = ()) -> None:
+                 unreadable: Sequence[str] = (), text_only: bool = False) -> None:
         self._listed = listed
         self._asked = metrics
         #: Shown as its text alone (``compare(..., ui="text")``), not its curves and table.
-        self.text_only = False
+        self.text_only = text_only
         #: A line for each run of the folder whose log could not be read (left out).
         self.unreadable = list(unreadable)
         if metrics is not None:

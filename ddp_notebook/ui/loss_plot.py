@@ -24,8 +24,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # A view's thread may be drawing when the interpreter exits. Python then ends that thread with a
 # forced unwind, and one through matplotlib's C++ (ft2font) aborts the process: "terminate called
-# without an active exception", exit 134. So drawings take turns under one lock, and at exit the
-# no drawing starts again and the one in progress, if any, is waited for.
+# without an active exception", exit 134. So drawings take turns under one lock, and at exit no
+# drawing starts again and the one in progress, if any, is waited for.
 _DRAWING = threading.Lock()
 _exiting = False
 

@@ -422,12 +422,11 @@ class DDPMagics(Magics):
         func, call_args, call_kwargs, rest = _split_call(line, self.user_ns)
         args = _parse(self.ddp_fit, f"{func} {rest}" if func else rest)
         found = {}
-        for name, what in ((args.func, "a training function fn(ctx) or a dict of fit() arguments"),
-                           (args.engines, "an ipyparallel Client or DirectView")):
+        for name, what, find in ((args.func, "a training function fn(ctx) or a dict of fit() arguments", _lookup),
+                                 (args.engines, "an ipyparallel Client or DirectView", _engines_named)):
             if name is not None:
                 try:
-                    found[name] = _engines_named(name, self.user_ns) if name == args.engines else \
-                        _lookup(name, self.user_ns)
+                    found[name] = find(name, self.user_ns)
                 except KeyError as e:
                     raise UsageError(f"%ddp_fit: there is no {e.args[0]!r} in the notebook; define {what} with "
                                      "that name first") from None

@@ -18,7 +18,6 @@ import socket
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from typing import Any, Optional
 
 from ..core.events import EventKind, RankConfig
@@ -28,8 +27,8 @@ from .channel import DataChannel, watch_requests
 from .context import peak_memory
 from .engine_state import EngineSnapshot
 from .execute import Where, error_event, execute, flush_std, install_stack_dump, remove_stack_dump
-from .meeting import Meeting
-from .network import interfaces, machine_key, normalised, shown
+from .meeting import Meeting, RunEndedError
+from .network import interfaces, machine_key
 from .pulse import Pulse
 
 __all__ = ["describe_engine", "run_rank", "EngineNotReady", "REQUESTS_CONNECT"]
@@ -145,17 +144,13 @@ def _take_requests(cfg: RankConfig, out: DataChannel, stop: threading.Event) -> 
     where = cfg.get("requests")
     if not where:
         return
-    import torch.distributed as dist
-
-    address, port = normalised(str(where["address"])), int(where["port"])
     try:
-        raw = dist.TCPStore(address, port, None, False, timeout=timedelta(seconds=REQUESTS_CONNECT))
-    except (RuntimeError, OSError) as e:  # DistNetworkError is a RuntimeError
-        out.unreachable = (f"engine of rank {cfg['rank']} cannot reach the notebook at {shown(address, port)}, where "
-                           f"a session's requests come from: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        requests = Meeting.join(str(where["address"]), int(where["port"]), cfg["meeting"]["secret"], cfg["timeout"],
+                                connect=REQUESTS_CONNECT, host="the notebook, where a session's requests come from")
+    except RunEndedError as e:
+        out.unreachable = f"rank {cfg['rank']}'s engine: {e}"
         return
-    store = dist.PrefixStore(f"{cfg['meeting']['secret']}/", raw)
-    threading.Thread(target=watch_requests, args=(store, cfg["rank"], stop), name="ddp-requests",
+    threading.Thread(target=watch_requests, args=(requests.store, cfg["rank"], stop), name="ddp-requests",
                      daemon=True).start()
 
 

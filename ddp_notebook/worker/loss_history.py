@@ -53,6 +53,11 @@ POINTS_PER_REPORT = 1000
 _NUMBERS = (int, float)  # (exactly: a bool is no number here)
 
 
+def _seconds(record: dict[str, Any]) -> float:
+    """An epoch record's length: from the previous epoch's last report to its own last."""
+    return round(float(record["end"] - record["start"]), 3)
+
+
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -208,11 +213,11 @@ class LossHistory:
         to its own last), while it is the open epoch; None once it is not."""
         with self._lock:
             record = self._records.get(epoch)
-            return round(float(record["end"] - record["start"]), 3) if record and "end" in record else None
+            return _seconds(record) if record and "end" in record else None
 
     @staticmethod
     def _record(record: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {"epoch": record["epoch"], "seconds": round(float(record["end"] - record["start"]), 3),
+        out: dict[str, Any] = {"epoch": record["epoch"], "seconds": _seconds(record),
                                "metrics": dict(record["metrics"])}
         if record["losses"]:
             out["loss_mean"] = record["loss_sum"] / record["losses"]

@@ -70,20 +70,21 @@ class Meeting:
 
     @classmethod
     def join(cls, address: str, port: int, secret: str, timeout: float,
-             connect: float = CONNECT_SECONDS) -> Meeting:
-        """Connect to rank 0's store; ``RunEndedError`` when it is gone (rank 0 ended)."""
-        raw = cls.client(address, port, connect)
+             connect: float = CONNECT_SECONDS, host: str = "rank 0's engine") -> Meeting:
+        """Connect to rank 0's store (or another's, on ``host``: the notebook's, for a session's
+        requests); ``RunEndedError`` when it is gone (rank 0 ended)."""
+        raw = cls.client(address, port, connect, host)
         raw.set_timeout(timedelta(seconds=timeout))
         return cls(raw, address, port, secret, timeout, serves=False)
 
     @staticmethod
-    def client(address: str, port: int, timeout: float) -> Any:
+    def client(address: str, port: int, timeout: float, host: str = "rank 0's engine") -> Any:
         import torch.distributed as dist
 
         try:
             return dist.TCPStore(normalised(address), port, None, False, timeout=timedelta(seconds=timeout))
         except (RuntimeError, OSError) as e:  # DistNetworkError is a RuntimeError
-            raise RunEndedError(f"the run's store at {shown(address, port)} (rank 0's engine) cannot be reached: "
+            raise RunEndedError(f"the run's store at {shown(address, port)} ({host}) cannot be reached: "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
     def beater(self, timeout: float) -> Any:

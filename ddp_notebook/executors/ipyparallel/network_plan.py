@@ -90,14 +90,9 @@ def plan_network(engines: Any, n: int) -> NetworkPlan:
         return NetworkPlan(loopback, [], [], True, [f"rank 0's {where0} could not listen for its peers: {e}"])
     targets = sorted(ports.items(), key=lambda t: candidates.index(t[0]))
     others = [r for r in range(1, n) if machines[r] != machines[0]]
-    pending = {r: client[ids[r]].apply_async(reach, targets) for r in others}
-    answers: dict[int, dict[str, Any]] = {}
+    answers = _reached(engines, others, targets)
     problems = []
-    for r, ar in pending.items():
-        try:
-            answers[r] = dict(ar.get(timeout=_ANSWER))
-        except Exception as e:  # noqa: BLE001
-            answers[r] = {"errors": {"?": str(e)}}
+    for r in others:
         if "errors" in answers[r]:
             tried = "; ".join(f"{a}: {why}" for a, why in answers[r]["errors"].items()) or "it has no address"
             problems.append(f"engine {ids[r]} (host {info[r].get('host')}) cannot reach rank 0's {where0} over TCP "
@@ -120,6 +115,19 @@ def plan_network(engines: Any, n: int) -> NetworkPlan:
     return NetworkPlan(address, local, interfaces, True, problems)
 
 
+def _reached(engines: Any, ranks: Sequence[int], targets: Sequence[tuple[str, int]]) -> dict[int, dict[str, Any]]:
+    """What the engines of ``ranks`` said when each tried to ``reach`` ``targets`` (a probe's
+    addresses and ports): ``{"address", "local", "interface"}``, or ``{"errors": ...}``."""
+    pending = {r: engines.client[engines.ids[r]].apply_async(reach, targets) for r in ranks}
+    answers: dict[int, dict[str, Any]] = {}
+    for r, ar in pending.items():
+        try:
+            answers[r] = dict(ar.get(timeout=_ANSWER))
+        except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError
+            answers[r] = {"errors": {"?": str(e)}}
+    return answers
+
+
 def notebook_address(engines: Any, n: int) -> tuple[str, list[str]]:
     """The address of this notebook's host that the first ``n`` engines of ``engines`` reach
     (where a session's request store listens), and the problems found (engines that reach none
@@ -136,14 +144,7 @@ def notebook_address(engines: Any, n: int) -> tuple[str, list[str]]:
     candidates = [ip for ip in own if not is_loopback(ip)]
     ports = open_probe(candidates)
     try:
-        targets = sorted(ports.items(), key=lambda t: candidates.index(t[0]))
-        pending = {r: engines.client[engines.ids[r]].apply_async(reach, targets) for r in others}
-        answers: dict[int, dict[str, Any]] = {}
-        for r, ar in pending.items():
-            try:
-                answers[r] = dict(ar.get(timeout=_ANSWER))
-            except Exception as e:  # noqa: BLE001 - RemoteError, TimeoutError
-                answers[r] = {"errors": {"?": str(e)}}
+        answers = _reached(engines, others, sorted(ports.items(), key=lambda t: candidates.index(t[0])))
     finally:
         close_probe()
     problems = [f"engine {engines.ids[r]} (host {info[r].get('host')}) cannot reach this notebook over TCP ("

@@ -79,6 +79,29 @@ def test_imports_point_down_the_layers():
     assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
 
 
+def test_no_modules_import_each_other_in_a_loop():
+    # Every import counts, one inside a function or under TYPE_CHECKING too: a loop of modules
+    # means their responsibilities are not split where the code says they are.
+    found = dict(modules())
+    graph = {m: {n for n, _, _ in imported(m, p) if n in found and n != m and not found[n].endswith("__init__.py")}
+             for m, p in found.items()}
+    loops, state = [], {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for other in sorted(graph[module]):
+            if state.get(other) == "open":
+                loops.append(" -> ".join(path[path.index(other):] + [other]))
+            elif other not in state:
+                visit(other, path + [other])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not loops, "modules importing each other in a loop:\n" + "\n".join(loops)
+
+
 def test_the_core_imports_no_heavy_or_front_end_library_at_import_time():
     found = []
     for module, path in modules():

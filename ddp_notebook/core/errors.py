@@ -10,13 +10,10 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from .failures import WorkerFailure, render_failure_report
 from .tracebacks import user_frames
-
-if TYPE_CHECKING:
-    from .validation import ValidationReport
 
 __all__ = [
     "DDPNotebookError",
@@ -77,11 +74,18 @@ class DeviceSpecError(DDPNotebookError, ValueError):
     """A device list could not be read (bad syntax, unknown device kind, bad index)."""
 
 
+class Report(Protocol):
+    """What ``InvalidDevicesError`` holds: a ``core.validation.ValidationReport`` (named here by
+    what this module uses of it, so that errors, which validation raises, need not import it)."""
+
+    def summary(self) -> str: ...
+
+
 class InvalidDevicesError(DDPNotebookError, ValueError):
     """A device list failed validation; nothing was started. ``report`` (a ``ValidationReport``)
     holds every finding, errors and warnings."""
 
-    def __init__(self, report: ValidationReport) -> None:
+    def __init__(self, report: Report) -> None:
         self.report = report
         super().__init__(report.summary())
 

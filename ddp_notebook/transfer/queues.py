@@ -26,16 +26,19 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..core.errors import QueueUseError
 from ..core.events import EventKind
 from . import pickling
 
-if TYPE_CHECKING:
-    from .loading import Received
-
 __all__ = ["QueueEnd", "QueueFeeder", "Asker", "is_queue", "send_items_with", "ask_with"]
+
+class Loadable(Protocol):
+    """What a rank sent, still to be loaded here (``loading.Received``)."""
+
+    def load(self) -> Any: ...
+
 
 _sender: Optional[Callable[[int, Any], None]] = None
 _asker: Optional[Callable[[int, str, bool, Optional[float]], Any]] = None
@@ -183,7 +186,7 @@ class QueueFeeder:
         self._feeding: set[int] = set()
         self._taking = threading.Lock()
 
-    def deliver(self, rank: int, event: dict[str, Any], received: Optional[Received]) -> None:
+    def deliver(self, rank: int, event: dict[str, Any], received: Optional[Loadable]) -> None:
         """What a rank did with a queue of the call (``event``'s ``queue`` is its index): an item
         it put (its tensors mapped, not copied), or a question it asked."""
         index = event.get("queue")

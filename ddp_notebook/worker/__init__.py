@@ -1,7 +1,8 @@
 """The worker side: everything that runs inside a rank.
 
 Owns: running the packed call for one rank (``execute``: set-up, process group, the call, the
-result), the channel that carries its events out (``channel``: frames over a pipe, or ipyparallel
+result), the event a rank sends when it raised (``failure_event``, with what the user's
+variables held, ``failed_locals``), the channel that carries its events out (``channel``: frames over a pipe, or ipyparallel
 data messages), what ranks on engines share: the store they meet in (``meeting``), the pulse that
 tells a host cut off (``pulse``) and the network: addresses, probes and keepalive, IPv4 and IPv6
 (``network``), the ``WorkerContext`` with its training helpers (``context``), a function's own

@@ -26,7 +26,8 @@ from .boot import STACK_SIGNAL
 from .channel import DataChannel, watch_requests
 from .context import peak_memory
 from .engine_state import EngineSnapshot
-from .execute import Where, error_event, execute, flush_std, install_stack_dump, remove_stack_dump
+from .execute import Where, execute, flush_std, install_stack_dump, remove_stack_dump
+from .failure_event import error_event
 from .meeting import Meeting, RunEndedError
 from .network import interfaces, machine_key
 from .pulse import Pulse

@@ -4,7 +4,7 @@ Shared by worker processes (``process``) and ipyparallel engines (``engine``): t
 ``sys.path`` and threads of the rank, unpickling the call, the device and the process group (a
 file rendezvous, or the ``Meeting`` of ranks on engines), the ``WorkerContext``, the call itself
 and the pickled result. Failures are raised with ``where.phase`` saying how far the rank got;
-``error_event`` turns them into the event the supervisor makes a ``WorkerFailure`` of.
+``failure_event.error_event`` turns them into the event the supervisor makes a ``WorkerFailure`` of.
 """
 from __future__ import annotations
 
@@ -19,22 +19,19 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
-from ..core.bounds import bound_event
 from ..core.events import EventKind, RankConfig
 from ..core.failures import Phase
 from ..core.rundir import RunDir
-from ..core.tracebacks import format_user_traceback
 from ..transfer import loading, packing, pickling
 from ..transfer.packing import Packed
 from . import context, own_init, teardown
 from .boot import STACK_SIGNAL
-from .context import WorkerContext, peak_memory
-from .failed_locals import failed_locals
+from .context import WorkerContext
 from .frameworks.hooks import watch_imports
-from .meeting import Meeting, RunEndedError
+from .meeting import Meeting
 from .spawn_store import join_notebook_store
 
-__all__ = ["Where", "execute", "error_event", "flush_std", "warm_up", "install_stack_dump", "remove_stack_dump"]
+__all__ = ["Where", "execute", "flush_std", "warm_up", "install_stack_dump", "remove_stack_dump"]
 
 
 class Where:
@@ -199,32 +196,6 @@ def _named_result_error(exc: Exception, fn: Any, result: Any) -> Exception:
         return type(exc)(f"{name} returned {type(result).__qualname__}, which cannot be pickled ({exc})")
     except Exception:  # noqa: BLE001 - an exception type whose constructor takes other arguments
         return exc
-
-
-def error_event(exc: BaseException, phase: Phase) -> dict[str, Any]:
-    """The ``error`` event for ``exc``: its type, message and traceback with the user's frames
-    (this package's frames, the runner's first of all, mean nothing to users: ``core.tracebacks``)."""
-    # Cut here, before it crosses the pipe: a message may hold a whole tensor's repr.
-    return bound_event({
-        "kind": EventKind.ERROR,
-        "phase": phase,
-        "exc_type": type(exc).__qualname__,
-        "message": _text_of(exc),
-        # Sending the result back runs only the pickler's frames: nothing of the user's to show.
-        "traceback": "" if phase == Phase.RESULT else format_user_traceback(exc),
-        # What the user's variables held (a knock-on's are of no interest: its peer failed first).
-        "locals": [] if isinstance(exc, RunEndedError) or phase == Phase.RESULT else failed_locals(exc.__traceback__),
-        "knock_on": isinstance(exc, RunEndedError),  # raised because a peer's failure ended the run
-        "memory": peak_memory(),  # (a rank that ran out of memory: how much it held)
-    })
-
-
-def _text_of(exc: BaseException) -> str:
-    """``str(exc)``, or what Python prints when that raises too."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - an exception's own __str__ may be broken
-        return "<exception str() failed>"
 
 
 def flush_std() -> None:

@@ -25,7 +25,8 @@ from ..transfer.queues import Asker, ask_with, send_items_with
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
 from .channel import PipeChannel, take_queue_answers, watch_lifeline
 from .context import current_context, peak_memory
-from .execute import Where, error_event, execute, flush_std, install_stack_dump, warm_up
+from .execute import Where, execute, flush_std, install_stack_dump, warm_up
+from .failure_event import error_event
 
 
 def _flush_progress() -> None:

@@ -52,7 +52,7 @@ from ..transfer import pickling
 from ..transfer.loading import load
 from .channel import Channel, rank_channel, take_requests
 from .context import WorkerContext
-from .execute import error_event
+from .failure_event import error_event
 from .rank_display import RankDisplay
 
 __all__ = ["serve_session", "compile_cell"]

@@ -353,8 +353,6 @@ def test_every_view_of_a_session_shows_the_run_it_is_formed_again_on_however_it_
     s = ddp_notebook.session("cpu*2")
     try:
         panels = [DDPPanel(s.current_run) for _ in range(2)]  # as %ddp_session shows it, twice
-        for panel in panels:
-            s.on_new_run(panel.show)
         first = s.current_run
         s.restart()  # from code or %ddp_session --restart: the old run is closed, the session goes on
         for panel in panels:
@@ -385,3 +383,20 @@ def test_every_view_of_a_session_shows_the_run_it_is_formed_again_on_however_it_
         assert s.run("rank") == [0, 1]
     finally:
         s.close()
+
+
+@pytest.mark.processes
+def test_the_notebooks_current_run_follows_its_session_formed_again_from_code(ipython_shell):
+    # However the session is formed again (here session.restart() from a cell), ``_ddp_run``,
+    # which %ddp_status and %ddp_runs mark, is the run that holds its ranks now.
+    ip = ipython_shell
+    ip.run_line_magic("load_ext", "ddp_notebook")
+    ip.run_line_magic("ddp_session", "cpu*2")
+    try:
+        s = ip.user_ns["_ddp_session"]
+        first = s.current_run
+        assert ip.user_ns["_ddp_run"] is first
+        s.restart()
+        assert s.current_run is not first and ip.user_ns["_ddp_run"] is s.current_run
+    finally:
+        ip.run_line_magic("ddp_session", "--stop")

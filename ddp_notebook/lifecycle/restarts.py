@@ -9,6 +9,9 @@ run that was stopped (Stop, an interrupt, a pruned trial) is not started again.
 
     run = ddp_notebook.launch(train, devices="cpu*2", max_restarts=3)
     run.wait()        # the last attempt's result, or its failure once no restart is left
+
+A session formed again (``restart()``, Re-form in its view, a cell cut) is a run that follows
+another too: front ends hear of both in one way (``show_follow_ons_with``).
 """
 from __future__ import annotations
 
@@ -19,14 +22,31 @@ from typing import Any, Optional
 from ..core.errors import DDPNotebookError
 from ..core.state import RunStatus
 
-__all__ = ["restart_after", "show_restarts_with"]
+__all__ = ["restart_after", "show_follow_ons_with", "followed"]
 
-_shown: list[Callable[[Any, Any], None]] = []  # front ends told of each restart: (the failed run, the new one)
+_shown: list[Callable[[Any, Any], None]] = []  # front ends told of each run that follows another
 
 
-def show_restarts_with(show: Callable[[Any, Any], None]) -> None:
-    """Have ``show(failed_run, new_run)`` called at each restart (the panel shows the new run)."""
+def show_follow_ons_with(show: Callable[[Any, Any], None]) -> None:
+    """Have ``show(before, new)`` called whenever a run follows another: a failed run started again
+    (``max_restarts``), a session formed again. The panel shows the new run below the one before.
+
+    Parameters
+    ----------
+    show : callable
+        Called with the run before and the new one, from whatever thread starts the new one,
+        before its ranks are ready; it must return quickly (what it raises is ignored).
+    """
     _shown.append(show)
+
+
+def followed(before: Any, new: Any) -> None:
+    """Tell the front ends that ``new`` follows ``before`` (``show_follow_ons_with``)."""
+    for show in list(_shown):
+        try:
+            show(before, new)
+        except Exception:  # noqa: BLE001 - a front end's failure must not fail the run that follows
+            pass
 
 
 def restart_after(run: Any) -> Optional[Any]:
@@ -44,9 +64,5 @@ def restart_after(run: Any) -> Optional[Any]:
         return None
     print(f"ddp_notebook: run {run.id} failed ({root.summary() if root is not None else 'no cause named'}); "
           f"started again as run {new.id} ({left - 1} restart{'s' if left != 2 else ''} left)", file=sys.stderr)
-    for show in list(_shown):
-        try:
-            show(run, new)
-        except Exception:  # noqa: BLE001 - a front end's failure must not fail the restart
-            pass
+    followed(run, new)
     return new

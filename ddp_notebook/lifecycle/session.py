@@ -50,6 +50,7 @@ from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
 from .cell_phase import INTERRUPT_GRACE, CellPhase
 from .launch import start_run, validate_for
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
+from .restarts import followed
 from .run import Run
 from .session_exchange import (
     Answers,
@@ -143,15 +144,14 @@ class Session:
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         self._held: list[str] = []  # the ids of every run that held its ranks
-        self._new_run: list[Callable[[Run], None]] = []  # told of each run formed again (on_new_run)
         weakref.finalize(self, _close_ranks, self._formed)
         sessions.add(self)
         self._start()
 
     # ---- forming -------------------------------------------------------------------------------
     def _start(self, parent: Optional[Run] = None) -> None:
-        """Form the ranks (a new run; ``parent``: the run this one follows, formed again), then
-        tell those that follow the session of a run formed again."""
+        """Form the ranks (a new run; ``parent``: the run this one follows, formed again: the
+        front ends hear of it, ``restarts.followed``)."""
         self._closing = False
         strict = self.options.stall_timeout
         is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
@@ -168,11 +168,8 @@ class Session:
             self._held.append(run.id)
             run.subscribe(lambda event: _on_run_event(answers, event))  # (never the session: its finalizer ends ranks)
             self._ended, self._closed = None, False
-            for tell in list(self._new_run) if parent is not None else []:  # its views show the new run
-                try:
-                    tell(run)
-                except Exception:  # noqa: BLE001 - a front end's failure must not fail the session
-                    pass
+            if parent is not None:  # its views show the new run
+                followed(parent, run)
             # Every rank says hello once the run has started (the fork server, the process group).
             if not hellos(answers, len(run.devices), lambda: run.done):
                 raise self._end_error("the session could not start")
@@ -234,25 +231,6 @@ class Session:
             The state of the run that holds the ranks (an empty one while none does).
         """
         return self._run.state if self._run is not None else RunState()
-
-    def on_new_run(self, callback: Callable[[Run], None]) -> None:
-        """Call ``callback(run)`` each time the session is formed again, with the run that holds its
-        ranks from then on (``restart()``, Re-form in a view, a request cut); from whatever thread
-        forms it, before its ranks are ready. The session's views show the new run below the old.
-
-        Parameters
-        ----------
-        callback : callable
-            Called with the new ``Run``; it must return quickly.
-
-        Raises
-        ------
-        ArgumentsError
-            ``callback`` is not callable.
-        """
-        if not callable(callback):
-            raise ArgumentsError(f"on_new_run() takes a function callback(run), not {callback!r}")
-        self._new_run.append(callback)
 
     def interrupt(self) -> bool:
         """Interrupt the cell running now on every rank, as Kernel → Interrupt does: the cell

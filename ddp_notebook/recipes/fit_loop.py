@@ -310,7 +310,7 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
         ctx.log(epoch=epoch, **{k: v for k, v in record.items() if k not in ("epoch", "seconds")})
         # The epoch's time as the panel, %ddp_status and Run.history show it (its validation
         # included); samples_per_s stays the training part's pace.
-        shown = ctx._loss_history.seconds_of(epoch)
+        shown = ctx.epoch_seconds(epoch)
         if shown is not None:
             record["seconds"] = shown
         stop = stopping.update(record[spec.monitor])  # every rank sees the same record: they stop together

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 from ..core.errors import DDPNotebookError
 from ..core.events import EventKind
 from ..core.validation import ValidationReport
-from ..lifecycle.restarts import show_restarts_with
+from ..lifecycle.restarts import show_follow_ons_with
 from .html import RED, report_html
 from .run_view import FullText, RunView, StartGuard
 
@@ -218,11 +218,12 @@ class DDPPanel(FullText, widgets.VBox):
 _panels: weakref.WeakSet[DDPPanel] = weakref.WeakSet()
 
 
-def _show_restart(failed: Any, new: Any) -> None:
-    """A run a panel shows failed and started again (``max_restarts``): the new attempt shows below it."""
+def _show_follow_on(before: Any, new: Any) -> None:
+    """A run a panel shows is followed by another (a restart, a session formed again): the new
+    run shows below it."""
     for panel in list(_panels):
-        if any(v.run is failed for v in panel.views):
+        if any(v.run is before for v in panel.views):
             panel.show(new)
 
 
-show_restarts_with(_show_restart)
+show_follow_ons_with(_show_follow_on)

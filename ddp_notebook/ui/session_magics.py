@@ -7,7 +7,6 @@ import argparse
 import re
 import sys
 import traceback
-import weakref
 from concurrent.futures import Future
 from typing import Any, Optional, Union
 
@@ -24,6 +23,7 @@ from ..core.errors import (
     SessionEndedError,
 )
 from ..lifecycle.options import UI_FORMS, ui_form
+from ..lifecycle.restarts import show_follow_ons_with
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
 from .display import display_kept_current, in_notebook
 from .magics import _USER_MISTAKES, _device_list, _engines_named, _parse, _stall_setting
@@ -66,7 +66,7 @@ def _rank_choice(text: str) -> Union[list[int], slice]:
 
 def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
     """A session shows as its run's view (the hook of ``Session._ipython_display_``): the live
-    panel in a notebook, where Re-form shows the new run below; its text elsewhere. False when
+    panel in a notebook, where the session formed again shows its new run below; its text elsewhere. False when
     no run holds its ranks (its repr shows). ``ui``: the form it takes (default its ``ui`` option)."""
     run = value.current_run
     if run is None:
@@ -76,30 +76,24 @@ def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
         return True
     from .panel import DDPPanel  # ipywidgets: only in a notebook
 
-    mine = weakref.ref(value)  # a view never keeps its session alive (its finalizer ends the ranks)
-    panel = DDPPanel(run, on_start=lambda new: _follow_reform(mine(), new))
+    panel = DDPPanel(run)  # a run formed again shows below (restarts.followed: the panel's own hook)
     display_kept_current(panel, ui_form(ui if ui is not None else value.options.ui))
-    shown = weakref.ref(panel)
-
-    def formed_again(new: Any) -> None:  # however it was (restart, Re-form, a request cut): shown below
-        if (p := shown()) is not None:
-            p.show(new)
-        _follow_reform(mine(), new)
-
-    value.on_new_run(formed_again)
     return True
 
 
-def _follow_reform(value: Optional[Session], run: Any) -> None:
-    """After a Re-form in a view, the notebook's ``_ddp_run`` is the current session's new run."""
-    if value is not None and current_session() is value:
+def _follow_reform(before: Any, new: Any) -> None:
+    """The current session formed again (restart, Re-form, a request cut): the notebook's
+    ``_ddp_run`` is its new run."""
+    value = current_session()
+    if value is not None and value.current_run is new:
         from IPython import get_ipython
 
         shell = get_ipython()
         if shell is not None:
-            shell.user_ns["_ddp_run"] = run
+            shell.user_ns["_ddp_run"] = new
 
 
+show_follow_ons_with(_follow_reform)
 show_sessions_with(show_session_view)
 
 

@@ -435,6 +435,23 @@ class WorkerContext:
             self.epoch = epoch
             yield epoch
 
+    def epoch_seconds(self, epoch: int) -> Optional[float]:
+        """How long ``epoch`` took as the panel, ``%ddp_status`` and ``Run.history`` show it:
+        from the previous epoch's last report to its own last (``log`` after its validation
+        included).
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch (from 0), while it is the one this rank reports (before the next begins).
+
+        Returns
+        -------
+        float or None
+            Its seconds; None for an epoch this rank reported nothing in, or one already past.
+        """
+        return self._loss_history.seconds_of(epoch)
+
     def batches(self, loader: Any, to_device: bool = True) -> Iterator[Any]:
         """The batches of ``loader`` on this rank's device, counted and reported, leaving early on
         every rank at once after a Stop.

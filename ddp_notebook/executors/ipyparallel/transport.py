@@ -95,20 +95,13 @@ class EngineTransport(Transport):
 
     def settle(self, silent: Sequence[int]) -> list[Observation]:
         # A dead engine is noticed by the cluster a moment after the peers that it left in a
-        # collective report their knock-on errors: wait briefly for every outcome, or, where the
-        # ranks take requests (a session's, which live on after a cell's error), until each silent
-        # one has ended or answered a ping (which a dead engine cannot).
-        out: list[Observation] = []
-        start = time.monotonic()
-        deadline = start + _SETTLE
-        waiting = [r for r in silent if r not in self._ended]
-        if self.requests is not None:
-            self.send(waiting, {"op": "ping"})
-        while time.monotonic() < deadline and len(self._ended) < len(self._ars):
+        # collective report their knock-on errors: wait briefly for every outcome. A session's
+        # ranks live on after a cell's error: the supervisor pings them instead (a dead engine
+        # cannot answer), so only what has come is taken.
+        out = self.poll(0.0)
+        deadline = time.monotonic() + _SETTLE
+        while self.requests is None and time.monotonic() < deadline and len(self._ended) < len(self._ars):
             out += self.poll(_POLL)
-            if self.requests is not None and all(r in self._ended or self._heard.get(r, 0.0) > start
-                                                 for r in waiting):
-                break
         return out
 
     def _pump(self, rank: int, out: list[Observation]) -> None:

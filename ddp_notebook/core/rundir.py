@@ -263,10 +263,6 @@ class RunDir:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
         return open(os.open(self.events_path, flags, 0o600), "a", buffering=1)
 
-    def read_events(self) -> list[dict[str, Any]]:
-        """The events of the log, in order (a last line still being written is left out)."""
-        return list(self.iter_events())
-
     def iter_events(self, kinds: Optional[tuple[str, ...]] = None) -> Iterator[dict[str, Any]]:
         """The events of the log one at a time (a log may hold hundreds of MB), only those of
         ``kinds`` when given (other lines are not even parsed)."""

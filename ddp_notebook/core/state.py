@@ -331,7 +331,6 @@ class RunState:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     workers: dict[int, WorkerState] = field(default_factory=dict)
     failures: list[WorkerFailure] = field(default_factory=list)
-    events_seen: int = 0
     log_truncated: bool = False  # the log on disk reached its limit: later progress and output are not in it
     data: Optional[DataState] = None  # the call's shared tensors and arrays, when it has some
     result_not_kept: Optional[int] = None  # bytes of a result too large to be kept on disk
@@ -499,7 +498,6 @@ class RunState:
 
     def apply(self, event: dict[str, Any]) -> None:
         """Fold one event into the state."""
-        self.events_seen += 1
         kind = event["kind"]
         t = event.get("time")
         if kind == EventKind.RUN_STARTED:

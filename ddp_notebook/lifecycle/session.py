@@ -136,7 +136,6 @@ class Session:
         self._sources_sent: set[str] = set()
         self._closed = False
         self._ended: Optional[SessionEndedError] = None
-        self._pending_lines: dict[tuple[int, str], str] = {}
         self._asked: list[int] = []  # the ranks of the request in flight
         self._busy = threading.Lock()  # held while a request is in flight (one at a time)
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking

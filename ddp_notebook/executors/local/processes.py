@@ -223,10 +223,6 @@ class Prestarted:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def warm(self) -> bool:
-        """True once it has imported torch (its "warm" report waits in the event pipe)."""
-        return bool(select.select([self.event_fd], [], [], 0)[0]) and self.alive()
-
     def discard(self) -> None:
         """Close the control pipe (the process exits on EOF) and collect it."""
         _close_fds(self.control_fd, self.event_fd, self.pidfd)

@@ -96,6 +96,9 @@ def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_c
     assert not os.path.exists(go)
     go.touch()
     assert k.reply_to(msg_id)["status"] == "ok"
+    # The run keeps what the rank printed, once (it travelled once, with the cell's answers).
+    kept = k.ok("print(repr(_ddp_session.current_run.output(0, 'stdout')))")
+    assert kept.count("epoch 1 done\\n") == 1, kept
     shown = k.shown("%%ddp\nfrom IPython.display import HTML\nprint('before')\ndisplay(HTML(f'<b>rank {rank}</b>'))")
     for rank in (0, 1):  # each rank's display after its own text, under a line that names it
         at = next(i for i, (kind, part) in enumerate(shown) if kind == "display_data"

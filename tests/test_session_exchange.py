@@ -256,6 +256,9 @@ class _Ranks:
                 if reply == "exited":
                     self.answers.put((rank, {"op": "exited"}, None))
                     continue
+                if reply.get("kind") == "output":  # what the rank wrote, an event of the run
+                    self.answers.put((rank, reply, None))
+                    continue
                 head, rest = pickling.split(reply, SESSION_ROUTED)
                 self.answers.put((rank, {"kind": "session", **head}, _Attached(rest) if rest else None))
                 if reply["op"] in ("done", "error"):
@@ -277,8 +280,8 @@ def test_only_this_cells_output_is_shown_an_earlier_cells_thread_is_the_runs_alo
     def answer(rank, message):
         if message["op"] != "run":
             return []
-        return [{"op": "out", "cell": 1, "stream": "stdout", "text": "late from cell 1\n"},
-                {"op": "out", "cell": 2, "stream": "stdout", "text": "from cell 2\n"},
+        return [{"kind": "output", "cell": 1, "stream": "stdout", "text": "late from cell 1\n"},
+                {"kind": "output", "cell": 2, "stream": "stdout", "text": "from cell 2\n"},
                 {"op": "done", "id": message["id"]}]
 
     outcome = _Ranks(answer).exchange([0], cell=2, output=CellOutput(lambda s, t: shown.append(t))).run()

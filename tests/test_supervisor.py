@@ -529,7 +529,7 @@ def _session_supervisor(transport, clock, delivered=None, stack_dir="/nonexisten
     sup = Supervisor(transport, ["cpu:0", "cpu:1"], lambda r: os.path.join(stack_dir, f"stacks-{r}"),
                      SupervisorOptions(), stream.emit,
                      deliver=lambda rank, event, attached: (delivered if delivered is not None else []).append(
-                         (rank, event["op"], attached)), clock=clock)
+                         (rank, event.get("op", event["kind"]), attached)), clock=clock)
     return sup, stream
 
 
@@ -579,6 +579,19 @@ def test_a_cells_error_is_believed_once_the_ranks_outside_it_show_they_live_and_
     assert delivered == [(0, "error", b"body"), (-1, "judged", None)]
     assert not [e for e in stream.events if e["kind"] == "session"] and sup.root is None
     assert outcome.status == RunStatus.SUCCEEDED
+
+
+def test_what_a_sessions_rank_writes_is_the_runs_output_and_goes_to_the_cell_it_names():
+    clock = FakeClock()
+    in_cell = WorkerEvent(1, {"kind": "output", "stream": "stdout", "text": "50%", "cell": 1, "time": 0.0})
+    between = WorkerEvent(1, {"kind": "output", "stream": "stderr", "text": "late\n", "cell": None, "time": 0.0})
+    transport = Scripted(clock, script=[started(0) + started(1) + [in_cell, between]] + _ends())
+    delivered = []
+    sup, stream = _session_supervisor(transport, clock, delivered)
+    sup.supervise()
+    assert [(e["rank"], e["stream"], e["text"]) for e in stream.events if e["kind"] == "output"] == [
+        (1, "stdout", "50%"), (1, "stderr", "late\n")]  # the run keeps both
+    assert [(rank, kind) for rank, kind, _ in delivered] == [(1, "output")]  # the cell's goes to the session
 
 
 def test_a_rank_outside_the_cell_that_never_answers_and_then_dies_is_the_cause_not_the_peers_error():

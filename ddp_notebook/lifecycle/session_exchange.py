@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS
-from ..core.events import DISPLAY_ID, SESSION_ROUTED
+from ..core.events import DISPLAY_ID, SESSION_ROUTED, EventKind
 from ..transfer import pickling
 from .cell_phase import CellPhase, Gathered
 
@@ -440,14 +440,15 @@ class Exchange:
         for rank, event, attachment in got:
             if event.get("op") == "exited":
                 raise RankGone
+            if event.get("kind") == EventKind.OUTPUT:  # an earlier cell's thread: the run has it
+                if event.get("cell") == self.cell and self.cell is not None:
+                    self.output.add(rank, str(event.get("stream")), str(event.get("text")))
+                continue
             self._take(rank, answer_of(event, attachment))
 
     def _take(self, rank: int, reply: dict[str, Any]) -> None:
         op = reply.get("op")
-        if op == "out":
-            if reply.get("cell") == self.cell and self.cell is not None:  # an earlier cell's thread: the run has it
-                self.output.add(rank, str(reply.get("stream")), str(reply.get("text")))
-        elif op == "display" and reply.get("cell") == self.cell and self.cell is not None:
+        if op == "display" and reply.get("cell") == self.cell and self.cell is not None:
             data, metadata = reply.get("data"), reply.get("metadata")
             if isinstance(data, dict) and data:
                 self.output.display(rank, data, metadata if isinstance(metadata, dict) else {})

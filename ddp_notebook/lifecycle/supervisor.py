@@ -253,6 +253,12 @@ class Supervisor:
                 phase.answered(rank, op, bool(event.get("interrupted")), self.clock.monotonic())
                 self._emit({"kind": EventKind.ANSWERED, "time": self.clock.time(), "rank": rank,
                             "status": phase.replied[rank]})
+        if kind == EventKind.OUTPUT:  # what a session's rank wrote: the run's output, and its cell's
+            self._on_output(Output(rank, "stderr" if event.get("stream") == "stderr" else "stdout",
+                                   str(event.get("text", ""))))
+            if self._deliver is not None and event.get("cell") is not None:
+                self._deliver(rank, event, None)
+            return
         if kind in _FOR_THE_NOTEBOOK:  # not an event of the run
             if self._deliver is not None:
                 self._deliver(rank, event, result)

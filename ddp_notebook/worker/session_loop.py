@@ -12,7 +12,8 @@ then serves requests until the notebook says ``close`` or goes (the lifeline end
   ``linecache``, so a traceback shows the cell's lines), executed in the rank's namespace (kept
   across cells: ``rank``, ``world_size``, ``ctx``, ``torch``, ``dist`` and whatever cells define),
   with the notebook's functions and imports the cell uses put there first; what the cell prints
-  goes to the notebook live (and to the rank's own output, which the run records); the reply is
+  goes to the notebook live, as the run's ``output`` events naming the cell (the run records
+  them, and what the cell's threads print after it); the reply is
   the value of the cell's last expression, or the error event a launch would send (traceback with
   the cell's lines, the failed frame's locals). The value travels pickled on its own, with its
   text computed here (``value``: asked for; a value that cannot be pickled comes as its text
@@ -43,9 +44,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any, Optional
 
-from ..core.bounds import LINE_CHARS
+from ..core.bounds import LINE_CHARS, bound_event
 from ..core.events import SESSION_ROUTED, EventKind, cell_file_name
 from ..core.failures import Phase
 from ..transfer import pickling
@@ -71,25 +73,35 @@ def compile_cell(code: str, filename: str) -> tuple[Any, Optional[Any]]:
     return body, (compile(last, filename, "eval") if last is not None else None)
 
 
-class _Tee:
-    """A stream that writes to the rank's own stream (the run records it) and, while a cell runs,
-    sends the text to the notebook."""
+class _ToNotebook:
+    """The rank's ``sys.stdout`` or ``sys.stderr`` while it serves: each write goes to the
+    notebook at once as an ``output`` event of the run (the run keeps it; the cell that wrote it
+    shows it), on the channel its answers take, so a cell's output comes before its reply. What
+    native code writes to the file descriptor takes the run's usual way, and so does what the
+    sending itself writes (a warning): sent, it would wait for the channel it is sent on."""
 
-    def __init__(self, original: IO[str], name: str, send: Any) -> None:
+    _sending = threading.local()
+
+    def __init__(self, original: IO[str], name: str, send: Callable[[str, str], None]) -> None:
         self.original = original
         self.name = name
         self.send = send
 
     def write(self, text: str) -> int:
-        written = self.original.write(text)
+        if getattr(self._sending, "now", False):
+            return self.original.write(text)
         if text:
-            self.send(self.name, text)
-        return written
+            self._sending.now = True
+            try:
+                self.send(self.name, text)
+            finally:
+                self._sending.now = False
+        return len(text)
 
     def flush(self) -> None:
-        self.original.flush()
+        pass
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # fileno, encoding, isatty...: the stream's own
         return getattr(self.original, name)
 
 
@@ -130,8 +142,6 @@ class _Rank:
         cell = self.cell
         if cell is None:  # a thread of a cell that has ended: its display has no cell to go to
             return
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
         self.send({"op": "display", "cell": cell, "data": data, "metadata": metadata})
 
     def take_names(self, names: dict[str, Any]) -> None:
@@ -142,8 +152,9 @@ class _Rank:
                 continue
             self.namespace[name] = self.from_notebook[name] = value
 
-    def output(self, cell: int, stream: str, text: str) -> None:
-        self.send({"op": "out", "cell": cell, "stream": stream, "text": text})
+    def output(self, stream: str, text: str) -> None:
+        """What the rank wrote: an ``output`` event, naming the cell that runs (None between cells)."""
+        self.channel.send(bound_event({"kind": EventKind.OUTPUT, "stream": stream, "text": text, "cell": self.cell}))
 
     def requested(self, frame: dict[str, Any]) -> None:
         """A request, on the lifeline's thread: an interrupt is acted on at once, the rest goes to
@@ -255,9 +266,6 @@ class _Rank:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         reply: dict[str, Any] = {}
         failed, failed_at = None, 0.0
-        out, err = sys.stdout, sys.stderr
-        sys.stdout = _Tee(out, "stdout", lambda stream, text: self.output(cell, stream, text))
-        sys.stderr = _Tee(err, "stderr", lambda stream, text: self.output(cell, stream, text))
         try:
             self.cell = cell
             try:
@@ -274,9 +282,6 @@ class _Rank:
         finally:
             self.cell = None
             self.interrupted = None
-            sys.stdout, sys.stderr = out, err
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
         self.ctx.log()  # (progress for the watchdog; no metric: the run counts its cells)
         if failed is not None:
             # Interrupted only when the notebook asked: a cell raising KeyboardInterrupt itself raised.
@@ -311,11 +316,16 @@ def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None
     """
     rank = _Rank(ctx, rank_channel(), heartbeat)
     previous = signal.signal(signal.SIGINT, rank.on_sigint)
+    out, err = sys.stdout, sys.stderr
+    for stream in (out, err):
+        stream.flush()
+    sys.stdout, sys.stderr = _ToNotebook(out, "stdout", rank.output), _ToNotebook(err, "stderr", rank.output)
     take_requests(rank.requested)
     try:
         rank.send({"op": "hello"})
         rank.serve()
     finally:
         take_requests(None)
+        sys.stdout, sys.stderr = out, err
         rank.display.close()
         signal.signal(signal.SIGINT, previous)

@@ -22,6 +22,7 @@ from ..core.errors import (
     SessionBusyError,
     SessionEndedError,
 )
+from ..core.failures import ranks_text
 from ..lifecycle.options import UI_FORMS, ui_form
 from ..lifecycle.restarts import show_follow_ons_with
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
@@ -228,7 +229,7 @@ class SessionMagics(Magics):
         try:
             done = current.run_cell(cell, ranks=ranks, namespace=self.user_ns, block=not args.noblock, show=True,
                                     announce=lambda number: print(
-                                        f"Cell {number} runs on {_rank_words(ranks)} without blocking: its output "
+                                        f"Cell {number} runs on {ranks_text(ranks)} without blocking: its output "
                                         "and values come below; Stop in the session's view interrupts it. "
                                         "_ddp_cell.result() waits for it.", flush=True))
         except (ArgumentsError, SessionBusyError, NotPicklableError) as e:
@@ -273,10 +274,6 @@ def _say_error(future: Future[Any]) -> None:
     render = getattr(error, "_render_traceback_", None)
     lines = render() if callable(render) else [f"{type(error).__name__}: {error}"]
     print("\n".join(lines), file=sys.stderr)
-
-
-def _rank_words(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _ranks(n: int) -> str:

@@ -73,15 +73,17 @@ def test_a_carriage_return_redraws_the_line_with_its_rank_named_again():
 
 
 def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
-    writes, out = _writes(lines=3)
-    out.add(0, "stdout", "a\nb\n")
+    # Each rank of the request has its share of the lines: one whose output came first (a flood,
+    # sent in large events) does not hide the others'.
+    writes, out = _writes(lines=4, ranks=2)
     out.add(1, "stdout", "c\nd\ne\n")
+    out.add(0, "stdout", "a\nb\n")
     out.add(0, "stdout", "f\n")
     out.close()
     text = "".join(t for _, t in writes)
-    assert text.splitlines() == ["[rank 0] a", "[rank 0] b", "[rank 1] c",
+    assert text.splitlines() == ["[rank 1] c", "[rank 1] d", "[rank 0] a", "[rank 0] b",
                                  "[rank 0] 1 more line not shown (session.current_run.output(0) has them)",
-                                 "[rank 1] 2 more lines not shown (session.current_run.output(1) has them)"]
+                                 "[rank 1] 1 more line not shown (session.current_run.output(1) has them)"]
     writes, out = _writes(chars=100)
     out.add(0, "stdout", "x" * 60 + "\n" + "y" * 60 + "\n" + "z\n")
     out.close()

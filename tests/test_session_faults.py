@@ -191,3 +191,4 @@ def test_user_mistakes_in_a_cell(kernel):
     content, _ = k.execute("_ddp_session.pull('nope')")
     name, message, _ = _error(content)
     assert "pull 'nope' failed on every rank (cpu:0, cpu:1) the same way: NameError" in message, message
+

@@ -3,7 +3,10 @@
 ``close()`` with a cell stuck in native code ends the session without forming it again."""
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
+import re
 import threading
 import time
 import weakref
@@ -83,3 +86,33 @@ def test_a_sessions_views_never_keep_it_alive_and_a_closed_view_stops_following(
     assert gone() is None  # its views hold its run, never the session: its finalizer ended the ranks
     wait_until(lambda: run.done and len(_view_threads()) == before, timeout=60)
     views[1].close()
+
+
+def test_floods_long_lines_and_odd_characters_are_shown_whole_kept_whole_and_interruptible():
+    # What ranks print goes in events gathered for a moment, a print's pieces together, a long
+    # write in several, each frame written whole whatever interrupts the rank.
+    s = ddp_notebook.session("cpu*2")
+    try:
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown):
+            # The pieces one print writes stay on one line while the other rank prints too.
+            assert s.run("for i in range(300):\n    print('L', i)\nrank") == [0, 1]
+            lines = [line for line in shown.getvalue().splitlines() if not line.startswith("[rank 0] Out")]
+            assert len(lines) == 600 and all(re.fullmatch(r"\[rank [01]\] L \d+", line) for line in lines), lines
+            # A 5 MB print: the cell shows its start, the run keeps all of it.
+            assert s.run("print('x' * 5_000_000)\n7", ranks=1) == [7]
+            assert s.current_run.output(1).count("x") == 5_000_000
+            # A lone surrogate is written escaped, and the cell's value still comes back.
+            shown.truncate(0)
+            assert s.run("print('bad \\ud800 char')\n8") == [8, 8]
+            assert "[rank 1] bad \\ud800 char" in shown.getvalue(), shown.getvalue()
+            # Lines longer than the pipe holds, interrupted: the session goes on, its namespaces kept.
+            for _ in range(3):
+                cell = s.run("x = 3\nwhile True:\n    print('y' * 300_000)", block=False)
+                time.sleep(0.5)
+                assert s.interrupt()
+                with pytest.raises(SessionInterrupted, match="the session goes on"):
+                    cell.result(timeout=60)
+            assert s.run("x") == [3, 3]
+    finally:
+        s.close()

@@ -442,7 +442,7 @@ class Session:
     def _cell(self, cell: int, chosen: list[int], code: str, message: dict[str, Any], namespace: dict[str, Any],
               background: bool) -> list[Any]:
         with self._record.tracking(f"cell {cell}", chosen, cell, code, background=background) as said:
-            output = CellOutput()
+            output = CellOutput(ranks=len(chosen))
             outcome = self._request(chosen, message, cell, output)
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):

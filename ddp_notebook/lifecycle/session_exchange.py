@@ -108,7 +108,8 @@ class CellOutput:
     """What the ranks print during one request, shown as it comes: each line named by its rank
     (``[rank 1] ...``), written in batches (one write per stream per ``flush``) and bounded
     (``SHOWN_LINES`` lines, ``SHOWN_CHARS`` characters, ``SHOWN_DISPLAYS`` displays, for all
-    ranks together; each line cut at ``LINE_CHARS``).
+    ranks together, each of the request's ``ranks`` its share of the lines, so that a rank whose
+    output comes first does not hide the others'; each line cut at ``LINE_CHARS``).
 
     A line without its end yet (``end=''``, a progress bar) is shown at the next flush and goes
     on where it stopped; the pieces a rank's ``print`` writes in one go stay on one line. A
@@ -125,10 +126,12 @@ class CellOutput:
     """
 
     def __init__(self, write: Optional[Callable[[str, str], None]] = None, lines: int = SHOWN_LINES,
-                 chars: int = SHOWN_CHARS, display: Optional[Callable[..., None]] = None) -> None:
+                 chars: int = SHOWN_CHARS, display: Optional[Callable[..., None]] = None, ranks: int = 1) -> None:
         self._write = write or _write_std
         self._display = display or _display_raw
-        self._lines_left, self._chars_left = lines, chars
+        self._lines_each = max(lines // max(ranks, 1), 1)
+        self._lines_left: dict[int, int] = {}  # rank → lines it may still show
+        self._chars_left = chars
         self._open: dict[str, Optional[int]] = {"stdout": None, "stderr": None}  # the rank whose line is open
         self._column: dict[tuple[int, str], int] = {}  # characters of the open line shown
         self._skipping: set[tuple[int, str]] = set()  # a line shown cut: the rest of it is not shown
@@ -194,13 +197,13 @@ class CellOutput:
     def _start(self, rank: int, stream: str) -> bool:
         """Open a line of ``rank`` on ``stream`` (ending another rank's first); False when the
         request's bounds are spent: the line is counted, not shown."""
-        if self._lines_left <= 0 or self._chars_left <= 0:
-            self._lines_left = 0
+        left = self._lines_left.setdefault(rank, self._lines_each)
+        if left <= 0 or self._chars_left <= 0:
             self._hidden[rank] = self._hidden.get(rank, 0) + 1
             self._end_open(stream)
             return False
         self._end_open(stream)
-        self._lines_left -= 1
+        self._lines_left[rank] = left - 1
         self._open[stream] = rank
         self._column[(rank, stream)] = 0
         self._skipping.discard((rank, stream))

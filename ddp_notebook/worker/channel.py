@@ -9,12 +9,14 @@ thread (progress may be logged from a DataLoader or a callback thread).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -111,10 +113,34 @@ class PipeChannel(Channel):
         _rank_channel = self
 
     def _carry(self, event: dict[str, Any], blob: Optional[bytes]) -> None:
-        try:
-            write_all(self.fd, encode(event, blob))
-        except OSError:
-            os._exit(EXIT_ORPHANED)
+        frame = encode(event, blob)
+        with _interrupts_after():
+            try:
+                write_all(self.fd, frame)
+            except OSError:
+                os._exit(EXIT_ORPHANED)
+
+
+@contextlib.contextmanager
+def _interrupts_after() -> Iterator[None]:
+    """On the main thread, SIGINT and SIGTERM handled once the block is done, not inside it: an
+    interrupt (a session's cell, a Stop) raised in the middle of a frame larger than the pipe
+    holds would make the notebook read what follows as the frame's rest."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (a signal's handler runs on the main thread only)
+        return
+    caught: list[int] = []
+    held = {signum: handler for signum in (signal.SIGINT, signal.SIGTERM)
+            if callable(handler := signal.getsignal(signum))}
+    for signum in held:
+        signal.signal(signum, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+        for number in caught:
+            held[signal.Signals(number)](number, None)  # (KeyboardInterrupt, say, raised here)
 
 
 class DataChannel(Channel):

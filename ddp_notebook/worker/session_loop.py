@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, Optional
 
-from ..core.bounds import LINE_CHARS, bound_event
+from ..core.bounds import LINE_CHARS
 from ..core.events import SESSION_ROUTED, EventKind, cell_file_name
 from ..core.failures import Phase
 from ..transfer import pickling
@@ -57,7 +57,7 @@ from .context import WorkerContext
 from .failure_event import error_event
 from .rank_display import RankDisplay
 
-__all__ = ["serve_session", "compile_cell"]
+__all__ = ["serve_session", "compile_cell", "OUTPUT_EVERY", "OUTPUT_PIECE"]
 _NONE = object()
 
 
@@ -73,33 +73,107 @@ def compile_cell(code: str, filename: str) -> tuple[Any, Optional[Any]]:
     return body, (compile(last, filename, "eval") if last is not None else None)
 
 
-class _ToNotebook:
-    """The rank's ``sys.stdout`` or ``sys.stderr`` while it serves: each write goes to the
-    notebook at once as an ``output`` event of the run (the run keeps it; the cell that wrote it
-    shows it), on the channel its answers take, so a cell's output comes before its reply. What
-    native code writes to the file descriptor takes the run's usual way, and so does what the
-    sending itself writes (a warning): sent, it would wait for the channel it is sent on."""
+#: Seconds what a rank writes waits for what follows it, so that it goes as one event (the pieces
+#: one ``print`` writes, a flood's lines), not one event a write.
+OUTPUT_EVERY = 0.05
+#: Characters of output one event carries at most (a longer write goes in several).
+OUTPUT_PIECE = 128 * 1024
 
-    _sending = threading.local()
 
-    def __init__(self, original: IO[str], name: str, send: Callable[[str, str], None]) -> None:
-        self.original = original
-        self.name = name
-        self.send = send
+class _Output:
+    """What the rank writes to ``sys.stdout`` and ``sys.stderr`` while it serves, sent to the
+    notebook as the run's ``output`` events naming the cell that wrote it (the run keeps them, the
+    cell shows them), on the channel the answers take: gathered for ``OUTPUT_EVERY`` by a thread
+    of its own, sent at once on ``flush()`` (``print(..., flush=True)``), and before each answer, so
+    that a cell's output always comes before its reply. What native code writes to the file
+    descriptors takes the run's usual way, and so does what the sending itself writes (a warning):
+    sent, it would wait for itself."""
+
+    _sending_now = threading.local()
+
+    def __init__(self, channel: Channel, cell: Callable[[], Optional[int]]) -> None:
+        self.channel, self.cell = channel, cell
+        self._items: list[tuple[str, str, Optional[int]]] = []  # (stream, text, cell), in order
+        self._size = 0
+        self._lock = threading.Lock()  # the items
+        self._sending = threading.Lock()  # one sender at a time: the events leave in order
+        self._wake = threading.Event()
+        self._closed = False
+        threading.Thread(target=self._send_soon, name="ddp-session-output", daemon=True).start()
+
+    def stream(self, original: IO[str], name: str) -> IO[str]:
+        """``original`` (``sys.stdout`` or ``sys.stderr``) as it writes while the rank serves."""
+        return _Stream(original, name, self)  # type: ignore[return-value]
+
+    def write(self, stream: str, text: str, original: IO[str]) -> None:
+        if getattr(self._sending_now, "on", False):
+            original.write(text)
+            return
+        with self._lock:
+            self._items.append((stream, text, self.cell()))
+            self._size += len(text)
+            full = self._size >= OUTPUT_PIECE
+        if full:
+            self.flush()
+        else:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Send what was written so far."""
+        with self._sending:
+            with self._lock:
+                items, self._items, self._size = self._items, [], 0
+            self._sending_now.on = True
+            try:
+                for stream, text, cell in _joined(items):
+                    for start in range(0, len(text), OUTPUT_PIECE):
+                        self.channel.send({"kind": EventKind.OUTPUT, "stream": stream, "cell": cell,
+                                           "text": text[start:start + OUTPUT_PIECE]})
+            finally:
+                self._sending_now.on = False
+
+    def _send_soon(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            time.sleep(OUTPUT_EVERY)  # what follows goes with it
+            self._wake.clear()
+            self.flush()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self.flush()
+
+
+def _joined(items: list[tuple[str, str, Optional[int]]]) -> list[tuple[str, str, Optional[int]]]:
+    """Writes in a row to one stream from one cell as one text, any character the notebook could
+    not write (a lone surrogate) escaped.
+
+    >>> _joined([("stdout", "a", 1), ("stdout", "\\n", 1), ("stderr", "x\\ud800", 1), ("stdout", "b", None)])
+    [('stdout', 'a\\n', 1), ('stderr', 'x\\\\ud800', 1), ('stdout', 'b', None)]
+    """
+    out: list[tuple[str, str, Optional[int]]] = []
+    for stream, text, cell in items:
+        if out and out[-1][0] == stream and out[-1][2] == cell:
+            out[-1] = (stream, out[-1][1] + text, cell)
+        else:
+            out.append((stream, text, cell))
+    return [(stream, text.encode("utf-8", "backslashreplace").decode("utf-8"), cell) for stream, text, cell in out]
+
+
+class _Stream:
+    """A stream whose writes go to the rank's ``_Output``."""
+
+    def __init__(self, original: IO[str], name: str, output: _Output) -> None:
+        self.original, self.name, self.output = original, name, output
 
     def write(self, text: str) -> int:
-        if getattr(self._sending, "now", False):
-            return self.original.write(text)
         if text:
-            self._sending.now = True
-            try:
-                self.send(self.name, text)
-            finally:
-                self._sending.now = False
+            self.output.write(self.name, text, self.original)
         return len(text)
 
     def flush(self) -> None:
-        pass
+        self.output.flush()
 
     def __getattr__(self, name: str) -> Any:  # fileno, encoding, isatty...: the stream's own
         return getattr(self.original, name)
@@ -121,6 +195,7 @@ class _Rank:
         self.leaving = False  # the run stops this rank (an engine's interrupt)
         self.from_notebook: dict[str, Any] = {}  # what the notebook put in the namespace, by name
         self.display = RankDisplay(self.displayed)
+        self.output = _Output(channel, lambda: self.cell)
         self.namespace: dict[str, Any] = {
             "__name__": "__ddp_session__", "__builtins__": builtins,
             "rank": ctx.rank, "world_size": ctx.world_size, "ctx": ctx, "torch": torch, "dist": dist,
@@ -133,6 +208,7 @@ class _Rank:
         """Answer the notebook: what routes the answer in the open, the rest pickled (whole,
         whichever thread sends: a thread the cell started may print while the main thread replies)."""
         header, body = pickling.split(message, SESSION_ROUTED)
+        self.output.flush()  # what the rank wrote before, first
         self.channel.send({"kind": EventKind.SESSION, **header}, body)
         if message.get("op") in ("done", "error"):
             self.replied = True
@@ -151,10 +227,6 @@ class _Rank:
             if name in self.namespace and self.namespace[name] is not self.from_notebook.get(name, _NONE):
                 continue
             self.namespace[name] = self.from_notebook[name] = value
-
-    def output(self, stream: str, text: str) -> None:
-        """What the rank wrote: an ``output`` event, naming the cell that runs (None between cells)."""
-        self.channel.send(bound_event({"kind": EventKind.OUTPUT, "stream": stream, "text": text, "cell": self.cell}))
 
     def requested(self, frame: dict[str, Any]) -> None:
         """A request, on the lifeline's thread: an interrupt is acted on at once, the rest goes to
@@ -319,7 +391,7 @@ def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None
     out, err = sys.stdout, sys.stderr
     for stream in (out, err):
         stream.flush()
-    sys.stdout, sys.stderr = _ToNotebook(out, "stdout", rank.output), _ToNotebook(err, "stderr", rank.output)
+    sys.stdout, sys.stderr = rank.output.stream(out, "stdout"), rank.output.stream(err, "stderr")
     take_requests(rank.requested)
     try:
         rank.send({"op": "hello"})
@@ -327,5 +399,6 @@ def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None
     finally:
         take_requests(None)
         sys.stdout, sys.stderr = out, err
+        rank.output.close()
         rank.display.close()
         signal.signal(signal.SIGINT, previous)

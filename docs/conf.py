@@ -49,6 +49,9 @@ myst_heading_anchors = 3
 # autodoc: signatures with their type hints; members in the order of the source.
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# ``core.errors`` names the report it holds by a protocol (errors must not import validation,
+# which raises them): the signature names what it is.
+autodoc_type_aliases = {"Report": "ddp_notebook.ValidationReport"}
 autodoc_inherit_docstrings = False  # a framework base class's docstring is not ours to render
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autoclass_content = "class"

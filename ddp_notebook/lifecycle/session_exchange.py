@@ -443,7 +443,7 @@ class Exchange:
         for rank, event, attachment in got:
             if event.get("op") == "exited":
                 raise RankGone
-            if event.get("kind") == EventKind.OUTPUT:  # an earlier cell's thread: the run has it
+            if event.get("kind") == EventKind.OUTPUT:  # this cell's only (an earlier cell's thread: the run has it)
                 if event.get("cell") == self.cell and self.cell is not None:
                     self.output.add(rank, str(event.get("stream")), str(event.get("text")))
                 continue

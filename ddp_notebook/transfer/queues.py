@@ -34,6 +34,7 @@ from . import pickling
 
 __all__ = ["QueueEnd", "QueueFeeder", "Asker", "is_queue", "send_items_with", "ask_with"]
 
+
 class Loadable(Protocol):
     """What a rank sent, still to be loaded here (``loading.Received``)."""
 

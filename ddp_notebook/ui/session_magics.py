@@ -67,8 +67,9 @@ def _rank_choice(text: str) -> Union[list[int], slice]:
 
 def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
     """A session shows as its run's view (the hook of ``Session._ipython_display_``): the live
-    panel in a notebook, where the session formed again shows its new run below; its text elsewhere. False when
-    no run holds its ranks (its repr shows). ``ui``: the form it takes (default its ``ui`` option)."""
+    panel in a notebook, where the session formed again shows its new run below; its text
+    elsewhere. False when no run holds its ranks (its repr shows). ``ui``: the form it takes
+    (default its ``ui`` option)."""
     run = value.current_run
     if run is None:
         return False

@@ -99,8 +99,10 @@ class EngineTransport(Transport):
         # ranks live on after a cell's error: the supervisor pings them instead (a dead engine
         # cannot answer), so only what has come is taken.
         out = self.poll(0.0)
+        if self.requests is not None:
+            return out
         deadline = time.monotonic() + _SETTLE
-        while self.requests is None and time.monotonic() < deadline and len(self._ended) < len(self._ars):
+        while time.monotonic() < deadline and len(self._ended) < len(self._ars):
             out += self.poll(_POLL)
         return out
 

@@ -184,7 +184,7 @@ def test_disabled_every_worker_is_a_fresh_interpreter():
     forkserver.disable()
     try:
         assert forkserver.status() == {"enabled": False, "used": False, "running": False, "ready": False, "pid": None,
-                                       "error": None, "threads": None}
+                                       "error": None, "threads": None, "reaper": None}
         facts = ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=120)
         assert all(f["parent"] == os.getpid() and f["name"] == "python" for f in facts), facts
     finally:

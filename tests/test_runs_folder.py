@@ -15,6 +15,7 @@ from ddp_notebook.core.rundir import RunDir, folder_bytes, runs_limits
 from ddp_notebook.lifecycle.options import RunSettings
 from ddp_notebook.lifecycle.stored import (
     Notebook,
+    keep_folder_bounded,
     note_start,
     notebook_of,
     prune_folder,
@@ -143,8 +144,8 @@ def test_prune_runs_names_a_bad_argument(tmp_path):
 
 
 def test_two_hundred_runs_leave_the_folder_within_its_bounds(tmp_path, monkeypatch):
-    """200 runs started through the real path of a start (``RunDir.create``, then ``note_start``,
-    which prunes), each writing a log and a checkpoint; among them a run that goes on (its notebook
+    """200 runs started through the real path of a start (``RunDir.create``, ``note_start``, then
+    ``keep_folder_bounded``, which prunes), each writing a log and a checkpoint; among them a run that goes on (its notebook
     lives), the old finished run it resumes from, and a folder that is not a run."""
     root = str(tmp_path / "runs")
     monkeypatch.setenv("DDP_NOTEBOOK_KEEP_RUNS", "40")
@@ -156,6 +157,7 @@ def test_two_hundred_runs_leave_the_folder_within_its_bounds(tmp_path, monkeypat
     def start(reads=None, finished=True):
         directory = RunDir.create(root)
         note_start(directory, RunSettings(resume_from=reads))
+        keep_folder_bounded(directory)
         _write_log(directory, finished=finished, step=5)
         directory.save_checkpoint(0, lambda f: f.write(b"w" * 20_000), keep=1)
         return directory

@@ -31,7 +31,7 @@ from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack,
 from .reporting import check_trial, trial_config, trial_direction
 from .resume import keep_call
 from .run import Run, restart_loaded_runs_with
-from .stored import RemovedRun, note_start, prune_folder
+from .stored import RemovedRun, keep_folder_bounded, note_start, prune_folder
 
 __all__ = ["launch", "launch_with", "start_run", "executor_for", "validate_for", "last_run", "runs", "find_run",
            "prune_runs", "start_fork_server", "stop_fork_server",
@@ -176,10 +176,11 @@ def start_run(call: Call, devices: DeviceSpec, options: LaunchOptions, settings:
     executor.check_placement(report.devices)
     directory = RunDir.create(options.run_root)
     keep_call(directory, payload, options, settings)  # so it can be retried after a kernel restart
-    note_start(directory, settings, spare=[r.run_dir for r in runs()])  # and the runs folder kept within bounds
+    note_start(directory, settings)
     run = Run(directory, EventStream(directory.open_log()), report.devices, executor=executor, options=options,
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, call))
     run._start(payload)
+    keep_folder_bounded(directory, spare=[r.run_dir for r in runs()])  # once its ranks are on their way
     _runs.append(run)
     while len(_runs) > KEEP_RUNS:
         _older.append(weakref.ref(_runs.popleft()))

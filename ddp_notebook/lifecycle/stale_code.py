@@ -16,6 +16,7 @@ edit after that is seen, one between the module's import and the first note is n
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickletools
 import sys
@@ -29,6 +30,7 @@ __all__ = ["changed_modules", "changed_modules_in", "stale_code_notice"]
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+@functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
     """Where installed code lives (the standard library, site-packages): not the user's own."""
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(sysconfig.get_paths().get(key, "")
@@ -51,6 +53,9 @@ def _compiled_from(cached: str) -> Optional[tuple[int, int]]:
 
 # A module file -> whether it is the user's own (not installed code, not this package's).
 _own: dict[str, bool] = {}
+# Module name -> the module, once seen not to be the user's own (installed code, this package's,
+# no source file): a launch looks at every module, and these ~1,400 need no second look.
+_not_own: dict[str, ModuleType] = {}
 # Where no bytecode cache tells: module name -> (its spec when noted, which a reload replaces;
 # the file's (mtime, size) then).
 _noted: dict[str, tuple[Any, tuple[int, int]]] = {}
@@ -89,9 +94,16 @@ def changed_modules(names: Optional[Iterable[str]] = None) -> dict[str, str]:
     notebook imported them: name → file."""
     library = _library_dirs()
     modules = sys.modules if names is None else {n: sys.modules[n] for n in names if n in sys.modules}
-    found = {name: _changed(name, module, library) for name, module in list(modules.items())
-             if isinstance(module, ModuleType)}
-    return {name: path for name, path in found.items() if path is not None}
+    found = {}
+    for name, module in list(modules.items()):
+        if _not_own.get(name) is module or not isinstance(module, ModuleType):
+            continue
+        path = _changed(name, module, library)
+        if path is not None:
+            found[name] = path
+        elif not _own.get(getattr(module, "__file__", None) or "", False):
+            _not_own[name] = module
+    return found
 
 
 def changed_modules_in(pickled: bytes) -> dict[str, str]:

@@ -43,7 +43,8 @@ from .options import RunSettings
 from .resume import KEEP_LIMIT, KeptCall, read_call
 
 __all__ = ["StoredRun", "read_run", "find_stored_run", "keep_result", "load_result", "output_of",
-           "note_start", "notebook_of", "Notebook", "end_with_notebook", "notebook_ended_reason", "stored_runs",
+           "note_start", "keep_folder_bounded", "notebook_of", "Notebook", "end_with_notebook",
+           "notebook_ended_reason", "stored_runs",
            "read_summary", "replay_state", "prune_folder", "RemovedRun", "delete_run_dir", "kept_by_the_user",
            "launched_from"]
 
@@ -156,18 +157,23 @@ class Notebook:
     UNRECORDED = "unrecorded"  # no record (a run of an earlier version, or one starting right now)
 
 
-def note_start(directory: RunDir, settings: RunSettings, spare: Iterable[str] = ()) -> None:
+def note_start(directory: RunDir, settings: RunSettings) -> None:
     """Record in ``directory`` that this process runs it, and what it reads from other runs (the
-    checkpoint it resumes from), then keep the runs folder within its bounds (``prune_runs``),
-    sparing this run, the runs it reads and the directories in ``spare`` (runs this process still
-    holds). A folder that cannot be pruned is said in a warning: the run starts all the same."""
+    checkpoint it resumes from): what ``notebook_of`` and ``prune_folder`` read."""
     record = {"pid": os.getpid(), "started": psutil.Process().create_time(), "host": platform.node(),
               "reads": [settings.resume_from] if settings.resume_from else []}
     directory.write_private(RunDir.NOTEBOOK, json.dumps(record).encode())
+
+
+def keep_folder_bounded(directory: RunDir, spare: Iterable[str] = ()) -> None:
+    """Keep the runs folder of a run just started within its bounds (``prune_folder``), sparing
+    the run, the runs it reads and the directories in ``spare`` (runs this process still holds).
+    Called once the run's ranks are on their way (a launch's result never waits for it); a folder
+    that cannot be pruned is said in a warning."""
     try:
         prune_folder(os.path.dirname(directory.path), spare=[directory.path, *spare])
     except (DDPNotebookError, OSError) as e:
-        warnings.warn(f"ddp_notebook: the runs folder was not pruned: {e}", stacklevel=2)
+        warnings.warn(f"ddp_notebook: the runs folder was not pruned: {e}", stacklevel=3)
 
 
 def _record(directory: RunDir) -> Optional[dict[str, Any]]:

@@ -59,8 +59,9 @@ def tie_to_parent(parent: int, watch: bool = True) -> None:
     Linux only (``PR_SET_PDEATHSIG``); elsewhere the lifeline pipe alone ends workers, as before.
     Linux sends the signal when the parent *thread* ends: the local executor starts every process from one
     thread that lives as long as the notebook process (``executors.local.spawner``), and the fork
-    server, the parent of the workers it forks, has one thread. Without ``watch`` (the fork server,
-    whose group holds nothing else: each worker it forks leads its own), no watcher.
+    server, the parent of the workers it forks, has one thread. Without ``watch``, no watcher: the
+    fork server's group holds nothing else (each worker it forks leads its own), and the server
+    ends the groups of the workers it forks itself (``zygote``).
     """
     prctl = _prctl()
     if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:

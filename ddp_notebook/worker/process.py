@@ -4,9 +4,10 @@ It imports torch first, then waits for its assignment on its control pipe, so a 
 such processes warm between runs. It reports over an inherited pipe (never a socket), watches a
 second pipe as its lifeline (EOF = the notebook is gone: exit at once), runs its rank, and
 leaves with ``os._exit`` once the supervisor has every rank's result, so interpreter teardown
-can neither hang nor turn a success into a failure. Leaving on its own, it first ends its
-watcher (``boot.tie_to_parent``); leaving because the notebook is gone, it lets the watcher end its
-process group.
+can neither hang nor turn a success into a failure. A fresh interpreter leaving on its own first
+ends its watcher (``boot.tie_to_parent``); leaving because the notebook is gone, it lets the
+watcher end its process group. A worker the fork server forked has no watcher: the server ends its
+group (``zygote``).
 """
 from __future__ import annotations
 

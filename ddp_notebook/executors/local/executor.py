@@ -55,9 +55,9 @@ def default_devices(probe: Optional[Probe] = None) -> DeviceSpec:
 
 def standing_processes() -> set[int]:
     """The pids of the processes kept between runs: the fork server (whose forked workers belong
-    to runs). A leak check leaves it alone."""
-    server = forkserver.status()["pid"]
-    return {server} if isinstance(server, int) else set()
+    to runs) and its reaper. A leak check leaves them alone."""
+    status = forkserver.status()
+    return {pid for pid in (status["pid"], status["reaper"]) if isinstance(pid, int)}
 
 
 def _start_ranks(spec: StartSpec, configs: list[RankConfig],

@@ -22,7 +22,8 @@ interpreters.
 >>> from ddp_notebook.executors.local import forkserver
 >>> forkserver.start()         # doctest: +SKIP
 >>> forkserver.status()        # doctest: +SKIP
-{'enabled': True, 'used': True, 'running': True, 'ready': True, 'pid': 4242, 'error': None, 'threads': 2}
+{'enabled': True, 'used': True, 'running': True, 'ready': True, 'pid': 4242, 'error': None, 'threads': 2,
+ 'reaper': 4243}
 """
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ class _Server:
             theirs.close()
         self.sock = ours
         self.threads: Optional[int] = None
+        self.reaper: Optional[int] = None  # the pid of the server's reaper (``worker.zygote``)
         self.error: Optional[str] = None
         self.ready = threading.Event()  # set once it can fork, or once it never will
         self.ready_at: Optional[float] = None  # (monotonic) when it could fork
@@ -220,7 +222,9 @@ class _Server:
         self._died()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        if READY in message:
+        if "reaper" in message:
+            self.reaper = int(message["reaper"])
+        elif READY in message:
             self.threads = message.get("os_threads")
             self.set_by_imports = dict(message.get("set_by_imports") or {})
             self.started_ok = True
@@ -487,7 +491,8 @@ def status() -> dict[str, object]:
     importing torch) and its ``pid``; the
     ``error`` that made launches start fresh workers instead; and ``threads``, the OS threads it
     held once ready to fork (its own, and the BLAS library's pool, which stops itself at a fork;
-    None until ready)."""
+    None until ready); ``reaper``, the pid of the process that ends the groups of its workers
+    should it die."""
     with _lock:
         server = _server if _server is not None and _server.owner == os.getpid() else None
         if server is None and _failed is not None and _failed.owner == os.getpid():
@@ -496,4 +501,4 @@ def status() -> dict[str, object]:
     return {"enabled": _enabled, "used": _enabled, "running": running,
             "ready": running and server is not None and server.ready.is_set() and server.error is None,
             "pid": server.popen.pid if server else None, "error": server.error if server else None,
-            "threads": server.threads if server else None}
+            "threads": server.threads if server else None, "reaper": server.reaper if server else None}

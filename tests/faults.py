@@ -356,3 +356,22 @@ def fails_until_resumed(ctx, times: int = 1):
     if attempt <= times and ctx.rank == 1:
         raise ValueError(f"attempt {attempt} fails")
     return attempt
+
+
+def leaves_subprocesses(ctx, folder: str, then: str):
+    """Start a subprocess that starts one of its own (both in the rank's process group), note
+    their pids in ``folder``, then: return, raise on rank 1, be SIGKILLed on rank 1, or wait for
+    a stop."""
+    import subprocess
+
+    shell = subprocess.Popen(["sh", "-c", "sleep 1000 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    grandchild = int(shell.stdout.readline())
+    with open(os.path.join(folder, f"rank{ctx.rank}"), "w") as f:
+        f.write(f"{shell.pid} {grandchild}")
+    if then == "raise" and ctx.rank == 1:
+        raise ValueError("left its subprocesses")
+    if then == "sigkill" and ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if then == "wait":
+        return wait_for_stop(ctx)
+    return ctx.rank

@@ -159,6 +159,41 @@ def test_a_killed_server_fails_its_runs_at_once_and_the_next_launch_starts_anoth
     assert forkserver.status()["pid"] != server.pid
 
 
+def _left_by_ranks(folder) -> list[int]:
+    """The pids the ranks of ``faults.leaves_subprocesses`` noted."""
+    wait_until(lambda: all(os.path.exists(os.path.join(folder, f"rank{r}")) for r in (0, 1)), timeout=60)
+    return [int(pid) for r in (0, 1) for pid in open(os.path.join(folder, f"rank{r}")).read().split()]
+
+
+@pytest.mark.parametrize("then", ["return", "raise", "sigkill"])
+def test_what_a_forked_rank_started_ends_with_it(tmp_path, then):
+    """A forked worker has no watcher of its own: the server, its parent, ends the worker's
+    process group as soon as the worker exits, however it exits."""
+    _server()
+    run = ddp_notebook.launch(faults.leaves_subprocesses, devices="cpu*2", args=(str(tmp_path), then))
+    if then == "return":
+        assert run.wait(timeout=60) == 0
+    else:
+        with pytest.raises(ddp_notebook.WorkerFailedError):
+            run.wait(timeout=60)
+    left = _left_by_ranks(tmp_path)
+    wait_until(lambda: all(has_ended(pid) for pid in left), timeout=10)
+
+
+def test_what_forked_ranks_started_ends_when_the_server_is_killed(tmp_path):
+    """The server's reaper, told each worker's group, ends them once the server is gone."""
+    server = _server()
+    reaper = psutil.Process(forkserver.status()["reaper"])
+    assert reaper.ppid() == server.pid and reaper.name() == "ddp-reaper"
+    run = ddp_notebook.launch(faults.leaves_subprocesses, devices="cpu*2", args=(str(tmp_path), "wait"))
+    left = _left_by_ranks(tmp_path)
+    server.send_signal(signal.SIGKILL)
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="the fork server"):
+        run.wait(timeout=60)
+    wait_until(lambda: all(has_ended(pid) for pid in left), timeout=10)
+    wait_until(lambda: has_ended(reaper.pid), timeout=10)
+
+
 def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monkeypatch, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -194,6 +194,22 @@ def test_what_forked_ranks_started_ends_when_the_server_is_killed(tmp_path):
     wait_until(lambda: has_ended(reaper.pid), timeout=10)
 
 
+def test_a_killed_reaper_is_forked_again_and_knows_the_running_workers(tmp_path):
+    server = _server()
+    run = ddp_notebook.launch(faults.leaves_subprocesses, devices="cpu*2", args=(str(tmp_path), "wait"))
+    left = _left_by_ranks(tmp_path)
+    first = forkserver.status()["reaper"]
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: forkserver.status()["reaper"] != first, timeout=30)
+    again = psutil.Process(forkserver.status()["reaper"])
+    wait_until(lambda: again.name() == "ddp-reaper", timeout=10)
+    assert again.ppid() == server.pid
+    server.send_signal(signal.SIGKILL)
+    with pytest.raises(ddp_notebook.WorkerFailedError, match="the fork server"):
+        run.wait(timeout=60)
+    wait_until(lambda: all(has_ended(pid) for pid in left), timeout=10)
+
+
 def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monkeypatch, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -24,8 +24,9 @@ ended by the server, the worker's parent, the moment it sees the worker's exit (
 group, while the worker's pid, and so its group id, are still held by the unreaped worker); and,
 should the server itself die, by its reaper: a bare copy of the server forked before torch is
 imported, told every worker's group, which ends those not yet reaped once the server's pipe to it
-closes. A worker forked here needs no watcher of its own (``boot.tie_to_parent``): forking one from
-a process that has imported torch cost 5 ms at its start and 8 ms at its end, a fifth of a relaunch.
+closes (a reaper that dies is forked again, told every group). A worker forked here needs no
+watcher of its own (``boot.tie_to_parent``): forking one from a process that has imported torch
+cost 5 ms at its start and 8 ms at its end, a fifth of a relaunch.
 """
 from __future__ import annotations
 
@@ -95,16 +96,66 @@ def _reseed() -> None:
     tempfile.tempdir = None  # found again from the environment this worker gets (TMPDIR)
 
 
-def _start_reaper() -> tuple[int, int]:
-    """Fork the reaper (while this process is still bare: a cheap fork); its pid and the write
-    end of its pipe: ``PID\\n`` adds a worker's group, ``-PID\\n`` drops it (reaped: its id may be used
-    again). When the pipe closes (this server exited or died), the reaper SIGKILLs the groups it
-    holds, then exits."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid:
+class _Reaper:
+    """The server's reaper: a process that SIGKILLs the process groups of the server's workers
+    not yet collected once the server is gone. Forked at the server's start, while it is still
+    bare (a cheap fork); forked again, with the groups it must know, should it die."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.groups: set[int] = set()  # the workers forked and not collected: their groups
+        self.pid, self.fd = self._start()
+
+    def _start(self) -> tuple[int, int]:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _reap(read_fd)
         os.close(read_fd)
+        _send(self.sock, {"reaper": pid})  # a process the notebook keeps, as it keeps the server
+        for group in self.groups:
+            self._say(write_fd, group)
         return pid, write_fd
+
+    def add(self, group: int) -> None:
+        self.groups.add(group)
+        self._say(self.fd, group)
+
+    def drop(self, group: int) -> None:
+        """The worker was collected: its pid, the group's id, may be used again."""
+        self.groups.discard(group)
+        self._say(self.fd, -group)
+
+    def check(self) -> None:
+        """Fork it again if it died (killed by hand): the workers must not lose it unseen."""
+        try:
+            ended = os.waitpid(self.pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            ended = True
+        if ended:
+            os.close(self.fd)
+            self.pid, self.fd = self._start()
+
+    def close(self) -> None:
+        """The server ends: the reaper ends the groups left (none, once every worker was
+        collected) and is collected here, not left for init."""
+        os.close(self.fd)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+    @staticmethod
+    def _say(fd: int, group: int) -> None:
+        try:
+            os.write(fd, f"{group}\n".encode())
+        except OSError:  # it died: ``check`` forks it again and tells it every group
+            pass
+
+
+def _reap(read_fd: int) -> None:
+    """The reaper's life, in the forked child: ``PID\\n`` adds a worker's group, ``-PID\\n``
+    drops it; once the pipe closes (the server exited or died), SIGKILL the groups it holds."""
     try:
         # Signals sent to the server's group must not end it before the groups it holds.
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
@@ -131,13 +182,6 @@ def _start_reaper() -> tuple[int, int]:
                 pass
     finally:
         os._exit(0)
-
-
-def _tell_reaper(reaper: int, group: int) -> None:
-    try:
-        os.write(reaper, f"{group}\n".encode())
-    except OSError:  # it is gone: nothing to tell
-        pass
 
 
 def _end_group(pid: int) -> None:
@@ -173,7 +217,7 @@ def _become_worker(fds: list[int], server: int, close: tuple[int, ...], state: d
         os._exit(EXIT_FAILED)
 
 
-def _serve(sock: socket.socket, set_by_imports: dict[str, str], reaper: int) -> None:
+def _serve(sock: socket.socket, set_by_imports: dict[str, str], reaper: _Reaper) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -191,6 +235,7 @@ def _serve(sock: socket.socket, set_by_imports: dict[str, str], reaper: int) -> 
                     pass
             except BlockingIOError:
                 pass
+        reaper.check()
         for pid in sorted(running):
             rc = _exit_status(pid)
             if rc is not None:
@@ -209,7 +254,7 @@ def _serve(sock: socket.socket, set_by_imports: dict[str, str], reaper: int) -> 
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-            _tell_reaper(reaper, -pid)
+            reaper.drop(pid)
             continue
         try:
             if len(fds) != 4:
@@ -219,9 +264,9 @@ def _serve(sock: socket.socket, set_by_imports: dict[str, str], reaper: int) -> 
             server = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _become_worker(fds, server, (sock.fileno(), wake_r, wake_w, reaper), request.get("state", {}))
+                _become_worker(fds, server, (sock.fileno(), wake_r, wake_w, reaper.fd), request.get("state", {}))
             running.add(pid)
-            _tell_reaper(reaper, pid)
+            reaper.add(pid)
             _send(sock, {FORKED: request["id"], "pid": pid})
         except Exception as exc:  # noqa: BLE001 - the notebook starts the rank another way
             _send(sock, {FAILED: request["id"], "error": f"{type(exc).__name__}: {exc}"})
@@ -233,8 +278,7 @@ def _serve(sock: socket.socket, set_by_imports: dict[str, str], reaper: int) -> 
 def main() -> None:
     boot = json.loads(os.environ.pop(BOOT_ENV))
     sock = socket.socket(fileno=boot["socket_fd"])
-    reaper_pid, reaper = _start_reaper()
-    _send(sock, {"reaper": reaper_pid})  # a process the notebook keeps, as it keeps this one
+    reaper = _Reaper(sock)
     inherited = dict(os.environ)
     try:
         # What DDP imports on first use (torch._dynamo) included: a failed import can leave modules
@@ -250,11 +294,7 @@ def main() -> None:
     # What the imports set themselves (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): the notebook
     # gets the same when it imports them, which does not make this server stale.
     _serve(sock, {k: v for k, v in os.environ.items() if inherited.get(k) != v}, reaper)
-    os.close(reaper)
-    try:
-        os.waitpid(reaper_pid, 0)  # collected here, not left for init
-    except ChildProcessError:
-        pass
+    reaper.close()
     os._exit(0)
 
 

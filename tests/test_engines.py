@@ -6,6 +6,7 @@ the environment, ipykernel's SIGINT handling back, no context (``engines_left_cl
 import contextlib
 import ipaddress
 import os
+import time
 
 import ipyparallel as ipp
 import psutil
@@ -454,6 +455,36 @@ def test_a_session_on_engines_runs_cells_prints_pushes_and_pulls(rc):
     finally:
         s.close()
     assert s.current_run.state.status.value == "succeeded"
+    assert_engines_clean(rc)
+
+
+PRINTS_FLAT_OUT = """
+import sys, threading
+def flood():
+    i = 0
+    while not getattr(sys, "_ddp_test_stop", False):
+        print("flood", i)
+        i += 1
+threading.Thread(target=flood, daemon=True).start()
+"""
+
+
+def test_closing_a_session_whose_cell_left_a_thread_printing_flat_out_leaves_the_engines_alive(rc):
+    """The session puts the engine's streams back as it ends while the thread prints: a print
+    holding the session's stream must not write through a freed object (both engines crashed
+    with SIGSEGV in 11 of 12 closes)."""
+    engine_pids = rc[:].apply_sync(__import__("os").getpid)
+    try:
+        for _ in range(2):
+            s = ddp_notebook.session(engines=rc)
+            s.run(PRINTS_FLAT_OUT)
+            time.sleep(0.5)
+            s.close()
+            assert s.current_run.state.status.value == "succeeded"
+        time.sleep(1)
+        assert rc[:].apply_sync(__import__("os").getpid) == engine_pids
+    finally:
+        rc[:].execute("import sys; sys._ddp_test_stop = True", block=True)
     assert_engines_clean(rc)
 
 

@@ -106,7 +106,7 @@ class _Output:
         return _Stream(original, name, self)  # type: ignore[return-value]
 
     def write(self, stream: str, text: str, original: IO[str]) -> None:
-        if getattr(self._sending_now, "on", False):
+        if self._closed or getattr(self._sending_now, "on", False):  # (closed: a cell's thread, after the session)
             original.write(text)
             return
         with self._lock:
@@ -161,8 +161,15 @@ def _joined(items: list[tuple[str, str, Optional[int]]]) -> list[tuple[str, str,
     return [(stream, text.encode("utf-8", "backslashreplace").decode("utf-8"), cell) for stream, text, cell in out]
 
 
+#: Every ``_Stream`` ever made ``sys.stdout`` or ``sys.stderr``, kept: ``print`` holds the stream
+#: it found there without a reference of its own (CPython 3.11), so a thread printing while the
+#: session ends and the originals are put back would write through a freed object (an engine
+#: crashed so, with a cell's thread printing flat out). Two small objects a session.
+_installed: list[IO[str]] = []
+
+
 class _Stream:
-    """A stream whose writes go to the rank's ``_Output``."""
+    """A stream whose writes go to the rank's ``_Output`` (to the original once it is closed)."""
 
     def __init__(self, original: IO[str], name: str, output: _Output) -> None:
         self.original, self.name, self.output = original, name, output
@@ -392,6 +399,7 @@ def serve_session(ctx: WorkerContext, heartbeat: Optional[float] = None) -> None
     for stream in (out, err):
         stream.flush()
     sys.stdout, sys.stderr = rank.output.stream(out, "stdout"), rank.output.stream(err, "stderr")
+    _installed.extend((sys.stdout, sys.stderr))
     take_requests(rank.requested)
     try:
         rank.send({"op": "hello"})

@@ -375,3 +375,17 @@ def leaves_subprocesses(ctx, folder: str, then: str):
     if then == "wait":
         return wait_for_stop(ctx)
     return ctx.rank
+
+
+def front_ends_loaded_then_the_api(ctx):
+    """Whether the package's front ends were imported before the rank asked the package for a
+    name, then a name of its API, and whether the front ends were imported by that."""
+    import sys
+
+    before = sorted(m for m in ("ipywidgets", "ddp_notebook.ui.panel", "ddp_notebook.lifecycle.launch")
+                    if m in sys.modules)
+    import ddp_notebook
+    from ddp_notebook import WorkerFailedError
+
+    return (before, WorkerFailedError.__name__, ddp_notebook.errors.CellError.__name__,
+            "ddp_notebook.lifecycle.launch" in sys.modules)

@@ -34,6 +34,15 @@ def test_workers_see_the_notebooks_environment_and_directory_at_launch(how, monk
     assert cwd == str(tmp_path)
 
 
+def test_a_worker_imports_the_packages_api_only_when_its_code_asks_for_it(how):
+    """A rank imports the submodules it runs; the package's ``__init__`` (the API, the front ends:
+    ipywidgets and 220 modules, 0.2 s of a fresh interpreter's start) only when code asks the
+    package for a name, and then whole."""
+    before, failed, cell, loaded = ddp_notebook.launch(faults.front_ends_loaded_then_the_api,
+                                                       devices="cpu*2").wait(timeout=120)
+    assert before == [] and (failed, cell, loaded) == ("WorkerFailedError", "CellError", True)
+
+
 def test_the_retired_pool_warns_and_starts_the_fork_server():
     forkserver.stop()
     with pytest.warns(DeprecationWarning, match=r"ddp_notebook.pool.enable\(\) is deprecated"):

@@ -16,6 +16,7 @@ patched in as a worker imports them), and the entry points, which hold only thei
 asked to run).
 
 May import: ``ddp_notebook.transfer`` and ``ddp_notebook.core``. Never the lifecycle, the
-executors or a front end: a worker process imports as little as it can, and nothing here imports
-``process`` or ``zygote`` (they run as ``__main__``).
+executors or a front end: a worker process imports as little as it can (``boot`` runs the
+package's ``__init__``, the API, only once something asks the package for a name), and nothing
+here imports ``process`` or ``zygote`` (they run as ``__main__``).
 """

@@ -167,9 +167,32 @@ def _main() -> None:
         sys.path[0] = package_parent
     tie_to_parent(parent, watch=module != ZYGOTE_MODULE)
     del sys.argv[1:]
+    _package_on_first_use(os.path.join(package_parent, "ddp_notebook"))
     import runpy
 
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _package_on_first_use(folder: str) -> None:
+    """Make ``ddp_notebook`` importable without running its ``__init__`` (the API and its front
+    ends: ipywidgets and 220 modules, 0.2 s) until something asks the package for a name: a
+    worker imports the submodules it runs itself; training code that uses the API gets it whole."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_notebook", os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    if spec is None or spec.loader is None:
+        return
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def first_use(name: str) -> object:
+        del package.__getattr__  # (the package's own, if it has one, comes with it)
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    package.__getattr__ = first_use  # type: ignore[method-assign]
+    sys.modules["ddp_notebook"] = package
 
 
 if __name__ == "__main__":

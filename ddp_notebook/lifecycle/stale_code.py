@@ -80,12 +80,14 @@ def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optiona
     """The source file of ``module`` when it is the user's own and changed since it was imported."""
     source = getattr(module, "__file__", None)
     if not isinstance(source, str) or not source.endswith(".py"):
+        _not_own[name] = module
         return None
     own = _own.get(source)
     if own is None:  # resolved once per file: a launch looks at every module
         real = _real_path(source)
         own = _own[source] = not (real.startswith(library) or real.startswith(_PACKAGE))
     if not own:
+        _not_own[name] = module
         return None
     try:
         st = os.stat(source)
@@ -116,8 +118,6 @@ def changed_modules(names: Optional[Iterable[str]] = None) -> dict[str, str]:
         path = _changed(name, module, library)
         if path is not None:
             found[name] = path
-        elif not _own.get(getattr(module, "__file__", None) or "", False):
-            _not_own[name] = module
     return found
 
 

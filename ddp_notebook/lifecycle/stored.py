@@ -173,7 +173,7 @@ def keep_folder_bounded(directory: RunDir, spare: Iterable[str] = ()) -> None:
     try:
         prune_folder(os.path.dirname(directory.path), spare=[directory.path, *spare])
     except (DDPNotebookError, OSError) as e:
-        warnings.warn(f"ddp_notebook: the runs folder was not pruned: {e}", stacklevel=3)
+        warnings.warn(f"ddp_notebook: the runs folder was not pruned: {e}", stacklevel=2)
 
 
 def _record(directory: RunDir) -> Optional[dict[str, Any]]:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     Prctl = Callable[[int, int, int, int, int], int]
 
-__all__ = ["MODULE", "ZYGOTE_MODULE", "READY", "FORKED", "FAILED", "EXITED", "BOOT_ENV", "WATCHER_ENV",
+__all__ = ["MODULE", "ZYGOTE_MODULE", "READY", "FORKED", "FAILED", "EXITED", "REAPER", "BOOT_ENV", "WATCHER_ENV",
            "EXIT_FAILED", "EXIT_ORPHANED", "STACK_SIGNAL", "tie_to_parent", "take_watcher", "dismiss_watcher",
            "set_name"]
 
@@ -30,7 +30,7 @@ MODULE = "ddp_notebook.worker.process"
 ZYGOTE_MODULE = "ddp_notebook.worker.zygote"  # the fork server (``zygote``), run the same way
 # The keys of the fork server's messages to the notebook (``zygote``; nothing may import that module,
 # which runs as ``__main__``).
-READY, FORKED, FAILED, EXITED = "ready", "forked", "failed", "exited"
+READY, FORKED, FAILED, EXITED, REAPER = "ready", "forked", "failed", "exited", "reaper"
 BOOT_ENV = "DDP_NOTEBOOK_WORKER"
 WATCHER_ENV = "DDP_NOTEBOOK_WATCHER"  # the pid of the worker's watcher (see ``tie_to_parent``), for ``process``
 EXIT_FAILED = 1  # the rank reported an error

@@ -41,7 +41,7 @@ import tempfile
 import threading
 from typing import Any
 
-from .boot import BOOT_ENV, EXIT_FAILED, EXITED, FAILED, FORKED, MODULE, READY, set_name, tie_to_parent
+from .boot import BOOT_ENV, EXIT_FAILED, EXITED, FAILED, FORKED, MODULE, READY, REAPER, set_name, tie_to_parent
 from .execute import warm_up
 
 _MAX_MESSAGE = 1 << 16
@@ -112,7 +112,7 @@ class _Reaper:
         if pid == 0:
             _reap(read_fd)
         os.close(read_fd)
-        _send(self.sock, {"reaper": pid})  # a process the notebook keeps, as it keeps the server
+        _send(self.sock, {REAPER: pid})  # a process the notebook keeps, as it keeps the server
         for group in self.groups:
             self._say(write_fd, group)
         return pid, write_fd

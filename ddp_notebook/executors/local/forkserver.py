@@ -42,7 +42,7 @@ from typing import Any, Optional
 import psutil
 
 from ...core.errors import LaunchOptionError
-from ...worker.boot import EXITED, FAILED, FORKED, READY, ZYGOTE_MODULE
+from ...worker.boot import EXITED, FAILED, FORKED, READY, REAPER, ZYGOTE_MODULE
 from ..base import signal_name
 from .forked import READ_AT_IMPORT, ForkedProcess, process_state, staleness
 from .processes import Prestarted, pidfd_of, start_interpreter
@@ -222,8 +222,8 @@ class _Server:
         self._died()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        if "reaper" in message:
-            self.reaper = int(message["reaper"])
+        if REAPER in message:
+            self.reaper = int(message[REAPER])
         elif READY in message:
             self.threads = message.get("os_threads")
             self.set_by_imports = dict(message.get("set_by_imports") or {})

@@ -239,3 +239,27 @@ def test_deleting_a_run_that_goes_on_is_refused(runs_folder):
         run.stop(wait=True)
     run.delete()
     assert not os.path.exists(run.run_dir)
+
+
+def test_a_git_lookup_still_running_when_its_run_ends_is_ended_with_it(tmp_path, monkeypatch):
+    """A git that answers slowly (a huge work tree, a busy machine) is ended with the run's end:
+    no process of the lookup outlives its run, and nothing it found later is recorded."""
+    import psutil
+
+    from ddp_notebook.lifecycle.provenance import GitLookup
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "git").write_text("#!/bin/sh\nexec sleep 60\n")
+    (fake / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "tree" / ".git").mkdir(parents=True)
+    emitted = []
+    lookup = GitLookup(str(tmp_path / "tree"), emitted.append)
+    deadline = time.monotonic() + 30
+    while not (git := [p for p in psutil.Process().children() if p.name() == "sleep"]):
+        assert time.monotonic() < deadline, "the lookup's git never started"
+        time.sleep(0.02)
+    lookup.end(0.1)
+    assert all(not p.is_running() for p in git)  # ended and collected
+    assert emitted == []

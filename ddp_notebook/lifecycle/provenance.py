@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from ..core.events import EventKind
 
@@ -33,49 +33,75 @@ def _in_work_tree(path: str) -> bool:
         current = parent
 
 
-def git_state(cwd: str) -> dict[str, Any]:
+def _git(args: list[str], cwd: str, env: dict[str, str],
+         started: Callable[[subprocess.Popen[str]], None]) -> tuple[int, str]:
+    """Run ``git ARGS`` in ``cwd``: its status and output (``started`` is handed the process)."""
+    with subprocess.Popen(["git", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True) as process:
+        started(process)
+        try:
+            out, _ = process.communicate(timeout=GIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        return process.returncode, out
+
+
+def git_state(cwd: str, started: Callable[[subprocess.Popen[str]], None] = lambda process: None) -> dict[str, Any]:
     """``{"git_commit": ..., "git_dirty": ...}`` for the work tree ``cwd`` is in (tracked files
     only: an untracked notebook does not make it dirty), ``{}`` when it is in none, git is not
     installed, or git does not answer in ``GIT_TIMEOUT`` s. It takes no lock of the repository
-    (``GIT_OPTIONAL_LOCKS=0``): the user's own git commands are never made to wait."""
+    (``GIT_OPTIONAL_LOCKS=0``): the user's own git commands are never made to wait. ``started``
+    is handed each git process as it starts (``GitLookup`` ends the one left when its run ends)."""
     if not _in_work_tree(cwd):
         return {}
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
-        if head.returncode != 0:
+        head_code, head = _git(["rev-parse", "HEAD"], cwd, env, started)
+        if head_code != 0:
             return {}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, env=env,
-                                capture_output=True, text=True, timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
+        status_code, status = _git(["status", "--porcelain", "--untracked-files=no"], cwd, env, started)
     except (OSError, subprocess.SubprocessError):
         return {}
-    out: dict[str, Any] = {"git_commit": head.stdout.strip()}
-    if status.returncode == 0:
-        out["git_dirty"] = bool(status.stdout.strip())
+    out: dict[str, Any] = {"git_commit": head.strip()}
+    if status_code == 0:
+        out["git_dirty"] = bool(status.strip())
     return out
 
 
 class GitLookup:
     """``git_state(cwd)`` on a thread of its own, emitted as the run's ``provenance`` event once
-    found, unless the run's end was written first (``end`` waits for it a moment, then closes it)."""
+    found, unless the run's end was written first (``end`` waits for it a moment, then ends the
+    git command still running: no process of the lookup outlives its run)."""
 
     def __init__(self, cwd: str, emit: Callable[[dict[str, Any]], None]) -> None:
         self._cwd, self._emit = cwd, emit
         self._lock = threading.Lock()
         self._ended = False
+        self._process: Optional[subprocess.Popen[str]] = None  # the git command running now
         self._thread = threading.Thread(target=self._look, name="ddp-provenance", daemon=True)
         self._thread.start()
 
+    def _started(self, process: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._process = process
+            if self._ended:  # started as the run ended: ended at once
+                process.kill()
+
     def _look(self) -> None:
-        found = git_state(self._cwd)
+        found = git_state(self._cwd, self._started)
         with self._lock:
             if found and not self._ended:
                 self._emit({"kind": EventKind.PROVENANCE, "time": time.time(), **found})
 
     def end(self, wait: float) -> None:
-        """The run's end is about to be written: wait at most ``wait`` s for the lookup; after
-        this, nothing it finds is emitted."""
+        """The run's end is about to be written: wait at most ``wait`` s for the lookup, then end
+        the git command still running (its thread collects it); after this, nothing it finds is
+        emitted."""
         self._thread.join(wait)
         with self._lock:
             self._ended = True
+            process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            self._thread.join(wait)  # collected by its ``communicate``

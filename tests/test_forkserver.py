@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import ddp_notebook
-from ddp_notebook.executors.local import forkserver
+from ddp_notebook.executors.local import forked, forkserver
 from ddp_notebook.ui.text import format_run
 
 import faults
@@ -20,6 +20,15 @@ from helpers import has_ended, wait_for, wait_until
 
 pytestmark = [pytest.mark.processes,
               pytest.mark.skipif(not forkserver.supported(), reason="the fork server is Linux's")]
+
+
+@pytest.fixture(autouse=True)
+def installed_packages_stay(monkeypatch, tmp_path_factory):
+    """The installed packages as these tests see them: a site-packages folder another process of the
+    suite changes meanwhile would rightly make the next launch start a new server, where these tests
+    check that the same one forks."""
+    folder = str(tmp_path_factory.getbasetemp() / "site-packages")
+    monkeypatch.setattr(forked, "_site_dirs", lambda: [folder])
 
 
 def _server() -> psutil.Process:

@@ -67,6 +67,12 @@ def wait_for_stop(ctx, honour: bool = True):
     return f"stopped at step {step}" if ctx.is_main else None
 
 
+def marks_its_start_then_waits(ctx, folder: str):
+    """Leave a file for the rank in ``folder`` (the function ran), then wait to be stopped."""
+    open(os.path.join(folder, f"rank{ctx.rank}"), "w").close()
+    return wait_for_stop(ctx)
+
+
 def ignore_term_then_allreduce(ctx, steps: int = 5):
     """Rank 0 survives SIGTERM so that its knock-on error is reported; rank 1 is SIGKILLed."""
     if ctx.rank == 0:

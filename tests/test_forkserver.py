@@ -262,9 +262,9 @@ def test_stop_waits_for_the_runs_it_forked():
     wait_until(lambda: has_ended(server.pid), timeout=30)
 
 
-def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stopped():
+def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stopped(tmp_path):
     forkserver.stop()
-    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    run = ddp_notebook.launch(faults.marks_its_start_then_waits, devices="cpu*2", args=(str(tmp_path),))
     assert not forkserver.status()["ready"] and run.status == "starting"  # launch did not wait for it
     assert run.state.waiting_for == "importing torch once for this notebook"
     assert "starting workers (importing torch once for this notebook)" in format_run(run.state)
@@ -273,8 +273,13 @@ def test_a_launch_while_the_server_imports_torch_returns_at_once_and_can_be_stop
         run.wait(timeout=120)
     assert run.status == "stopped" and not run.failures
     assert [w.status for w in run.workers] == ["stopped", "stopped"] and run.pids() == [None, None]
+    server = _server()
     assert ddp_notebook.launch(facts_of_every_rank, devices="cpu*2").wait(timeout=60)[0]["parent"] == \
-        forkserver.status()["pid"]  # the server went on starting, for the next launch
+        server.pid  # the server went on starting, for the next launch
+    # The workers the stopped run asked for (each sent its assignment with the request) were
+    # forked before the next run's, once the server was ready, and ended: the function never ran.
+    wait_until(lambda: [p.name() for p in server.children()] == ["ddp-reaper"], timeout=60)
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_stopped_server_delays_no_launch_and_is_ended_once_its_runs_are_done():

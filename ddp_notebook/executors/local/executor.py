@@ -25,7 +25,7 @@ from ..base import Executor, StartSpec, Transport, rank_configs
 from . import forkserver
 from .forkserver import ForkRequest, Unavailable
 from .gpu_probe import SubprocessProbe
-from .processes import Prestarted, WorkerProcess, start_worker
+from .processes import Prestarted, WorkerProcess, assignment, start_worker
 from .transport import LocalTransport
 
 __all__ = ["LocalExecutor", "RankStarter", "default_devices", "set_default_devices", "standing_processes"]
@@ -60,14 +60,14 @@ def standing_processes() -> set[int]:
     return {pid for pid in (status["pid"], status["reaper"]) if isinstance(pid, int)}
 
 
-def _start_ranks(spec: StartSpec, configs: list[RankConfig],
+def _start_ranks(spec: StartSpec, frames: list[bytes],
                  processes: list[Optional[Prestarted]]) -> list[WorkerProcess]:
     """Assign each rank to its process (a fresh interpreter where it is None); nothing is left
     if one fails."""
     workers: list[WorkerProcess] = []
     try:
         for rank, device in enumerate(spec.devices):
-            workers.append(start_worker(rank, device, configs[rank], spec.payload, processes[rank]))
+            workers.append(start_worker(rank, device, frames[rank], processes[rank]))
         return workers
     except BaseException:
         for w in workers:
@@ -80,12 +80,16 @@ def _start_ranks(spec: StartSpec, configs: list[RankConfig],
 
 class RankStarter:
     """Gets a run's worker processes for its transport, on the run's own thread, never blocking it
-    for more than a poll: forked by the fork server when it can, else fresh interpreters."""
+    for more than a poll: forked by the fork server when it can, else fresh interpreters. The
+    fork server is asked at once (a request never waits for its answer), each worker's assignment
+    with it: a forked worker starts its rank as soon as it exists, whatever the notebook's threads
+    are doing then (the launch's last steps, a panel drawn)."""
 
     def __init__(self, spec: StartSpec, configs: list[RankConfig]) -> None:
-        self.spec, self.configs = spec, configs
-        self._request: Optional[ForkRequest] = None
-        self._asked = False
+        self.spec = spec
+        # Made first: a config that cannot be sent leaves nothing started.
+        self.frames = [assignment(config, spec.payload) for config in configs]
+        self._request: Optional[ForkRequest] = forkserver.request_workers(self.frames)
 
     def importing(self) -> bool:
         """Whether the ranks wait for the fork server to import torch."""
@@ -94,9 +98,6 @@ class RankStarter:
     def poll(self, timeout: float) -> Optional[list[WorkerProcess]]:
         """The ranks' processes, started, once they can be (None meanwhile)."""
         n = len(self.spec.devices)
-        if not self._asked:
-            self._asked = True
-            self._request = forkserver.request_workers(n)
         processes: Optional[list[Prestarted]] = None
         if self._request is not None:
             try:
@@ -107,7 +108,7 @@ class RankStarter:
                 if processes is None:
                     return None
                 self._request = None
-        return _start_ranks(self.spec, self.configs, list(processes) if processes else [None] * n)
+        return _start_ranks(self.spec, self.frames, list(processes) if processes else [None] * n)
 
     def cancel(self) -> None:
         """Let go of the workers asked for (the run ended before they came)."""

@@ -45,7 +45,7 @@ from ...core.errors import LaunchOptionError
 from ...worker.boot import EXITED, FAILED, FORKED, READY, REAPER, ZYGOTE_MODULE
 from ..base import signal_name
 from .forked import READ_AT_IMPORT, ForkedProcess, process_state, staleness
-from .processes import Prestarted, pidfd_of, start_interpreter
+from .processes import Prestarted, pidfd_of, send_assignment, start_interpreter
 
 __all__ = ["ForkedProcess", "ForkRequest", "READ_AT_IMPORT", "Unavailable", "enable", "disable", "start", "stop",
            "status", "supported", "request_workers", "importing"]
@@ -306,12 +306,13 @@ def _read_some(fd: int) -> Optional[bytes]:
 
 
 def _collect_when_done(future: Future[ForkedProcess]) -> None:
-    """A worker forked for a request given up on: it leaves at EOF on its control pipe (closed
-    already); collect it and close its output."""
+    """A worker forked for a request given up on: killed (it may hold its assignment, and would
+    start its rank), collected, its output closed."""
     if not future.cancelled() and future.exception() is None:
         proc = future.result()
 
         def collect() -> None:
+            proc.kill()
             proc.wait()
             proc.stdout.close()
             proc.stderr.close()
@@ -326,6 +327,7 @@ class _Pending:
     def __init__(self, future: Future[ForkedProcess], event_fd: int, control_fd: int) -> None:
         self.future = future
         self.event_fd, self.control_fd = event_fd, control_fd
+        self.assignment: Optional[Future[None]] = None  # its assignment on its way
 
     def worker(self) -> Prestarted:
         """The forked worker, once answered (raises ``Unavailable`` when the fork failed)."""
@@ -333,10 +335,11 @@ class _Pending:
         os.set_blocking(self.event_fd, False)
         os.set_blocking(proc.stdout.fileno(), False)
         os.set_blocking(proc.stderr.fileno(), False)
-        return Prestarted(proc=proc, event_fd=self.event_fd, control_fd=self.control_fd, pidfd=pidfd_of(proc.pid))
+        return Prestarted(proc=proc, event_fd=self.event_fd, control_fd=self.control_fd, pidfd=pidfd_of(proc.pid),
+                          assignment=self.assignment)
 
     def give_up(self) -> None:
-        """A worker forked anyway sees EOF on its control pipe and leaves; it is collected."""
+        """A worker forked anyway is killed (its assignment may have reached it) and collected."""
         os.close(self.event_fd)
         os.close(self.control_fd)
         self.future.add_done_callback(_collect_when_done)
@@ -348,14 +351,16 @@ class ForkRequest:
     once it is ready) and raises ``Unavailable`` once the server cannot answer. ``cancel`` lets go
     of whatever was asked for."""
 
-    def __init__(self, server: _Server, n: int) -> None:
+    def __init__(self, server: _Server, assignments: list[bytes]) -> None:
         self._server = server
         self._asked_at = time.monotonic()
         state = process_state()  # the notebook's umask, limits and affinity as they are at launch
         self._pending: list[_Pending] = []
         try:
-            for _ in range(n):
-                self._pending.append(server.request(state))
+            for frame in assignments:
+                pending = server.request(state)
+                self._pending.append(pending)
+                pending.assignment = send_assignment(pending.control_fd, frame)
         except BaseException:
             self.cancel()
             raise
@@ -449,14 +454,15 @@ def start() -> None:
     _current()
 
 
-def request_workers(n: int) -> Optional[ForkRequest]:
-    """Ask the fork server for ``n`` new workers (``ForkRequest``: never blocks); None when it is
-    disabled or cannot fork (the caller then starts fresh interpreters)."""
+def request_workers(assignments: list[bytes]) -> Optional[ForkRequest]:
+    """Ask the fork server for a new worker per assignment (``ForkRequest``: never blocks), each
+    sent its assignment at once (it reads it once forked); None when the server is disabled or
+    cannot fork (the caller then starts fresh interpreters)."""
     server = _current()
     if server is None:
         return None
     try:
-        return ForkRequest(server, n)
+        return ForkRequest(server, assignments)
     except Unavailable:
         return None
 

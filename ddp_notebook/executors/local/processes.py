@@ -12,6 +12,7 @@ here is started from the spawner thread.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import IO, Optional, Protocol
 
@@ -210,22 +212,63 @@ def pidfd_of(pid: int) -> Optional[int]:
         return None
 
 
+def send_assignment(control_fd: int, frame: bytes) -> Future[None]:
+    """Write a worker's assignment (one frame: its ``RankConfig`` with the packed call) to its
+    new control pipe: at once when the pipe takes it whole, else from a thread of its own (a
+    worker reads only once it is there, forked or warm), through its own copy of the pipe's end
+    (closing the worker's end meanwhile cannot redirect the write to a reused descriptor). The
+    future is done once the frame is written, or the worker is gone."""
+    sent: Future[None] = Future()
+    if len(frame) <= _pipe_room(control_fd):  # the usual case: it fits in the new, empty pipe at once
+        try:
+            write_all(control_fd, frame)
+        except OSError:  # gone already: its exit is seen and reported by the supervisor
+            pass
+        sent.set_result(None)
+        return sent
+    fd = os.dup(control_fd)
+
+    def send() -> None:
+        try:
+            write_all(fd, frame)
+        except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
+            pass
+        finally:
+            os.close(fd)
+            sent.set_result(None)
+
+    threading.Thread(target=send, name="ddp-assign", daemon=True).start()
+    return sent
+
+
+def _pipe_room(fd: int) -> int:
+    """The bytes a new pipe takes before a write to it blocks (Linux says; POSIX promises PIPE_BUF)."""
+    try:
+        return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+    except OSError:
+        return select.PIPE_BUF
+
+
 @dataclass
 class Prestarted:
     """A worker process that imports torch (or has it: forked) and waits for its assignment on the
-    control pipe."""
+    control pipe; ``assignment``: the assignment on its way already (sent with the fork request)."""
 
     proc: ProcessHandle
     event_fd: int
     control_fd: int
     pidfd: Optional[int]
+    assignment: Optional[Future[None]] = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def discard(self) -> None:
-        """Close the control pipe (the process exits on EOF) and collect it."""
+        """End the process and collect it: SIGKILL where its assignment may have reached it, else
+        its control pipe closed (it exits on EOF)."""
         _close_fds(self.control_fd, self.event_fd, self.pidfd)
+        if self.assignment is not None:
+            self.proc.kill()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -291,27 +334,18 @@ def spawn_process(pooled: bool = False) -> Prestarted:
     return Prestarted(proc=SpawnedProcess(popen), event_fd=event_r, control_fd=control_w, pidfd=pidfd_of(popen.pid))
 
 
-def start_worker(rank: int, device: Device, config: RankConfig, payload: bytes,
-                 process: Optional[Prestarted] = None) -> WorkerProcess:
-    """Assign rank ``rank`` of a run to a worker process (a warm one from the pool, or a new one):
-    ``config`` is the assignment, sent as one frame on the control pipe with the packed call
-    (``payload``) attached: no file holds it. A pipe takes 64 KB at a time and a cold worker reads
-    only once warm, so the frame is written from a thread, through its own copy of the pipe's end
-    (closing the worker's end meanwhile cannot redirect the write to a reused descriptor)."""
-    frame = encode(dict(config), payload)  # before a process exists: a config that cannot be sent leaves nothing
+def assignment(config: RankConfig, payload: bytes) -> bytes:
+    """A rank's assignment as its worker reads it: ``config`` as one frame on the control pipe,
+    with the packed call (``payload``) attached: no file holds it."""
+    return encode(dict(config), payload)
+
+
+def start_worker(rank: int, device: Device, frame: bytes, process: Optional[Prestarted] = None) -> WorkerProcess:
+    """Assign rank ``rank`` of a run to a worker process (forked, or a fresh interpreter started
+    now): ``frame`` is its ``assignment``, sent now unless it is on its way already."""
     process = process or spawn_process()
     worker = WorkerProcess(rank=rank, device=device, proc=process.proc, event_fd=process.event_fd,
                            control_fd=process.control_fd, pidfd=process.pidfd)
-    fd = os.dup(process.control_fd)
-
-    def send() -> None:
-        try:
-            write_all(fd, frame)
-        except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
-            pass
-        finally:
-            os.close(fd)
-            worker.assignment_sent()
-
-    threading.Thread(target=send, name=f"ddp-assign-{rank}", daemon=True).start()
+    sent = process.assignment or send_assignment(process.control_fd, frame)
+    sent.add_done_callback(lambda _: worker.assignment_sent())
     return worker

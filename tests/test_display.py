@@ -24,6 +24,19 @@ def test_the_form_is_the_option_else_the_environment_else_the_panel(monkeypatch)
         LaunchOptions()  # said before anything starts
 
 
+@pytest.mark.unit
+def test_in_colab_the_form_is_html_unless_chosen(monkeypatch):
+    # Colab imports google.colab in its kernel; its widgets show nothing a thread changes.
+    import sys
+    import types
+
+    monkeypatch.delenv("DDP_NOTEBOOK_UI", raising=False)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert ui_form(None) == "html" and ui_form("widget") == "widget"
+    monkeypatch.setenv("DDP_NOTEBOOK_UI", "widget")
+    assert ui_form(None) == "widget"
+
+
 @pytest.mark.kernel
 @pytest.mark.processes
 @pytest.mark.parametrize("form, mime", [("html", "text/html"), ("text", "text/plain")])

@@ -85,7 +85,8 @@ class LaunchOptions:
     ui: Optional[str] = None
     """How its views show in a notebook: ``"widget"`` (the live panel), ``"html"`` (its HTML form, kept
     current every second in place: where widgets do not render), ``"text"`` (its text, likewise).
-    Default ``$DDP_NOTEBOOK_UI``, else the panel, whose HTML form is kept current where no front end
+    Default ``$DDP_NOTEBOOK_UI``, else ``"html"`` in Colab (which shows a widget but not what a
+    thread changes in it), else the panel, whose HTML form is kept current where no front end
     opens a view of it within 5 s."""
 
     def __post_init__(self) -> None:
@@ -121,8 +122,11 @@ UI_FORMS = ("widget", "html", "text")
 
 
 def ui_form(ui: Optional[str]) -> str:
-    """The form a run's views take: ``ui``, else ``$DDP_NOTEBOOK_UI``, else ``"auto"`` (the panel,
-    its HTML form kept current where no front end opens a view of it).
+    """The form a run's views take: ``ui``, else ``$DDP_NOTEBOOK_UI``, else ``"html"`` in Colab,
+    else ``"auto"`` (the panel, its HTML form kept current where no front end opens a view of it).
+    Colab renders the panel but shows nothing a background thread changes in a widget until a
+    later cell runs (googlecolab/colabtools#3373): a view opens there, so the panel would look
+    live and stand still.
 
     Raises
     ------
@@ -137,7 +141,7 @@ def ui_form(ui: Optional[str]) -> str:
     if env and env not in UI_FORMS:
         raise LaunchOptionError(f"$DDP_NOTEBOOK_UI is {env!r}: set it to {', '.join(map(repr, UI_FORMS))}, or unset "
                                 "it for the panel")
-    return env or "auto"
+    return env or ("html" if "google.colab" in sys.modules else "auto")
 
 
 def _is_auto(value: Any) -> bool:

@@ -414,7 +414,7 @@ class DDPMagics(Magics):
                                                                 "tensorboard, mlflow, wandb (comma-separated)")
     @argument("--ui", choices=UI_FORMS, help="how the run shows: widget (the panel), html or text (kept current "
                                                "in place, where widgets do not render); default $DDP_NOTEBOOK_UI, "
-                                               "else the panel")
+                                               "else the panel (html in Colab)")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic
     def ddp_fit(self, line: str) -> Any:

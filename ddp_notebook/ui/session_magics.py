@@ -122,7 +122,7 @@ class SessionMagics(Magics):
     @argument("--engines", help="one rank per ipyparallel engine: the name of a Client or DirectView")
     @argument("--ui", choices=UI_FORMS, help="how the session shows: widget (its run's panel), html or text (kept "
                                                "current in place, where widgets do not render); default "
-                                               "$DDP_NOTEBOOK_UI, else the panel")
+                                               "$DDP_NOTEBOOK_UI, else the panel (html in Colab)")
     @argument("--stop", action="store_true", help="close the current session")
     @argument("--restart", action="store_true", help="form the current session again (its namespaces are lost), "
                                                      "on the devices given, else on its own")

@@ -173,3 +173,20 @@ def test_hostile_values_reprs_and_displays_never_hang_nor_end_the_session(kernel
     assert any(kind == "display_data" and part.get("application/json") == {"a": [1]} for kind, part in shown), shown
     assert any(kind == "update_display_data" and part.get("text/plain") == "'second'" for kind, part in shown), shown
     assert "[rank 1] Out: 2" in k.ok("%%ddp\nrank + 1")
+
+
+def test_lone_surrogates_from_the_ranks_are_shown_escaped_and_leave_the_session_whole(kernel):
+    # No Jupyter message can carry a lone surrogate: a view holding one failed to send, and went on
+    # failing for every later cell.
+    k, _ = kernel
+    content, _ = k.execute("%%ddp\nraise ValueError('x\\ud800')")
+    assert content["ename"] == "CellError" and "ValueError: x\\ud800" in content["evalue"], content
+    k.ok("%%ddp --ranks 0\nctx.log(step=1, note='n\\ud800')")
+    content, _ = k.execute("%%ddp\nglobals()['v\\ud800'] = 1\n1 / 0")
+    assert content["ename"] == "CellError" and "ZeroDivisionError" in content["evalue"], content
+    shown = k.shown("%%ddp --ranks 0\nfrom IPython.display import HTML\ndisplay(HTML('a\\ud800b'))")
+    assert any(part.get("text/html") == "a\\ud800b" for kind, part in shown if kind == "display_data"), shown
+    shown = k.shown("%ddp_session")
+    assert any("Last failure: cell 3" in part.get("text/plain", "") for kind, part in shown if kind != "stream"), shown
+    printed = k.ok("%%ddp\nrank")
+    assert printed == "[rank 0] Out: 0\n[rank 1] Out: 1\n", printed

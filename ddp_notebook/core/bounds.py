@@ -20,8 +20,8 @@ from typing import Any
 
 _CUT_MARK = re.compile(r"… \[\d+ more characters not kept\]$")  # what cut() appends
 
-__all__ = ["cut", "cut_middle", "bound_event", "bound_metrics", "event_weight", "METRIC_CHARS", "NAME_CHARS",
-           "METRICS_KEPT", "TEXT_CHARS", "OUTPUT_CHARS",
+__all__ = ["cut", "cut_middle", "bound_event", "escape_surrogates", "bound_metrics", "event_weight", "METRIC_CHARS",
+           "NAME_CHARS", "METRICS_KEPT", "TEXT_CHARS", "OUTPUT_CHARS",
            "TAIL_EVENTS", "TAIL_BYTES", "ENDED_TAIL_EVENTS", "ENDED_TAIL_BYTES", "LOG_BYTES", "LINE_CHARS"]
 
 METRIC_CHARS = 1000
@@ -94,6 +94,35 @@ def bound_event(event: dict[str, Any]) -> dict[str, Any]:
     if small is metrics and all(texts[key] is event[key] for key in texts):  # cut() returns a short text itself
         return event
     return dict(event, **texts, **({"metrics": small} if isinstance(metrics, dict) else {}))
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+def escape_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (in dicts, lists and tuples too) written
+    as its escape, ``\\ud800``: no front end can carry one (the UTF-8 of Jupyter's messages has no
+    place for it: a widget or display holding one fails to send, and every later update with it),
+    and a rank's error, a logged string or a variable's name may hold one. The value itself
+    when it holds none, as almost always.
+
+    >>> print(escape_surrogates({"message": "bad " + chr(0xD800), "step": 3})["message"])
+    bad \\ud800
+    """
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub(_escaped, value) if _LONE_SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        items = [(escape_surrogates(k), escape_surrogates(v)) for k, v in value.items()]
+        same = all(new_k is k and new_v is v for (new_k, new_v), (k, v) in zip(items, value.items()))
+        return value if same else dict(items)
+    if isinstance(value, (list, tuple)):
+        escaped = [escape_surrogates(v) for v in value]
+        return value if all(a is b for a, b in zip(escaped, value)) else type(value)(escaped)
+    return value
 
 
 def event_weight(event: dict[str, Any]) -> int:

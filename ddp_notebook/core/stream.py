@@ -64,7 +64,10 @@ class EventStream:
         return self.state.finished
 
     def emit(self, event: dict[str, Any]) -> None:
-        """Keep ``event``, fold it into the state, log it, then tell every subscriber."""
+        """Keep ``event``, fold it into the state, log it, then tell every subscriber; a lone
+        surrogate in its strings escaped first (``bounds.escape_surrogates``): every view shows
+        what this holds."""
+        event = bounds.escape_surrogates(event)
         with self._lock:
             self.events.append(event)
             self.state.apply(event)

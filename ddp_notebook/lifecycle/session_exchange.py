@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-from ..core.bounds import LINE_CHARS
+from ..core.bounds import LINE_CHARS, escape_surrogates
 from ..core.events import DISPLAY_ID, SESSION_ROUTED, EventKind
 from ..transfer import pickling
 from .cell_phase import CellPhase, Gathered
@@ -450,6 +450,7 @@ class Exchange:
             self._take(rank, answer_of(event, attachment))
 
     def _take(self, rank: int, reply: dict[str, Any]) -> None:
+        reply = escape_surrogates(reply)  # an error's text, a display: shown in the notebook
         op = reply.get("op")
         if op == "display" and reply.get("cell") == self.cell and self.cell is not None:
             data, metadata = reply.get("data"), reply.get("metadata")

@@ -486,6 +486,18 @@ def test_a_quiet_note_changes_with_the_ranks_and_names_an_idle_rank_and_one_that
     assert notes[1]["1"] == "is idle at train.py:12, 0 % CPU"  # the next look: where it is now
 
 
+def test_a_sessions_ranks_between_requests_are_not_described_as_quiet(tmp_path):
+    clock = FakeClock()
+    # A session's ranks say hello, then wait for the next cell (for 30 s) in the session's loop.
+    waiting = stack(("/usr/lib/python3.11/threading.py", 327, "wait"), ("/work/session_loop.py", 200, "serve"))
+    hello = [WorkerEvent(r, {"kind": "session", "op": "hello", "time": 0.0}) for r in (0, 1)]
+    transport = Scripted(clock, script=[started(0) + started(1) + hello, 30.0, [done(0), done(1)]],
+                         stacks={0: waiting, 1: waiting}, stack_dir=str(tmp_path), cpu={0: 0.0, 1: 0.0})
+    sup, stream = supervise(transport, stack_dir=str(tmp_path))
+    assert sup.supervise().status == RunStatus.SUCCEEDED
+    assert not [notes for _, notes in quiet_events(stream) if notes] and not transport.called("stacks")
+
+
 def test_a_description_that_fails_is_logged_and_the_run_goes_on(tmp_path, caplog):
     clock = FakeClock()
     transport = Scripted(clock, script=[started(0) + started(1), 25.0, [done(0), done(1)]],

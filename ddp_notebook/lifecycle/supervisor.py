@@ -112,6 +112,7 @@ class Supervisor:
         self._cmd_lock = threading.Lock()
         # A session's request in flight, judged as a phase of the run (``lifecycle.cell_phase``).
         self._phase: Optional[CellPhase] = None
+        self._serving = False  # the ranks serve a session (one said hello): between requests they wait for the next
         self._looping = True  # False once the loop has ended: a phase begun then ends at once
         self._live: set[int] = set()  # the ranks that answered the last ping
         # what the ranks said
@@ -248,6 +249,7 @@ class Supervisor:
             return
         if kind == EventKind.SESSION:
             op, phase = event.get("op"), self._phase
+            self._serving = True
             if op in ("done", "error") and phase is not None and event.get("id") == phase.id and \
                     rank in phase.waiting():
                 phase.answered(rank, op, bool(event.get("interrupted")), self.clock.monotonic())
@@ -537,6 +539,8 @@ class Supervisor:
         notes: dict[int, str] = {}
         if self._watching():
             alive, left = self._inside()
+            if self._serving and self._phase is None:  # a session's ranks between requests: none is quiet, all wait
+                alive = []
             try:
                 notes = self.watchdog.quiet_notes(alive, self.main_ident, left)
             except Exception:  # a description must never end a run

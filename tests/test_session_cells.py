@@ -113,7 +113,7 @@ def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_c
     assert "[rank 0] Out: 1\n" in k.ok("%%ddp\n1")
 
 
-def test_a_failed_cell_is_read_back_after_a_kernel_restart():
+def test_a_failed_cell_and_the_cell_a_kernel_restart_cut_are_read_back_after_it(tmp_path):
     from session_kernel import SETUP, _start_kernel
 
     k = _start_kernel()
@@ -123,15 +123,18 @@ def test_a_failed_cell_is_read_back_after_a_kernel_restart():
         k.ok("%%ddp\nx = rank + 1")
         content, _ = k.execute("%%ddp\nweights = [rank] * 3\nif rank == 1:\n    raise ValueError(f'bad shape {weights}')")
         assert content["status"] == "error" and content["ename"] == "CellError", content
+        k.start_in_cell("import time\ntime.sleep(300)", tmp_path)
         k.km.restart_kernel(now=True)  # the ranks end with the kernel; what the cells did is in the run's log
         k.kc.wait_for_ready(timeout=120)
         k.ok("%load_ext ddp_notebook")
         listed = k.ok("%ddp_runs --all")
-        assert any(line.split()[:1] == [run_id] and "session, 2 cells" in line for line in listed.splitlines()), listed
+        assert any(line.split()[:1] == [run_id] and "session, 3 cells" in line and line.endswith(
+            "the notebook process ended (kernel restart or crash) in cell 3") for line in listed.splitlines()), listed
         status = k.ok(f"%ddp_status {run_id}")
-        assert status.startswith(f"Session {run_id} ended") and ", 2 cells run" in status.splitlines()[0], status
-        assert "Last: cell 2 (weights = [rank] * 3) failed on rank 1 (cpu:1): ValueError: bad shape [1, 1, 1]" \
-            in status, status
+        assert status.startswith(f"Session {run_id} ended") and ", 3 cells run" in status.splitlines()[0], status
+        assert "Last: cell 3 (open(" in status and "on ranks 0, 1: ended\n" in status, status
+        assert "Last failure: cell 2 (weights = [rank] * 3) failed on rank 1 (cpu:1): ValueError: bad shape " \
+            "[1, 1, 1]" in status, status
         debug = k.ok(f"%ddp_debug {run_id}")
         assert debug.startswith(f"Run {run_id}, session cell 2 (weights = [rank] * 3):\nDistributed data parallel "
                                 "worker 1 (cpu:1) failed: ValueError: bad shape [1, 1, 1]\nLocals in <module> "
@@ -140,6 +143,10 @@ def test_a_failed_cell_is_read_back_after_a_kernel_restart():
         loaded = k.ok(f"import ddp_notebook\nc = ddp_notebook.Run.load({run_id!r}).state.failed_cell\n"
                       "print(c.cell, c.ranks, c.status, c.failures[0].rank, repr(c.code.splitlines()[0]))")
         assert loaded.strip() == "2 [0, 1] failed 1 'weights = [rank] * 3'", loaded
+        cut = k.ok(f"r = ddp_notebook.Run.load({run_id!r}).state.cell_records[-1]\n"
+                   "print(r.cell, r.status, r.message, repr(r.code.splitlines()[-1]))")
+        assert cut.strip() == ("3 ended the notebook process ended (kernel restart or crash) in cell 3 "
+                               "'time.sleep(300)'"), cut
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)

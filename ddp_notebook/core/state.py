@@ -255,7 +255,7 @@ class RequestState:
     """A session's request running now (``RunState.request``): ``what`` (``cell 3``, ``push lr``,
     ``pull 'x'``), on ``ranks``, since ``started``; ``first_line`` of the cell's code;
     ``background``: run without blocking; ``interrupting``: its ranks were asked to leave it;
-    ``answered``: rank → (done, error or interrupted, when)."""
+    ``answered``: rank → (done, error or interrupted, when); ``code``: the cell's code."""
 
     what: str
     ranks: list[int]
@@ -265,6 +265,7 @@ class RequestState:
     background: bool = False
     interrupting: bool = False
     answered: dict[int, tuple[str, float]] = field(default_factory=dict)
+    code: str = ""
 
 
 @dataclass
@@ -532,7 +533,7 @@ class RunState:
                                                                        if isinstance(r, int)],
                                         float(t or 0.0), cell if isinstance(cell, int) else None,
                                         cut(str(event.get("first_line") or ""), LINE_CHARS),
-                                        bool(event.get("background")))
+                                        bool(event.get("background")), code=str(event.get("code") or ""))
         elif kind == EventKind.ANSWERED:
             if self.request is not None and event.get("rank") in self.request.ranks:
                 self.request.answered[event["rank"]] = (str(event.get("status") or ""), float(t or 0.0))
@@ -542,7 +543,9 @@ class RunState:
         elif kind == EventKind.CELL:
             self.request = None
             self.last_request = record = CellRecord.from_event(event)
-            if record.cell is not None:
+            if record.cell is not None and self.cell_records and self.cell_records[-1].cell == record.cell:
+                self.cell_records[-1] = record  # told again, later (a cell the notebook's end cut, then its session)
+            elif record.cell is not None:
                 self.cells += 1
                 self.cell_records.append(record)
                 del self.cell_records[:-CELLS_KEPT]

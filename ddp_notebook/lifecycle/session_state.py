@@ -84,7 +84,8 @@ class SessionRecord:
         self._interrupt.clear()
         if run is not None:
             run.stream.emit({"kind": EventKind.REQUEST, "time": started, "what": what, "cell": cell,
-                             "ranks": list(ranks), "first_line": first[:120], "background": background})
+                             "ranks": list(ranks), "first_line": first[:120], "background": background,
+                             "code": cut(code or "", CODE_CHARS)})  # kept should the notebook die in it
         values: list[str] = []
         error: Optional[BaseException] = None
         try:

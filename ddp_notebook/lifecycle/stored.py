@@ -227,6 +227,8 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
         where = f"at {w.epoch_text}"
     elif state.status == RunStatus.STARTING:
         where = "while the workers were starting"
+    elif state.origin == "session" and state.request is not None:  # its ranks were in a request
+        where = f"in {state.request.what}"
     elif state.origin == "session":  # its ranks run cells, not steps
         where = f"after {state.cells} cell{'' if state.cells == 1 else 's'}"
     else:
@@ -237,13 +239,20 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
 def end_with_notebook(stream: EventStream, exited: bool) -> None:
     """End a run whose notebook process ends (``exited``: this one, leaving now) or ended (its
     log read back): stopped, with the reason (``notebook_ended``), each rank still running ended
-    with it, at the time the run was last heard of (or now)."""
+    with it, at the time the run was last heard of (or now); a session's request in flight ends
+    with it (``ended``, in its cell's record)."""
     state = stream.state
     if state.finished:
         return
     reason = notebook_ended_reason(state, exited)
     last = stream.events[-1].get("time") if stream.events else None
     t = time.time() if exited or last is None else last
+    request = state.request
+    if request is not None:  # a session's request in flight ended with it: kept, as a cell's end is
+        stream.emit({"kind": EventKind.CELL, "time": t, "cell": request.cell, "what": request.what,
+                     "ranks": request.ranks, "status": "ended", "code": request.code or request.first_line,
+                     "seconds": round(max(t - request.started, 0.0), 3), "message": reason, "failures": [],
+                     "values": []})
     stream.emit({"kind": EventKind.STOPPING, "time": t, "reason": reason, "notebook_ended": True})
     for rank, w in sorted(state.workers.items()):
         if not w.finished:

@@ -250,7 +250,9 @@ def request_text(record: CellRecord) -> str:
         values = f" ({', '.join(record.values)})" if record.values else ""
         return one_line(f"{record.what} on {ranks_text(record.ranks)}: ok in {took}{values}")
     if record.status == "ended" or not record.message:  # why it ended is said by the run
-        return f"{record.what} on {ranks_text(record.ranks)}: {record.status} after {took}"
+        code = f" ({record.first_line()})" if record.code.strip() else ""
+        after = f" after {took}" if record.seconds > 0 else ""  # (one the notebook's end cut: when is not known)
+        return one_line(f"{record.what}{code} on {ranks_text(record.ranks)}: {record.status}{after}")
     message = " ".join(one_line(record.message).split())
     return f"{message} It took {took}." if message.endswith(".") else f"{message} (after {took})"
 

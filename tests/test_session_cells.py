@@ -159,6 +159,7 @@ def test_hostile_values_reprs_and_displays_never_hang_nor_end_the_session(kernel
          "class Raises:\n    def __repr__(self):\n        raise ValueError('no repr')\n"
          "class Stops:\n    def __reduce__(self):\n        raise KeyboardInterrupt\n"
          "class Shows:\n    def _ipython_display_(self):\n        display('shown by itself')\n"
+         "class Prints:\n    def _ipython_display_(self):\n        print('printed by itself')\n"
          "slow, exits, stops = Slow(), Exits(), Stops()")
     started = time.monotonic()
     content, _ = k.execute("%%ddp\n1 / 0")  # its report summarizes the namespace: never held up, nor ended
@@ -166,6 +167,7 @@ def test_hostile_values_reprs_and_displays_never_hang_nor_end_the_session(kernel
     assert time.monotonic() - started < 60
     assert _text(k.shown("%%ddp --ranks 0\nRaises()")) == "[rank 0] Out: <Raises object: its repr raised an error>\n"
     assert "Out:" not in _text(k.shown("%%ddp --ranks 0\nShows()"))  # it displayed itself: no Out, as in IPython
+    assert _text(k.shown("%%ddp --ranks 0\nPrints()")) == "[rank 0] printed by itself\n"  # what it prints, shown
     printed = k.ok("v = _ddp_session.run('stops')\nprint(type(v[0]).__name__, v[0].reason)")
     assert printed.startswith("ValueNotSent it cannot be pickled on rank 0: KeyboardInterrupt"), printed
     content, _ = k.execute("_ddp_session.pull('stops')")

@@ -100,13 +100,15 @@ class RankDisplay:
         (``_ipython_display_``), as IPython then shows no ``Out``."""
         if self.shell is None:
             return {"text/plain": self.text(value)}
+        if callable(getattr(type(value), "_ipython_display_", None)):
+            # As IPython shows it: what it prints and displays is the cell's (a traceback if it raises).
+            self.shell.display_formatter.ipython_display_formatter(value)
+            return None
         with _quiet():  # a formatter that raises prints its traceback: the text below says it once
             try:
                 data, _metadata = self.shell.display_formatter.format(value, exclude={"text/plain"})
             except Exception:  # noqa: BLE001 - no rich form: the text alone
                 data = {}
-        if not data and callable(getattr(type(value), "_ipython_display_", None)):
-            return None
         return bound_bundle({**data, "text/plain": self.text(value)})
 
     def text(self, value: Any) -> str:

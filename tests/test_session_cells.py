@@ -35,8 +35,11 @@ def test_the_session_line_shows_the_live_session_and_ranks_take_ranges_and_slice
     assert _text(k.shown("%%ddp --ranks 0-1\nrank")) == "[rank 0] Out: 0\n[rank 1] Out: 1\n"
     assert _text(k.shown("%%ddp --ranks 1:\nrank")) == "[rank 1] Out: 1\n"
     assert _text(k.shown("%%ddp --ranks ::2\nrank")) == "[rank 0] Out: 0\n"
+    assert _text(k.shown("%%ddp --ranks -1:\nrank")) == "[rank 1] Out: 1\n"  # from the end: a value, not an option
     for bad, said in (("1-0", "ends before it starts"), ("0-x", "is not a choice of ranks"),
-                      ("5:", "chooses no rank of this session"), ("0-4", "--ranks: 2 is not a rank of this session (its ranks are 0 to 1)")):
+                      ("5:", "--ranks 5: chooses no rank of this session"),
+                      ("0-4", "--ranks 0-4: 2 to 4 are not ranks of this session (its ranks are 0 to 1)"),
+                      ("3", "--ranks 3: 3 is not a rank of this session")):
         content, _ = k.execute(f"%%ddp --ranks {bad}\nrank")
         assert content["status"] == "error" and content["ename"] == "UsageError", (bad, content)
         assert said in content["evalue"], (bad, content)

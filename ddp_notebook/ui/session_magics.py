@@ -8,7 +8,7 @@ import re
 import sys
 import traceback
 from concurrent.futures import Future
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -40,11 +40,18 @@ _RANK_ITEM = r"[0-9]{1,6}(-[0-9]{1,6})?"
 _RANK_SLICE = r"(-?[0-9]{1,6})?:(-?[0-9]{1,6})?(:(-?[0-9]{1,6})?)?"
 
 
-def _rank_choice(text: str) -> Union[list[int], slice]:
+class _Ranks(NamedTuple):
+    """What ``--ranks`` chose (ranks, or a slice of them), and how it was written."""
+
+    chosen: Union[list[int], slice]
+    text: str
+
+
+def _rank_choice(text: str) -> _Ranks:
     """``--ranks``: ``0``, ``0,2``, a range inclusive as device lists are (``0-2``, ``0,2-3``),
     or a Python slice of the ranks (``1:``, ``::2``, ``:-1``).
 
-    >>> _rank_choice("0,2-3"), _rank_choice("1:"), _rank_choice("::2")
+    >>> _rank_choice("0,2-3").chosen, _rank_choice("1:").chosen, _rank_choice("::2").chosen
     ([0, 2, 3], slice(1, None, None), slice(None, None, 2))
     """
     words = "".join(text.split())
@@ -52,7 +59,7 @@ def _rank_choice(text: str) -> Union[list[int], slice]:
         parts = [int(p) if p else None for p in (words.split(":") + [""])[:3]]
         if parts[2] == 0:
             raise argparse.ArgumentTypeError(f"{text!r}: a slice's step cannot be 0")
-        return slice(*parts)
+        return _Ranks(slice(*parts), words)
     if not re.fullmatch(f"{_RANK_ITEM}(,{_RANK_ITEM})*", words):
         raise argparse.ArgumentTypeError(f"{text!r} is not a choice of ranks: a rank (0), a list (0,2), a range "
                                          "(0-2, both ends included) or a slice (1:, ::2)")
@@ -62,7 +69,7 @@ def _rank_choice(text: str) -> Union[list[int], slice]:
         if last and int(last) < int(first):
             raise argparse.ArgumentTypeError(f"{text!r}: the range {item} ends before it starts")
         out.extend(range(int(first), int(last or first) + 1))
-    return out
+    return _Ranks(out, words)
 
 
 def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
@@ -217,7 +224,8 @@ class SessionMagics(Magics):
     def ddp(self, line: str, cell: str) -> None:
         """Run the cell on every rank of the current session (each in its own namespace, kept across
         cells); prints each rank's output live and the value of the cell's last expression per rank."""
-        args = _parse(self.ddp, line, shown="%%ddp")
+        # A slice from the end (--ranks -1:) is a value, not an option as argparse would take it.
+        args = _parse(self.ddp, re.sub(r"(--ranks)\s+(?=-[0-9:])", r"\1=", line), shown="%%ddp")
         current = current_session()
         if current is None:
             raise UsageError("%%ddp: there is no session; %ddp_session cpu*2 forms one")
@@ -244,26 +252,23 @@ class SessionMagics(Magics):
             done.add_done_callback(_say_error)
 
 
-def _chosen(choice: Union[None, list[int], slice], world_size: int) -> list[int]:
+def _chosen(choice: Optional[_Ranks], world_size: int) -> list[int]:
     """The ranks ``--ranks`` chose in a session of ``world_size`` ranks."""
     if choice is None:
         return list(range(world_size))
-    if isinstance(choice, slice):
-        ranks = list(range(world_size))[choice]
+    valid = "0" if world_size == 1 else f"0 to {world_size - 1}"
+    if isinstance(choice.chosen, slice):
+        ranks = list(range(world_size))[choice.chosen]
         if not ranks:
-            raise UsageError(f"%%ddp: --ranks {_slice_text(choice)} chooses no rank of this session "
-                             f"(its ranks are 0 to {world_size - 1})")
+            raise UsageError(f"%%ddp: --ranks {choice.text} chooses no rank of this session (its ranks are {valid})")
         return ranks
-    outside = [r for r in choice if r >= world_size]
+    outside = [r for r in choice.chosen if r >= world_size]
     if outside:
-        raise UsageError(f"%%ddp: --ranks: {outside[0]} is not a rank of this session (its ranks are "
-                         f"{'0' if world_size == 1 else f'0 to {world_size - 1}'})")
-    return choice
-
-
-def _slice_text(choice: slice) -> str:
-    text = ":".join("" if p is None else str(p) for p in (choice.start, choice.stop, choice.step))
-    return text[:-1] if text.endswith(":") and choice.step is None else text
+        named = f"{outside[0]} is not a rank" if len(outside) == 1 else \
+            f"{outside[0]} to {outside[-1]} are not ranks" if outside == list(range(outside[0], outside[-1] + 1)) else \
+            f"{', '.join(map(str, outside))} are not ranks"
+        raise UsageError(f"%%ddp: --ranks {choice.text}: {named} of this session (its ranks are {valid})")
+    return choice.chosen
 
 
 def _say_error(future: Future[Any]) -> None:

@@ -345,12 +345,12 @@ def loaded_value(rank: int, reply: dict[str, Any]) -> Any:
 
 
 def unsent_error(name: str, value: ValueNotSent) -> dict[str, Any]:
-    """The error reply ``pull(name)`` makes of a value that could not come: pull is for objects."""
-    text = " ".join(value.text.split())
-    shown = text[:80] + "…" if len(text) > 80 else text
+    """The error reply ``pull(name)`` makes of a value that could not come: pull is for objects.
+    Said the same way for every rank (its own text aside), so that it is said once."""
+    why = value.reason.replace(f" on rank {value.rank}", "")
     return {"op": "error", "error": {
-        "kind": "error", "phase": "result", "exc_type": value.error or "ValueNotSent", "time": 0.0,
-        "message": f"{name!r} ({shown}): {value.reason} (it stays in rank {value.rank}'s namespace)"}}
+        "kind": "error", "phase": "run", "exc_type": "ValueNotSent", "time": 0.0,
+        "message": f"{name!r} {why.removeprefix('it ')}; it stays in the ranks' namespaces, where cells can use it"}}
 
 
 class Exchange:

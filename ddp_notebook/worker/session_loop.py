@@ -312,10 +312,9 @@ class _Rank:
         try:
             data = pickling.dumps(value)
         except BaseException as exc:  # noqa: BLE001 - a __reduce__ may raise anything (SystemExit): the value stays here
-            error = error_event(exc, Phase.RESULT)
-            error["message"] = (f"the value could not be sent to the notebook ({type(value).__qualname__}): "
-                                f"{error['message']}")
-            self.send({"op": "error", "id": message["id"], "error": error})
+            # Its text and why, as a cell's value that cannot travel (the notebook says it once).
+            self.send({"op": "done", "id": message["id"], "unsent": f"{type(exc).__name__}: {exc}"[:LINE_CHARS],
+                       "text": self.display.text(value)})
             return
         self.send({"op": "done", "id": message["id"], "value": data,
                    **({"text": self.display.text(value)} if value is not None else {})})

@@ -73,6 +73,10 @@ def marks_its_start_then_waits(ctx, folder: str):
     return wait_for_stop(ctx)
 
 
+def asks_for_input(ctx):
+    return input("learning rate? ")
+
+
 def ignore_term_then_allreduce(ctx, steps: int = 5):
     """Rank 0 survives SIGTERM so that its knock-on error is reported; rank 1 is SIGKILLed."""
     if ctx.rank == 0:

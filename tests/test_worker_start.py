@@ -34,6 +34,12 @@ def test_workers_see_the_notebooks_environment_and_directory_at_launch(how, monk
     assert cwd == str(tmp_path)
 
 
+def test_input_on_a_rank_says_that_nothing_can_answer_it(how):
+    with pytest.raises(ddp_notebook.WorkerFailedError, match=r"failed the same way: EOFError: a worker has no "
+                                                             r"standard input: input\(\) cannot be answered"):
+        ddp_notebook.launch(faults.asks_for_input, devices="cpu*2").wait(timeout=120)
+
+
 def test_a_worker_imports_the_packages_api_only_when_its_code_asks_for_it(how):
     """A rank imports the submodules it runs; the package's ``__init__`` (the API, the front ends:
     ipywidgets and 220 modules, 0.2 s of a fresh interpreter's start) only when code asks the

@@ -12,6 +12,7 @@ group (``zygote``).
 from __future__ import annotations
 
 import faulthandler
+import io
 import json
 import os
 import sys
@@ -56,7 +57,23 @@ def _items_through(channel: PipeChannel) -> None:
     take_queue_answers(asker.answered)
 
 
+class _NoInput(io.TextIOBase):
+    """A worker's standard input: nothing can answer it, and ``input()`` says so (an ``EOFError``,
+    what code that reads its input expects at its end) rather than fail on a closed file."""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: Optional[int] = -1) -> str:
+        raise EOFError("a worker has no standard input: input() cannot be answered on a rank (pass the value "
+                       "to the function, or push it to a session's ranks: session.push(name=value))")
+
+    def readline(self, size: Optional[int] = -1) -> str:  # type: ignore[override]
+        return self.read(size)
+
+
 def main() -> None:
+    sys.stdin = _NoInput()
     boot: dict[str, Any] = json.loads(os.environ.pop(BOOT_ENV))
     watcher = take_watcher()
     # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.

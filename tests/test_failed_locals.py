@@ -34,6 +34,29 @@ def test_a_summary_is_one_bounded_line_and_never_raises():
     assert len(summarize("y" * 10_000)) <= SUMMARY_CHARS and "\n" not in summarize("a\nb" * 30)
 
 
+@pytest.mark.unit
+def test_the_locals_are_the_users_frames_not_torchs_or_the_standard_librarys():
+    import json
+
+    from ddp_notebook.worker.failed_locals import failed_locals
+
+    def parse(text):
+        config = {"lr": 0.1}
+        return json.loads(text), config  # raises inside json's own frames
+
+    try:
+        parse("{")
+    except ValueError as e:
+        frames = failed_locals(e.__traceback__)
+    try:
+        torch.ones(2) @ torch.ones(3)
+    except RuntimeError as e:
+        frames += failed_locals(e.__traceback__)
+    assert [f["function"] for f in frames][:2] == ["parse", "test_the_locals_are_the_users_frames_not_torchs_or_the_standard_librarys"]
+    assert frames[0]["locals"]["config"] == "dict of 1"
+    assert all(f["file"] == __file__ for f in frames), frames
+
+
 @pytest.mark.processes
 def test_a_failed_ranks_locals_are_kept_shown_on_the_card_and_by_ddp_debug(ipython_shell, tmp_path):
     run = ddp_notebook.launch(mismatched, devices="cpu*2", run_root=str(tmp_path))

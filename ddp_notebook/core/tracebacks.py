@@ -12,15 +12,18 @@ ValueError: bad value
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
+import site
+import sysconfig
 import traceback
 from collections.abc import Callable
 from types import TracebackType
 from typing import Optional
 
-__all__ = ["FULL_ENV", "is_library_file", "user_frames", "format_user_traceback", "show_full", "name_cells_with",
-           "file_name", "name_cells_in"]
+__all__ = ["FULL_ENV", "is_library_file", "is_installed_file", "installed_dirs", "user_frames", "format_user_traceback",
+           "show_full", "name_cells_with", "file_name", "name_cells_in"]
 
 FULL_ENV = "DDP_NOTEBOOK_TRACEBACKS"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -36,6 +39,24 @@ def show_full() -> bool:
 def is_library_file(path: str) -> bool:
     """True for a file of this package, or of the IPython shell that runs cells."""
     return path.startswith(_PACKAGE) or _SHELL in path
+
+
+@functools.lru_cache(maxsize=1)
+def installed_dirs() -> tuple[str, ...]:
+    """Where installed code lives, each as written and resolved: the standard library and the
+    site-packages folders (the user's own code is elsewhere, an editable install's included)."""
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs |= set(getattr(site, "getsitepackages", list)())
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    dirs |= {user} if isinstance(user, str) else set()
+    return tuple(sorted({form + os.sep for d in dirs if d for form in (os.path.abspath(d), os.path.realpath(d))}))
+
+
+def is_installed_file(path: str) -> bool:
+    """True for a file of installed code (``installed_dirs``, Python's frozen modules), or of this
+    package: not the user's own."""
+    return path.startswith(("<frozen ", *installed_dirs())) or is_library_file(path)
 
 
 def user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:

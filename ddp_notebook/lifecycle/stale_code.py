@@ -20,22 +20,16 @@ import functools
 import os
 import pickletools
 import sys
-import sysconfig
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any, Optional
+
+from ..core.tracebacks import installed_dirs
 
 __all__ = ["changed_modules", "changed_modules_in", "stale_code_notice"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
-
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    """Where installed code lives (the standard library, site-packages): not the user's own."""
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(sysconfig.get_paths().get(key, "")
-                                                            for key in ("stdlib", "platstdlib", "purelib", "platlib"))}
-    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
 def _compiled_from(cached: str) -> Optional[tuple[int, int]]:
@@ -109,7 +103,7 @@ def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optiona
 def changed_modules(names: Optional[Iterable[str]] = None) -> dict[str, str]:
     """The user's own modules (of ``names``, or all imported) whose file changed on disk after the
     notebook imported them: name → file."""
-    library = _library_dirs()
+    library = installed_dirs()
     modules = sys.modules if names is None else {n: sys.modules[n] for n in names if n in sys.modules}
     found = {}
     for name, module in list(modules.items()):

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any, Optional
 
-from ..core.tracebacks import is_library_file
+from ..core.tracebacks import is_installed_file
 
 __all__ = ["summarize", "failed_locals", "FRAMES_KEPT", "NAMES_KEPT", "SUMMARY_CHARS"]
 
@@ -150,7 +150,7 @@ def _user_frames(tb: Optional[TracebackType]) -> list[dict[str, Any]]:
     try:
         user = []
         while tb is not None:
-            if not is_library_file(tb.tb_frame.f_code.co_filename):
+            if not is_installed_file(tb.tb_frame.f_code.co_filename):  # torch's, the stdlib's: not the user's
                 user.append(tb)
             tb = tb.tb_next
         frames = []

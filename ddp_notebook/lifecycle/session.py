@@ -139,7 +139,7 @@ class Session:
         self._asked: list[int] = []  # the ranks of the request in flight
         self._busy = threading.Lock()  # held while a request is in flight (one at a time)
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
-        self._closing = False  # close() is stopping a cell run without blocking
+        self._closing: Optional[str] = None  # close() stops a cell run without blocking: "closed", "formed again"
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         self._held: list[str] = []  # the ids of every run that held its ranks
@@ -151,7 +151,7 @@ class Session:
     def _start(self, parent: Optional[Run] = None) -> None:
         """Form the ranks (a new run; ``parent``: the run this one follows, formed again: the
         front ends hear of it, ``restarts.followed``)."""
-        self._closing = False
+        self._closing = None
         strict = self.options.stall_timeout
         is_strict = isinstance(strict, (int, float)) and not isinstance(strict, bool)
         heartbeat = min(float(strict) / 3, 10.0) if is_strict else None  # type: ignore[arg-type]
@@ -292,7 +292,8 @@ class Session:
             stopped = [r for r, m in outcome.replies.items() if m.get("interrupted")]
             how = f"interrupted on {ranks_text(stopped)}" if stopped else \
                 "interrupted as every rank finished it (its values are dropped)"
-            after = "the session is being closed" if self._closing else "the session goes on (its namespaces are kept)"
+            after = f"the session is being {self._closing}" if self._closing else \
+                "the session goes on (its namespaces are kept)"
             raise SessionInterrupted(f"Cell {cell} {how}; {after}")
         if len(ranks) == self.world_size and all(m["op"] == "done" for m in outcome.replies.values()):
             self._tell_idle()
@@ -322,13 +323,13 @@ class Session:
             why = f"{where} was interrupted twice while it was being sent, so its ranks could not go on"
         elif outcome.left_waiting:
             why = "; ".join(f"rank {r} was left waiting in {w}" for r, w in sorted(outcome.left_waiting.items()))
-            why += " (a collective every rank must join)"
+            why += " (for peers that will not come)"
         else:
             why = f"{ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
         if self._closing:  # the session is being closed: its run ends, nothing is formed again
-            self._run._request_stop(0.0, f"{where} was cut as the session was closed: {why}")
+            self._run._request_stop(0.0, f"{where} was cut as the session was {self._closing}: {why}")
             self._wait_end(END_WAIT)
-            raise SessionInterrupted(f"{where.capitalize()} interrupted as the session was closed; {why}")
+            raise SessionInterrupted(f"{where.capitalize()} interrupted as the session was {self._closing}; {why}")
         note = self._form_again(f"{where} was cut: {why}")
         raised = [r for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")]
         # A rank raised, or one skipped a collective: a failed cell (each failure says where its
@@ -607,12 +608,16 @@ class Session:
 
         Safe to call twice, and on a session whose run has already ended.
         """
+        self._close("closed")
+
+    def _close(self, how: str) -> None:
+        """``close()``; ``how``: what becomes of the session (a cell cut meanwhile says it)."""
         run = self._run
         if self._closed or run is None:
             return
         background = self._background
         if background is not None and background.is_alive() and background is not threading.current_thread():
-            self._closing = True  # a cell cut now ends with the session: it is not formed again
+            self._closing = how  # a cell cut now ends with these ranks: it is not formed again by itself
             self.interrupt()  # a cell run without blocking: stopped first, as Stop would
             background.join(INTERRUPT_GRACE + END_WAIT)
         self._closed = True
@@ -666,7 +671,7 @@ class Session:
             if not report.ok:
                 raise InvalidDevicesError(report)
         lost = self._run is not None and not self._closed and self._ended is None and not self._run.done
-        self.close()
+        self._close("formed again")
         before, kept = self._run, (self._spec, self.options)
         old = before.id if before is not None else None
         self._spec, self.options, self._run = devices if devices is not None else self._spec, options, None

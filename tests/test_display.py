@@ -17,8 +17,12 @@ def test_the_form_is_the_option_else_the_environment_else_the_panel(monkeypatch)
     assert ui_form(None) == "auto" and ui_form("html") == "html"
     monkeypatch.setenv("DDP_NOTEBOOK_UI", "text")
     assert ui_form(None) == "text" and ui_form("widget") == "widget"
-    with pytest.raises(LaunchOptionError, match=r"ui must be 'widget', 'html', 'text' or None .*not 'HTML'"):
-        LaunchOptions(ui="HTML")
+    assert ui_form("HTML") == "html" and ui_form(" Text ") == "text"  # any case, as device lists take
+    with pytest.raises(LaunchOptionError, match=r"ui must be 'widget', 'html', 'text' or None .*not 'fancy'") as e:
+        LaunchOptions(ui="fancy")
+    # Told from the user's call, without the dataclass __init__ the package generated and called.
+    from ddp_notebook.core.tracebacks import format_user_traceback
+    assert "<string>" not in format_user_traceback(e.value), format_user_traceback(e.value)
     monkeypatch.setenv("DDP_NOTEBOOK_UI", "fancy")
     with pytest.raises(LaunchOptionError, match=r"\$DDP_NOTEBOOK_UI is 'fancy'"):
         LaunchOptions()  # said before anything starts

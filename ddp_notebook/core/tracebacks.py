@@ -59,16 +59,26 @@ def is_installed_file(path: str) -> bool:
     return path.startswith(("<frozen ", *installed_dirs())) or is_library_file(path)
 
 
+def _libraries(files: list[str]) -> list[bool]:
+    """Which frames of a stack (outermost first, by file) are the library's: its files, and code
+    generated for it that it calls or that calls it (``<string>``: a dataclass's ``__init__``
+    checking its fields in the package's ``__post_init__``)."""
+    library = [is_library_file(file) for file in files]
+    return [mine or (file == "<string>" and ((i > 0 and library[i - 1]) or (i + 1 < len(files) and library[i + 1])))
+            for i, (file, mine) in enumerate(zip(files, library))]
+
+
 def user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     """``tb`` without the frames of library files (a new chain; ``tb`` is left as it is): None
     when no frame is the user's; ``tb`` itself when ``show_full()``."""
     if show_full():
         return tb
-    kept = []
+    frames = []
     while tb is not None:
-        if not is_library_file(tb.tb_frame.f_code.co_filename):
-            kept.append(tb)
+        frames.append(tb)
         tb = tb.tb_next
+    libraries = _libraries([t.tb_frame.f_code.co_filename for t in frames])
+    kept = [t for t, library in zip(frames, libraries) if not library]
     chain: Optional[TracebackType] = None
     for t in reversed(kept):
         chain = TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
@@ -87,7 +97,8 @@ def format_user_traceback(exc: BaseException) -> str:
             if id(t) in seen:
                 continue
             seen.add(id(t))
-            t.stack = traceback.StackSummary.from_list([f for f in t.stack if not is_library_file(f.filename)])
+            libraries = _libraries([f.filename for f in t.stack])
+            t.stack = traceback.StackSummary.from_list([f for f, library in zip(t.stack, libraries) if not library])
             todo += [c for c in (t.__cause__, t.__context__) if c is not None]
     return "".join(te.format())
 

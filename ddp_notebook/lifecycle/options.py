@@ -134,10 +134,10 @@ def ui_form(ui: Optional[str]) -> str:
         ``ui`` or ``$DDP_NOTEBOOK_UI`` is not one of ``UI_FORMS``.
     """
     if ui is not None:
-        if not isinstance(ui, str) or ui not in UI_FORMS:
+        if not isinstance(ui, str) or ui.strip().lower() not in UI_FORMS:
             raise LaunchOptionError(f"ui must be {', '.join(map(repr, UI_FORMS))} or None (the default), not {ui!r}")
-        return ui
-    env = os.environ.get("DDP_NOTEBOOK_UI", "").strip()
+        return ui.strip().lower()
+    env = os.environ.get("DDP_NOTEBOOK_UI", "").strip().lower()  # (any case, as device lists take)
     if env and env not in UI_FORMS:
         raise LaunchOptionError(f"$DDP_NOTEBOOK_UI is {env!r}: set it to {', '.join(map(repr, UI_FORMS))}, or unset "
                                 "it for the panel")

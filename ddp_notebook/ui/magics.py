@@ -412,9 +412,10 @@ class DDPMagics(Magics):
               help="a tag of the run (again for more: --tag arch=cnn --tag lr=0.1)")
     @argument("--report-to", metavar="TRACKER[,TRACKER]", help="send rank 0's logged values to trackers: "
                                                                 "tensorboard, mlflow, wandb (comma-separated)")
-    @argument("--ui", choices=UI_FORMS, help="how the run shows: widget (the panel), html or text (kept current "
-                                               "in place, where widgets do not render); default $DDP_NOTEBOOK_UI, "
-                                               "else the panel (html in Colab)")
+    @argument("--ui", choices=UI_FORMS, type=str.lower,
+              help="how the run shows: widget (the panel), html or text (kept current "
+                   "in place, where widgets do not render); default $DDP_NOTEBOOK_UI, "
+                   "else the panel (html in Colab)")
     @argument("--wait", action="store_true", help="block until the run ends and return its result")
     @line_magic
     def ddp_fit(self, line: str) -> Any:
@@ -484,8 +485,9 @@ class DDPMagics(Magics):
     @argument("--metric", action="append", metavar="M", help="a metric to plot (again for more; default: the "
                                                              "losses and metrics logged)")
     @argument("--all", action="store_true", help="without RUN: every run on disk, whichever notebook launched it")
-    @argument("--ui", choices=UI_FORMS, help="how it shows: html (curves and table; widget is the same) or text "
-                                             "(the table as text)")
+    @argument("--ui", choices=UI_FORMS, type=str.lower,
+              help="how it shows: html (curves and table; widget is the same) or text "
+                   "(the table as text)")
     @line_magic
     def ddp_compare(self, line: str) -> Any:
         """Compare runs: their curves overlaid (one plot per metric), then a table of what differs

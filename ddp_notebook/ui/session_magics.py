@@ -127,9 +127,10 @@ class SessionMagics(Magics):
               help="the hang watchdog for cells: SECONDS without progress in a cell ends the session; auto (the "
                    "default) names a rank frozen while its peers wait for it; off")
     @argument("--engines", help="one rank per ipyparallel engine: the name of a Client or DirectView")
-    @argument("--ui", choices=UI_FORMS, help="how the session shows: widget (its run's panel), html or text (kept "
-                                               "current in place, where widgets do not render); default "
-                                               "$DDP_NOTEBOOK_UI, else the panel (html in Colab)")
+    @argument("--ui", choices=UI_FORMS, type=str.lower,
+              help="how the session shows: widget (its run's panel), html or text (kept "
+                   "current in place, where widgets do not render); default "
+                   "$DDP_NOTEBOOK_UI, else the panel (html in Colab)")
     @argument("--stop", action="store_true", help="close the current session")
     @argument("--restart", action="store_true", help="form the current session again (its namespaces are lost), "
                                                      "on the devices given, else on its own")

@@ -51,11 +51,13 @@ def test_a_run_shown_as_html_or_text_is_kept_current_in_place_never_as_a_widget(
 
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        shown = []
+        shown, widgets_made = [], []
 
         def hook(msg):
             if msg["msg_type"] in ("display_data", "update_display_data"):
                 shown.append((msg["msg_type"], msg["content"]["data"]))
+            elif msg["msg_type"] == "comm_open":
+                widgets_made.append(msg["content"].get("target_name"))
 
         code = ("import time, ddp_notebook\n"
                 "def train(ctx, steps=40):\n"
@@ -80,6 +82,7 @@ def test_a_run_shown_as_html_or_text_is_kept_current_in_place_never_as_a_widget(
         steps = {int(m.group(1)) for _, data in shown for m in [re.search(r"step (\d+)/40", data[mime])] if m}
         assert len(steps) >= 3, steps  # kept current while it trained, not only at its status changes
         assert "succeeded" in shown[-1][1]["text/plain"] and "step 40/40" in shown[-1][1][mime]
+        assert widgets_made == []  # no widget is made for a form that shows none
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -107,13 +110,17 @@ def test_a_session_takes_the_form_too():
     try:
         shown = []
 
+        widgets_made = []
+
         def hook(msg):
             if msg["msg_type"] in ("display_data", "update_display_data"):
                 shown.append(msg["content"]["data"])
+            elif msg["msg_type"] == "comm_open":
+                widgets_made.append(msg["content"].get("target_name"))
 
         reply = kc.execute_interactive("%load_ext ddp_notebook\n%ddp_session cpu*2 --ui html", timeout=120,
                                        output_hook=hook)
-        assert reply["content"]["status"] == "ok"
+        assert reply["content"]["status"] == "ok" and widgets_made == [], widgets_made
         assert shown and set(shown[0]) == {"text/plain", "text/html"}, shown[0].keys()
         assert shown[0]["text/plain"].startswith("Session ") and 'class="ddp-fallback"' in shown[0]["text/html"]
         reply = kc.execute_interactive("%ddp_session --stop", timeout=120)

@@ -58,7 +58,9 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
 
     from .panel import DDPPanel  # ipywidgets: only in a notebook
 
-    if launcher is None:
+    if ui in STATIC_FORMS:
+        panel = static_view(run, ui)
+    elif launcher is None:
         panel = DDPPanel(run, on_start=on_start)
     else:
         panel = DDPPanel(run, launcher=launcher, available=run._device_choices,  # found on a thread: torch's import
@@ -67,23 +69,30 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     return panel
 
 
+#: The forms a run can take without a widget (``ui=``): its views are ``panel.StaticRuns``.
+STATIC_FORMS = ("html", "text")
+
+
+def static_view(run: Run, ui: str) -> Any:
+    """``run`` shown in the static form ``ui`` (``"html"``: HTML and text; ``"text"``), no widget made."""
+    from .panel import StaticRuns
+
+    return StaticRuns(run, html=ui == "html")
+
+
+def view_of(run: Run, ui: str) -> Any:
+    """What shows ``run`` in the form ``ui``: its static forms, or the panel."""
+    if ui in STATIC_FORMS:
+        return static_view(run, ui)
+    from .panel import DDPPanel
+
+    return DDPPanel(run)
+
+
 #: Seconds a front end has to open a view of a panel before its display is kept current as HTML.
 VIEW_WAIT = 5.0
 #: Seconds between two updates of the HTML form of a panel no front end shows as a widget.
 HTML_PACE = 1.0
-
-
-class _Form:
-    """A panel shown in one of its static forms (``ui="html"``: HTML and text; ``"text"``: text)."""
-
-    def __init__(self, panel: Any, html: bool) -> None:
-        self.panel, self.html = panel, html
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
-        data = {"text/plain": repr(self.panel)}
-        if self.html:
-            data["text/html"] = self.panel.fallback_html()
-        return data
 
 
 def display_kept_current(panel: Any, ui: str = "auto") -> None:
@@ -103,21 +112,21 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
 
     from IPython.display import display
 
-    shown: Any = _Form(panel, html=ui == "html") if ui in ("html", "text") else panel
-    if shown is panel:
+    static = ui in STATIC_FORMS  # (``static_view``'s, which has no widget)
+    if not static:
         panel._view_count = 0  # ipywidgets' view tracking: each front end view counts itself here
-    handle = display(shown, display_id=True)
+    handle = display(panel, display_id=True)
     if handle is None:  # no display id where nothing displays (a shell without a front end)
         return
     panel.display_handle = handle  # (what a notebook's build updates once more at its end)
     cell = contextvars.copy_context()
 
     def send(_panel: Any) -> None:
-        cell.copy().run(handle.update, shown)
+        cell.copy().run(handle.update, _panel)
 
     panel.keep_current(send)
     if ui != "widget":
-        wait = VIEW_WAIT if shown is panel else 0.0  # a static form is kept current from the start
+        wait = 0.0 if static else VIEW_WAIT  # a static form is kept current from the start
         threading.Thread(target=_unless_viewed, args=(weakref.ref(panel), send, wait), name="ddp-html-view",
                          daemon=True).start()
 
@@ -174,9 +183,8 @@ def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:
     notebook; progress on stderr elsewhere, then its final table."""
     if in_notebook():
 
-        from .panel import DDPPanel
-
-        display_kept_current(DDPPanel(run), ui_form(run.options.ui))
+        ui = ui_form(run.options.ui)
+        display_kept_current(view_of(run, ui), ui)
         return None
     return watch(run)
 

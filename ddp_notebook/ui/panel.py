@@ -17,12 +17,81 @@ from ..core.events import EventKind
 from ..core.validation import ValidationReport
 from ..lifecycle.restarts import show_follow_ons_with
 from .html import RED, report_html
-from .run_view import FullText, RunView, StartGuard
+from .run_view import FullText, RunForms, RunView, StartGuard
 
-__all__ = ["DDPPanel"]
+__all__ = ["DDPPanel", "StaticRuns", "KeptCurrent"]
 
 
-class DDPPanel(FullText, widgets.VBox):
+class KeptCurrent:
+    """What a display kept current (``ui.display``) needs of what it shows: its ``views`` (each
+    with its ``run``, ``status_key``, ``fallback_html`` and text), the display's update called
+    at each status change of their runs (``keep_current``), whether one goes on, and its forms."""
+
+    views: list[Any]
+
+    def _kept_init(self) -> None:
+        self._update: Optional[Callable[[Any], None]] = None
+        self._shown_key: Any = None
+        self._update_lock = threading.Lock()
+
+    def keep_current(self, update: Callable[[Any], None]) -> None:
+        """Call ``update(self)`` now and at each status change of the runs shown (never at each
+        report): a display's fallback then says what is true, and ends on the outcome."""
+        self._update = update
+        self._shown_key = None
+        self._status_changed()
+
+    def _status_changed(self) -> None:
+        if self._update is None:
+            return
+        with self._update_lock:  # from the runs' threads: one update at a time, none repeated
+            key = tuple(v.status_key() for v in self.views)
+            if key == self._shown_key:
+                return
+            self._shown_key = key
+            self._update(self)
+
+    def going_on(self) -> bool:
+        """Whether a run it shows goes on (its display may still change)."""
+        return any(not v.run.state.finished for v in self.views)
+
+    def fallback_html(self) -> str:
+        return "".join(v.fallback_html() for v in self.views) or "<pre>DDPPanel (no run yet)</pre>"
+
+    def __repr__(self) -> str:
+        return "\n".join(repr(v) for v in self.views) or "DDPPanel (no run yet)"
+
+
+class StaticRuns(KeptCurrent):
+    """Runs shown in their static forms alone, no widget made (``ui="html"``: HTML and text;
+    ``"text"``: text): what ``ui.display`` keeps current in place where widgets are not wanted. A
+    run that follows one it shows (a restart, a session formed again) shows below it."""
+
+    _view_count = 0  # no front end opens a view of it
+
+    def __init__(self, run: Any, html: bool) -> None:
+        self.html = html
+        self.views: list[RunForms] = []
+        self._kept_init()
+        _panels.add(self)
+        self.show(run)
+
+    def show(self, run: Any) -> None:
+        """Show ``run`` below the others (once)."""
+        if any(v.run is run for v in self.views):
+            return
+        self.views.append(RunForms(run))
+        run.subscribe(lambda _event: self._status_changed())
+        self._status_changed()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        data = {"text/plain": repr(self)}
+        if self.html:
+            data["text/html"] = self.fallback_html()
+        return data
+
+
+class DDPPanel(KeptCurrent, FullText, widgets.VBox):
     """Controls (device picker, Validate, Launch) above the views of a run and its retries.
 
     ``launcher(devices) -> Run`` starts a run on the chosen devices (``%ddp_fit`` gives one);
@@ -55,9 +124,7 @@ class DDPPanel(FullText, widgets.VBox):
         self.on_start = on_start
         self.views: list[RunView] = []
         self.launches = StartGuard("launching another")
-        self._update: Optional[Callable[[Any], None]] = None
-        self._shown_key: Any = None
-        self._update_lock = threading.Lock()
+        self._kept_init()
         self._refusal = ""  # the last "stop it before launching another" shown
         self.views_box = widgets.VBox()
         self.report = widgets.HTML()
@@ -181,41 +248,14 @@ class DDPPanel(FullText, widgets.VBox):
         self._status_changed()
         return view
 
-    def keep_current(self, update: Callable[[Any], None]) -> None:
-        """Call ``update(self)`` now and at each status change of the runs shown (never at each
-        report): a display's fallback then says what is true, and ends on the outcome."""
-        self._update = update
-        self._shown_key = None
-        self._status_changed()
-
-    def _status_changed(self) -> None:
-        if self._update is None:
-            return
-        with self._update_lock:  # from the runs' threads: one update at a time, none repeated
-            key = tuple(v.status_key() for v in self.views)
-            if key == self._shown_key:
-                return
-            self._shown_key = key
-            self._update(self)
-
     def close(self) -> None:
         """Close the panel and its views (they stop following their runs)."""
         for view in self.views:
             view.close()
         super().close()
 
-    def going_on(self) -> bool:
-        """Whether a run it shows goes on (its display may still change)."""
-        return any(not v.run.state.finished for v in self.views)
 
-    def fallback_html(self) -> str:
-        return "".join(v.fallback_html() for v in self.views) or "<pre>DDPPanel (no run yet)</pre>"
-
-    def __repr__(self) -> str:
-        return "\n".join(repr(v) for v in self.views) or "DDPPanel (no run yet)"
-
-
-_panels: weakref.WeakSet[DDPPanel] = weakref.WeakSet()
+_panels: weakref.WeakSet[Any] = weakref.WeakSet()  # panels and static views: a run that follows one shows below it
 
 
 def _show_follow_on(before: Any, new: Any) -> None:

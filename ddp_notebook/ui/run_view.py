@@ -58,7 +58,7 @@ from .text import (
     session_rank_text,
 )
 
-__all__ = ["RunView", "FullText", "StartGuard", "last_output"]
+__all__ = ["RunView", "RunForms", "FullText", "StartGuard", "last_output"]
 
 REFRESH_S = 0.25  # widget updates at most this often
 TICK_S = 1.0  # and at least this often while the run goes on: the clock and silences move without events
@@ -261,7 +261,7 @@ class RunView(FullText, widgets.VBox):
         self._dirty = threading.Event()
         self._plotted_at = 0.0
         self._plotted_points: Any = None
-        self._fallback_plot: tuple[Any, str] = (None, "")  # the HTML form's plot, and the points it shows
+        self.forms = RunForms(run)  # its text and HTML, for what shows no widgets
         self._epochs_drawn: Any = None
         self._epochs_plotted_at = 0.0
         self._tick = 0
@@ -477,19 +477,8 @@ class RunView(FullText, widgets.VBox):
         if caused_failure:
             row.box.add_class("ddp-failed-row")  # a stable hook for styling and browser tests (added once)
 
-    def _main_epochs(self, state: RunState) -> tuple[Any, str]:
-        """The main worker (whose records the table shows) and what its latest record is."""
-        main = state.workers.get(0)
-        if main is None or not main.epoch_history:
-            return main, ""
-        if not main.finished and not state.finished:
-            return main, "running"
-        if main.status != WorkerStatus.SUCCEEDED:
-            return main, "cut short"
-        return main, ""
-
     def _render_epochs(self, state: RunState, now: float, force: bool) -> None:
-        main, last = self._main_epochs(state)
+        main, last = _main_epochs(state)
         if main is None or not main.epoch_history:
             return
         records = main.epoch_history
@@ -614,10 +603,42 @@ class RunView(FullText, widgets.VBox):
             self.refresh()
 
     def fallback_html(self) -> str:
+        return self.forms.fallback_html()
+
+    def status_key(self) -> tuple:
+        return self.forms.status_key()
+
+    def __repr__(self) -> str:
+        return repr(self.forms)
+
+
+def _main_epochs(state: RunState) -> tuple[Any, str]:
+    """The main worker (whose records the table shows) and what its latest record is."""
+    main = state.workers.get(0)
+    if main is None or not main.epoch_history:
+        return main, ""
+    if not main.finished and not state.finished:
+        return main, "running"
+    if main.status != WorkerStatus.SUCCEEDED:
+        return main, "cut short"
+    return main, ""
+
+
+class RunForms:
+    """A run's static forms, which need no widget: its text (``repr``) and its HTML (the text,
+    the loss plot as an image, the epoch table, the failure card), and what changes at a status
+    change (``status_key``). The panel's view has them for what shows no widgets; a view kept in
+    these forms alone (``ui="html"``, ``"text"``) is made of them."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self._fallback_plot: tuple[Any, str] = (None, "")  # the HTML form's plot, and the points it shows
+
+    def fallback_html(self) -> str:
         """The run as static HTML: its text view, its loss plot (an image), its epoch table, its
         failure card."""
         state: RunState = self.run.state
-        main, last = self._main_epochs(state)
+        main, last = _main_epochs(state)
         table = epoch_table_html(main.epoch_history, main.epochs, last) if main is not None else ""
         root = state.root_failure
         card = failure_card_html(root, state.failures, state.healthy_devices) if root is not None else ""

@@ -26,7 +26,7 @@ from ..core.failures import ranks_text
 from ..lifecycle.options import UI_FORMS, ui_form
 from ..lifecycle.restarts import show_follow_ons_with
 from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
-from .display import display_kept_current, in_notebook
+from .display import display_kept_current, in_notebook, view_of
 from .magics import _USER_MISTAKES, _device_list, _engines_named, _parse, _stall_setting
 from .text import format_run
 
@@ -83,10 +83,8 @@ def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
     if not in_notebook():
         print(format_run(run.state))
         return True
-    from .panel import DDPPanel  # ipywidgets: only in a notebook
-
-    panel = DDPPanel(run)  # a run formed again shows below (restarts.followed: the panel's own hook)
-    display_kept_current(panel, ui_form(ui if ui is not None else value.options.ui))
+    form = ui_form(ui if ui is not None else value.options.ui)
+    display_kept_current(view_of(run, form), form)  # a run formed again shows below (restarts.followed)
     return True
 
 

@@ -113,8 +113,8 @@ def escape_surrogates(value: Any) -> Any:
     >>> print(escape_surrogates({"message": "bad " + chr(0xD800), "step": 3})["message"])
     bad \\ud800
     """
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub(_escaped, value) if _LONE_SURROGATE.search(value) else value
+    if isinstance(value, str):  # (an ASCII text, as almost every one, is known clean at once)
+        return value if value.isascii() or not _LONE_SURROGATE.search(value) else _LONE_SURROGATE.sub(_escaped, value)
     if isinstance(value, dict):
         items = [(escape_surrogates(k), escape_surrogates(v)) for k, v in value.items()]
         same = all(new_k is k and new_v is v for (new_k, new_v), (k, v) in zip(items, value.items()))

@@ -1,5 +1,6 @@
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -146,6 +147,17 @@ def test_default_probe_leaves_cuda_uninitialized(monkeypatch):
         assert "no CUDA device is visible here" in report.errors[0].message
     else:
         assert len(children) == 1 or os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+
+
+@pytest.mark.processes
+def test_the_probe_reads_what_torch_was_built_for_without_importing_it():
+    # A panel's thread asks the probe for the device choices while the notebook's main thread may
+    # import torch: a second importer got torch half imported (a launch right after %ddp_fit failed).
+    code = ("import sys\nfrom ddp_notebook.executors.local.gpu_probe import SubprocessProbe, _torch_build\n"
+            "built = _torch_build()\nSubprocessProbe().cuda_count()\n"
+            "print('torch' in sys.modules, built['cuda'], built['__version__'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", str(torch.version.cuda), torch.__version__], out
 
 
 @settings(max_examples=200, deadline=None)

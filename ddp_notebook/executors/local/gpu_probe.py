@@ -5,6 +5,8 @@ started at all.
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,6 +33,31 @@ print(json.dumps(out))
 """
 
 
+def _torch_build() -> dict[str, object]:
+    """What the installed torch was built for (``torch/version.py``: ``cuda``, ``hip``), read
+    without importing torch: the probe runs on a panel's thread too, and a second thread importing
+    torch while the notebook's main thread does gets it half imported ({} without torch)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return {}
+    folder = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+    if folder is None:
+        return {}
+    found: dict[str, object] = {}
+    try:
+        with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    for node in tree.body:  # ``cuda: Optional[str] = '12.1'`` and the like: constants only
+        target, value = (node.target, node.value) if isinstance(node, ast.AnnAssign) else \
+            (node.targets[0], node.value) if isinstance(node, ast.Assign) and len(node.targets) == 1 else (None, None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            found[target.id] = value.value
+    return found
+
+
 @dataclass
 class SubprocessProbe(Probe):
     """Asks a child Python process about GPUs; answers are cached for ``ttl`` seconds.
@@ -53,11 +80,8 @@ class SubprocessProbe(Probe):
 
     @staticmethod
     def _query() -> dict:
-        try:
-            import torch
-        except ImportError:
-            return {"count": 0, "mem": [], "nccl": False}
-        if torch.version.cuda is None or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        built = _torch_build()
+        if not (built.get("cuda") or built.get("hip")) or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
             return {"count": 0, "mem": [], "nccl": False}
         try:
             done = subprocess.run(

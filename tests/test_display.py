@@ -128,3 +128,30 @@ def test_a_session_takes_the_form_too():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+@pytest.mark.kernel
+@pytest.mark.processes
+def test_a_notebook_run_without_a_front_end_keeps_each_runs_final_state(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    marker = str(tmp_path / "go")
+    setup = ("import os, time, ddp_notebook\n"
+             "def train(ctx, marker):\n"
+             "    while not os.path.exists(marker):\n"
+             "        ctx.log(loss=1.0)\n"
+             "        time.sleep(0.05)\n"
+             "    return 'done'")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(setup),
+        nbformat.v4.new_code_cell(f"run = ddp_notebook.launch(train, devices='cpu*2', args=({marker!r},))\nrun"),
+        nbformat.v4.new_code_cell(f"html = ddp_notebook.launch(train, devices='cpu*2', args=({marker!r},), "
+                                  "ui='html')\nhtml"),
+        nbformat.v4.new_code_cell(f"open({marker!r}, 'w').close()\nrun.wait(120), html.wait(120)"),
+    ])
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    for cell in nb.cells[1:3]:  # each launch's cell ends on its run's outcome, in text and HTML
+        [shown] = [o for o in cell.outputs if o.get("output_type") in ("display_data", "execute_result")]
+        assert "succeeded" in shown["data"]["text/plain"], shown["data"]["text/plain"]
+        assert "succeeded" in shown["data"]["text/html"] and "starting" not in shown["data"]["text/plain"]

@@ -106,7 +106,9 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     current; ``"html"`` or ``"text"``, that form alone from the start, kept current so.
 
     The updates come from the runs' threads; they are sent in the context of the cell that
-    displayed the panel (``contextvars``), whose output they update, whatever cell runs then.
+    displayed the panel (``contextvars``), whose output they update, whatever cell runs then; the
+    final one also as the output of the cell running then (``run.wait()``'s, say), which is what a
+    notebook executed without a front end (nbclient, papermill) takes and keeps.
     """
     import contextvars
 
@@ -123,6 +125,8 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
 
     def send(_panel: Any) -> None:
         cell.copy().run(handle.update, _panel)
+        if not _panel.going_on():  # the final state, again as the output of the cell running now: what a
+            handle.update(_panel)  # notebook run without a front end keeps (nbclient takes its cell's messages)
 
     panel.keep_current(send)
     if ui != "widget":

@@ -226,6 +226,23 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
     assert png.startswith(b"\x89PNG") and "<img" in comparison.html() and "lr=0.01" in comparison.html()
 
 
+def logs_a_coloured_name(ctx):
+    ctx.log(step=1, total=1, **{"loss": 0.5, "m\x1b[31mRED\x1b[0m": 1.0})
+
+
+def test_a_comparison_shows_names_and_values_a_rank_wrote_on_one_line_without_escapes(runs_folder):
+    import warnings
+
+    runs = [ddp_notebook.launch(logs_a_coloured_name, devices="cpu*2", ui="text") for _ in range(2)]
+    for run in runs:
+        run.wait(timeout=120)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (matplotlib warned of a glyph it cannot draw: the escape)
+        shown = ddp_notebook.compare(*runs)._repr_mimebundle_()
+    assert "\x1b" not in shown["text/plain"] and "\x1b" not in shown["text/html"], shown["text/plain"]
+    assert "mRED" in shown["text/plain"] and "mRED" in shown["text/html"]
+
+
 def test_deleting_a_run_that_goes_on_is_refused(runs_folder):
     def waits(ctx):
         while not ctx.should_stop:

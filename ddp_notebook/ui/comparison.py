@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Optional
 
+from ..core.console import one_line
 from ..core.errors import ArgumentsError, RunLoadError, UnsafeRunDirError
 from ..core.events import EventKind
 from ..core.experiment import differing
@@ -333,8 +334,9 @@ class Comparison:
         plotted = self.metrics
         bests = list(dict.fromkeys(k for r in rows for k in r["metrics"] if k.endswith((".min", ".max"))))
         # A config entry named as a metric (fit's loss function, and the loss logged) says which it is.
-        head = ["run", "status", "duration", "devices",
-                *[f"{k} (config)" if k in plotted or k in bests else k for k in keys], *plotted, *bests]
+        head = [one_line(h) for h in ["run", "status", "duration", "devices",  # names as a rank wrote them: one line
+                                      *[f"{k} (config)" if k in plotted or k in bests else k for k in keys],
+                                      *plotted, *bests]]
         body = []
         for row in rows:
             config, metrics = row["config"], row["metrics"]
@@ -363,7 +365,7 @@ class Comparison:
         table = f'<table class="ddp-compare" style="border-collapse:collapse;font-size:12px">{"".join(rows)}</table>'
         folded = ""
         if same:
-            items = "".join(f"<li><code>{escape(k)}</code> = <code>{escape(_value_text(v, True))}</code></li>"
+            items = "".join(f"<li><code>{escape(one_line(k))}</code> = <code>{escape(_value_text(v, True))}</code></li>"
                             for k, v in same.items())
             folded = (f"<details><summary>The same in every run: {len(same)} config value"
                       f"{'' if len(same) == 1 else 's'}</summary><ul>{items}</ul></details>")
@@ -392,7 +394,8 @@ class Comparison:
         else:
             lines.append("Comparison of no run (launch runs from this notebook, or give runs or their ids)")
         if same:
-            lines.append("the same in every run: " + ", ".join(f"{k}={_value_text(v, True)}" for k, v in same.items()))
+            lines.append("the same in every run: " + ", ".join(f"{one_line(k)}={_value_text(v, True)}"
+                                                               for k, v in same.items()))
         lines += [f"left out, its log cannot be read: {line}" for line in self.unreadable]
         return "\n".join(lines)
 
@@ -442,8 +445,8 @@ class Comparison:
 
 def _plain_text(text: str) -> str:
     """``text`` as matplotlib draws it as written: a ``$`` would start its math notation (and an
-    unbalanced one fail the whole plot)."""
-    return text.replace("$", r"\$")
+    unbalanced one fail the whole plot), on one line without escape sequences."""
+    return one_line(text).replace("$", r"\$")
 
 
 def _per_epoch(state: RunState, metric: str) -> bool:
@@ -464,7 +467,7 @@ def _value_text(value: Any, present: bool) -> str:
         return "—"
     if isinstance(value, float):
         return format_metric(value)
-    return str(value)
+    return one_line(str(value))
 
 
 def _colors(n: int) -> list[Any]:

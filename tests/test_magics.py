@@ -208,6 +208,8 @@ def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
     with capture_output():
         assert ip.run_line_magic("ddp_fit", "train(three) --wait  # three epochs") == 8.0
         assert ip.run_line_magic("ddp_fit", "train(epochs=1) -d cpu:0, cpu:1 --wait") == 2.0
+        assert ip.run_line_magic("ddp_fit", "--ui text --name first train(epochs=1) --wait") == 2.0  # options first
+        assert ip.user_ns["_ddp_run"].name == "first" and ip.user_ns["_ddp_run"].options.ui == "text"
 
 
 @pytest.mark.parametrize("line, words", [

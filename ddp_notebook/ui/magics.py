@@ -213,19 +213,25 @@ _CALL = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*(\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*\
 
 
 def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], dict[str, Any], str]:
-    """``train(100, lr=0.1) --epochs 3`` -> ("train", (100,), {"lr": 0.1}, "--epochs 3"). The call is
-    read with ``ast``, never evaluated: each argument is a literal or a name defined in ``ns``.
-    A line without a call comes back whole, with no arguments."""
-    if not _CALL.match(line):
+    """``train(100, lr=0.1) --epochs 3`` -> ("train", (100,), {"lr": 0.1}, "--epochs 3"), the
+    options before the call or after it. The call is read with ``ast``, never evaluated: each
+    argument is a literal or a name defined in ``ns``. A line without a call comes back whole,
+    with no arguments."""
+    # Where a call may start: the line's first word, or a word after the options (never inside one).
+    starts = [m.start() for m in re.finditer(r"(?:^|(?<=\s))[A-Za-z_]", line) if _CALL.match(line, m.start())]
+    if not starts:
         return "", (), {}, line
     call = None
-    for end in (i for i, ch in enumerate(line) if ch == ")"):
-        try:
-            tree = ast.parse(line[: end + 1].strip(), mode="eval")
-        except (SyntaxError, ValueError):  # ValueError: a NUL character (Python < 3.12)
-            continue
-        if isinstance(tree.body, ast.Call) and _dotted(tree.body.func) is not None:
-            call, rest = tree.body, line[end + 1:]
+    for start in starts:
+        for end in (i for i, ch in enumerate(line) if ch == ")" and i > start):
+            try:
+                tree = ast.parse(line[start: end + 1].strip(), mode="eval")
+            except (SyntaxError, ValueError):  # ValueError: a NUL character (Python < 3.12)
+                continue
+            if isinstance(tree.body, ast.Call) and _dotted(tree.body.func) is not None:
+                call, rest = tree.body, f"{line[:start]} {line[end + 1:]}"
+                break
+        if call is not None:
             break
     if call is None:
         raise UsageError(f"%ddp_fit: cannot read the call in {line.strip()!r}: write it as Python, "

@@ -240,6 +240,19 @@ def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monk
     assert forkserver.status()["error"] is None
 
 
+def test_a_server_stopped_while_it_imports_torch_ends_at_once(monkeypatch, tmp_path):
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "torch.py").write_text("import time\ntime.sleep(600)\n")  # an import that takes its time
+    monkeypatch.setenv("PYTHONPATH", f"{slow}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    forkserver.start()
+    server = psutil.Process(forkserver.status()["pid"])
+    assert not forkserver.status()["ready"]
+    forkserver.stop()  # %unload_ext: it has forked nothing, and would read nothing until its import ends
+    wait_until(lambda: has_ended(server.pid), timeout=60)
+    monkeypatch.undo()
+
+
 def test_disabled_every_worker_is_a_fresh_interpreter():
     forkserver.disable()
     try:

@@ -187,7 +187,9 @@ class _Server:
             self.sock.shutdown(socket.SHUT_RDWR)  # EOF for the server; the reader then collects it
         except OSError:
             pass
-        if self.unresponsive:  # it reads no EOF (stopped, wedged): ended for good
+        # It reads no EOF while stopped or wedged, nor while it imports torch (seconds, for
+        # nothing: it has forked no worker yet): ended for good.
+        if self.unresponsive or not (self.ready.is_set() or self.dead):
             try:
                 os.kill(self.popen.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -73,6 +73,11 @@ def marks_its_start_then_waits(ctx, folder: str):
     return wait_for_stop(ctx)
 
 
+def prints_a_lone_surrogate(ctx):
+    print("x\ud800", flush=True)
+    return ctx.rank
+
+
 def asks_for_input(ctx):
     return input("learning rate? ")
 

@@ -40,6 +40,11 @@ def test_input_on_a_rank_says_that_nothing_can_answer_it(how):
         ddp_notebook.launch(faults.asks_for_input, devices="cpu*2").wait(timeout=120)
 
 
+def test_what_utf8_cannot_carry_is_printed_escaped_not_raised(how):
+    run = ddp_notebook.launch(faults.prints_a_lone_surrogate, devices="cpu*2")
+    assert run.wait(timeout=120) == 0 and run.output(1) == "x\\ud800\n"
+
+
 def test_a_worker_imports_the_packages_api_only_when_its_code_asks_for_it(how):
     """A rank imports the submodules it runs; the package's ``__init__`` (the API, the front ends:
     ipywidgets and 220 modules, 0.2 s of a fresh interpreter's start) only when code asks the

@@ -63,7 +63,8 @@ def check_name(value: Any) -> Optional[str]:
         raise LaunchOptionError(f"name must be text (such as 'baseline' or 'lr=0.1') or None, not {value!r}")
     text = value.strip()
     if not text or len(text) > NAME_CHARS or not _one_line(text):
-        raise LaunchOptionError(f"name must be 1 to {NAME_CHARS} characters on one line, not {cut(value, 80)!r}")
+        raise LaunchOptionError(f"name must be 1 to {NAME_CHARS} characters on one line, with no control character "
+                                f"(a tab, a newline, an escape), not {cut(value, 80)!r}")
     return text
 
 
@@ -106,7 +107,8 @@ def check_tags(value: Any) -> dict[str, Any]:
                                     f"'_', '.', '-', '/', ':' and spaces, at most {TAG_CHARS} characters")
         if item is None or not _short_scalar(item):
             raise LaunchOptionError(f"tags[{key!r}] is {cut(repr(item), 80)}: a tag's value is short text (at most "
-                                    f"{TAG_CHARS} characters on one line), a finite number or True/False")
+                                    f"{TAG_CHARS} characters on one line, with no control character such as a tab "
+                                    "or an escape), a finite number or True/False")
         out[key] = item
     return out
 

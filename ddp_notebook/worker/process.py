@@ -74,6 +74,10 @@ class _NoInput(io.TextIOBase):
 
 def main() -> None:
     sys.stdin = _NoInput()
+    # What a rank prints that UTF-8 cannot carry (a lone surrogate) is shown escaped, as a session's
+    # rank shows it (and as Python writes stderr), not raised in the middle of training.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     boot: dict[str, Any] = json.loads(os.environ.pop(BOOT_ENV))
     watcher = take_watcher()
     # Segfaults and aborts print the Python stack to stderr, which the supervisor captures.

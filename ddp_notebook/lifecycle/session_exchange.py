@@ -317,11 +317,12 @@ class ValueNotSent:
     ``session.pull(name)`` raises for such a value; the rank's namespace still holds it.
     """
 
-    def __init__(self, rank: int, text: str, reason: str, error: str = "") -> None:
+    def __init__(self, rank: int, text: str, reason: str, error: str = "", why: str = "") -> None:
         self.rank = rank
         self.text = text
         self.reason = reason
         self.error = error  # the type of the exception that kept it there
+        self.why = why or reason  # the reason without naming the rank: the same on every rank
 
     def __repr__(self) -> str:
         return self.text
@@ -333,24 +334,24 @@ def loaded_value(rank: int, reply: dict[str, Any]) -> Any:
     text = str(reply.get("text", ""))
     if "unsent" in reply:
         unsent = str(reply["unsent"])
-        return ValueNotSent(rank, text, f"it cannot be pickled on rank {rank}: {unsent}", unsent.partition(":")[0])
+        return ValueNotSent(rank, text, f"it cannot be pickled on rank {rank}: {unsent}", unsent.partition(":")[0],
+                            why=f"cannot be pickled: {unsent}")
     data = reply.get("value")
     if not isinstance(data, bytes):
         return None
     try:
         return pickling.loads(data)
     except Exception as exc:  # noqa: BLE001 - unpickling runs the value's own code: any error
-        return ValueNotSent(rank, text, f"it cannot be loaded in the notebook: {type(exc).__name__}: "
-                                        f"{str(exc) or repr(exc)}", type(exc).__name__)
+        why = f"cannot be loaded in the notebook: {type(exc).__name__}: {str(exc) or repr(exc)}"
+        return ValueNotSent(rank, text, f"it {why}", type(exc).__name__, why=why)
 
 
 def unsent_error(name: str, value: ValueNotSent) -> dict[str, Any]:
     """The error reply ``pull(name)`` makes of a value that could not come: pull is for objects.
     Said the same way for every rank (its own text aside), so that it is said once."""
-    why = value.reason.replace(f" on rank {value.rank}", "")
     return {"op": "error", "error": {
         "kind": "error", "phase": "run", "exc_type": "ValueNotSent", "time": 0.0,
-        "message": f"{name!r} {why.removeprefix('it ')}; it stays in the ranks' namespaces, where cells can use it"}}
+        "message": f"{name!r} {value.why}; it stays in the ranks' namespaces, where cells can use it"}}
 
 
 class Exchange:

@@ -309,19 +309,11 @@ class _Rank:
         except BaseException as exc:  # noqa: BLE001 - reported to the notebook; the rank serves on
             self.send({"op": "error", "id": message["id"], "error": _error(exc, time.time())})
             return
-        try:
-            data = pickling.dumps(value)
-        except BaseException as exc:  # noqa: BLE001 - a __reduce__ may raise anything (SystemExit): the value stays here
-            # Its text and why, as a cell's value that cannot travel (the notebook says it once).
-            self.send({"op": "done", "id": message["id"], "unsent": f"{type(exc).__name__}: {exc}"[:LINE_CHARS],
-                       "text": self.display.text(value)})
-            return
-        self.send({"op": "done", "id": message["id"], "value": data,
-                   **({"text": self.display.text(value)} if value is not None else {})})
+        self.send({"op": "done", "id": message["id"], **self.value_reply({}, value)})
 
-    def cell_value(self, message: dict[str, Any], value: Any) -> dict[str, Any]:
-        """The cell's value as the notebook asked for it: pickled (or why it cannot be), with its
-        text; its display bundle when the notebook shows it. Nothing for None."""
+    def value_reply(self, message: dict[str, Any], value: Any) -> dict[str, Any]:
+        """A value (a cell's, a pull's) as the notebook asked for it: pickled (or why it cannot
+        be), with its text; its display bundle when the notebook shows it. Nothing for None."""
         reply: dict[str, Any] = {}
         if value is None:
             return reply
@@ -354,7 +346,7 @@ class _Rank:
                 value = eval(last, self.namespace) if last is not None else None
                 self.display.cell_ended()  # figures drawn in the cell are shown, as IPython shows them
                 # Still in the cell: a slow repr can be interrupted, and what it prints is shown.
-                reply = self.cell_value(message, value)
+                reply = self.value_reply(message, value)
             except BaseException as exc:  # noqa: BLE001 - the cell's error, KeyboardInterrupt included, is the reply
                 failed, failed_at = exc, time.time()
         finally:

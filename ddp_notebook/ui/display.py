@@ -55,16 +55,10 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
     if not in_notebook():
         print(format_run(run.state))
         return None
-
-    from .panel import DDPPanel  # ipywidgets: only in a notebook
-
-    if ui in STATIC_FORMS:
-        panel = static_view(run, ui)
-    elif launcher is None:
-        panel = DDPPanel(run, on_start=on_start)
-    else:
-        panel = DDPPanel(run, launcher=launcher, available=run._device_choices,  # found on a thread: torch's import
-                         selected=[str(d) for d in run.devices], validator=run._validate_devices, on_start=on_start)
+    controls = {} if launcher is None else {
+        "launcher": launcher, "available": run._device_choices,  # found on a thread: torch's import
+        "selected": [str(d) for d in run.devices], "validator": run._validate_devices}
+    panel = view_of(run, ui, on_start=on_start, **controls)
     display_kept_current(panel, ui)
     return panel
 
@@ -73,20 +67,12 @@ def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
 STATIC_FORMS = ("html", "text")
 
 
-def static_view(run: Run, ui: str) -> Any:
-    """``run`` shown in the static form ``ui`` (``"html"``: HTML and text; ``"text"``), no widget made."""
-    from .panel import StaticRuns
+def view_of(run: Run, ui: str, **panel: Any) -> Any:
+    """What shows ``run`` in the form ``ui``: its static forms, no widget made (``"html"``: HTML
+    and text; ``"text"``), or the panel (``panel``: its arguments beside the run)."""
+    from .panel import DDPPanel, StaticRuns  # ipywidgets: only in a notebook
 
-    return StaticRuns(run, html=ui == "html")
-
-
-def view_of(run: Run, ui: str) -> Any:
-    """What shows ``run`` in the form ``ui``: its static forms, or the panel."""
-    if ui in STATIC_FORMS:
-        return static_view(run, ui)
-    from .panel import DDPPanel
-
-    return DDPPanel(run)
+    return StaticRuns(run, html=ui == "html") if ui in STATIC_FORMS else DDPPanel(run, **panel)
 
 
 #: Seconds a front end has to open a view of a panel before its display is kept current as HTML.

@@ -219,25 +219,21 @@ def send_assignment(control_fd: int, frame: bytes) -> Future[None]:
     (closing the worker's end meanwhile cannot redirect the write to a reused descriptor). The
     future is done once the frame is written, or the worker is gone."""
     sent: Future[None] = Future()
-    if len(frame) <= _pipe_room(control_fd):  # the usual case: it fits in the new, empty pipe at once
-        try:
-            write_all(control_fd, frame)
-        except OSError:  # gone already: its exit is seen and reported by the supervisor
-            pass
-        sent.set_result(None)
-        return sent
-    fd = os.dup(control_fd)
 
-    def send() -> None:
+    def send(fd: int, own: bool) -> None:
         try:
             write_all(fd, frame)
-        except OSError:  # it died while waiting: its exit is seen and reported by the supervisor
+        except OSError:  # it died (while waiting): its exit is seen and reported by the supervisor
             pass
         finally:
-            os.close(fd)
+            if own:
+                os.close(fd)
             sent.set_result(None)
 
-    threading.Thread(target=send, name="ddp-assign", daemon=True).start()
+    if len(frame) <= _pipe_room(control_fd):  # the usual case: it fits in the new, empty pipe at once
+        send(control_fd, own=False)
+    else:
+        threading.Thread(target=send, args=(os.dup(control_fd), True), name="ddp-assign", daemon=True).start()
     return sent
 
 

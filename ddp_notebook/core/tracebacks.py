@@ -53,10 +53,15 @@ def installed_dirs() -> tuple[str, ...]:
     return tuple(sorted({form + os.sep for d in dirs if d for form in (os.path.abspath(d), os.path.realpath(d))}))
 
 
+@functools.lru_cache(maxsize=1)
+def _installed_prefixes() -> tuple[str, ...]:
+    return ("<frozen ", *installed_dirs())  # (Python's frozen modules: <frozen runpy>)
+
+
 def is_installed_file(path: str) -> bool:
     """True for a file of installed code (``installed_dirs``, Python's frozen modules), or of this
     package: not the user's own."""
-    return path.startswith(("<frozen ", *installed_dirs())) or is_library_file(path)
+    return path.startswith(_installed_prefixes()) or is_library_file(path)
 
 
 def _libraries(files: list[str]) -> list[bool]:

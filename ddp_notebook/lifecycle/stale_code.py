@@ -24,12 +24,9 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any, Optional
 
-from ..core.tracebacks import installed_dirs
+from ..core.tracebacks import is_installed_file
 
 __all__ = ["changed_modules", "changed_modules_in", "stale_code_notice"]
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
 
 
 def _compiled_from(cached: str) -> Optional[tuple[int, int]]:
@@ -70,7 +67,7 @@ def _real_folder(path: str) -> str:
     return _real_path(path)
 
 
-def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optional[str]:
+def _changed(name: str, module: ModuleType) -> Optional[str]:
     """The source file of ``module`` when it is the user's own and changed since it was imported."""
     source = getattr(module, "__file__", None)
     if not isinstance(source, str) or not source.endswith(".py"):
@@ -79,7 +76,7 @@ def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optiona
     own = _own.get(source)
     if own is None:  # resolved once per file: a launch looks at every module
         real = _real_path(source)
-        own = _own[source] = not (real.startswith(library) or real.startswith(_PACKAGE))
+        own = _own[source] = not is_installed_file(real)
     if not own:
         _not_own[name] = module
         return None
@@ -103,13 +100,12 @@ def _changed(name: str, module: ModuleType, library: tuple[str, ...]) -> Optiona
 def changed_modules(names: Optional[Iterable[str]] = None) -> dict[str, str]:
     """The user's own modules (of ``names``, or all imported) whose file changed on disk after the
     notebook imported them: name → file."""
-    library = installed_dirs()
     modules = sys.modules if names is None else {n: sys.modules[n] for n in names if n in sys.modules}
     found = {}
     for name, module in list(modules.items()):
         if _not_own.get(name) is module or not isinstance(module, ModuleType):
             continue
-        path = _changed(name, module, library)
+        path = _changed(name, module)
         if path is not None:
             found[name] = path
     return found

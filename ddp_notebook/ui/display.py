@@ -91,16 +91,17 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     ``ui`` (``lifecycle.options.ui_form``): ``"widget"``, the panel and never its HTML form kept
     current; ``"html"`` or ``"text"``, that form alone from the start, kept current so.
 
-    The updates come from the runs' threads; they are sent in the context of the cell that
-    displayed the panel (``contextvars``), whose output they update, whatever cell runs then; the
-    final one also as the output of the cell running then (``run.wait()``'s, say), which is what a
-    notebook executed without a front end (nbclient, papermill) takes and keeps.
+    The updates come from the display's own thread (``_keep_current``), the final one from the
+    thread that saw the runs end (``KeptCurrent.keep_current``); they are sent in the context of
+    the cell that displayed the panel (``contextvars``), whose output they update, whatever cell
+    runs then; the final one also as the output of the cell running then (``run.wait()``'s, say),
+    which is what a notebook executed without a front end (nbclient, papermill) takes and keeps.
     """
     import contextvars
 
     from IPython.display import display
 
-    static = ui in STATIC_FORMS  # (``static_view``'s, which has no widget)
+    static = ui in STATIC_FORMS
     if not static:
         panel._view_count = 0  # ipywidgets' view tracking: each front end view counts itself here
     handle = display(panel, display_id=True)
@@ -115,32 +116,31 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
             handle.update(_panel)  # notebook run without a front end keeps (nbclient takes its cell's messages)
 
     panel.keep_current(send)
-    if ui != "widget":
-        wait = 0.0 if static else VIEW_WAIT  # a static form is kept current from the start
-        threading.Thread(target=_unless_viewed, args=(weakref.ref(panel), send, wait), name="ddp-html-view",
+    if panel.going_on():
+        wait = None if ui == "widget" else 0.0 if static else VIEW_WAIT  # a static form: paced from the start
+        threading.Thread(target=_keep_current, args=(weakref.ref(panel), panel.changed, wait), name="ddp-display",
                          daemon=True).start()
 
 
-def _unless_viewed(panel: Callable[[], Any], send: Callable[[Any], None], wait: float) -> None:
-    """If no front end opens a view of the panel within ``wait`` seconds, send its display (its
-    HTML form shows) every ``HTML_PACE`` while any of its runs goes on, then once more at the end."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        shown = panel()
-        if shown is None or shown._view_count:  # a widget view: it follows the runs itself
-            return
-        del shown
-        time.sleep(0.2)
+def _keep_current(panel: Callable[[], Any], changed: threading.Event, wait: Optional[float]) -> None:
+    """Send the display of ``panel`` at each status change of its runs while any goes on; and if no
+    front end opens a view of it within ``wait`` seconds (None: never asked), every
+    ``HTML_PACE`` too (its HTML form shows: the steps, rates and clock move)."""
+    deadline = None if wait is None else time.monotonic() + wait
     while True:
         shown = panel()
-        if shown is None or shown._view_count:
+        if shown is None:
             return
+        if shown._view_count:  # a widget view: it follows the runs itself
+            deadline = None
+        paced = deadline is not None and time.monotonic() >= deadline
+        changed.clear()
         going_on = shown.going_on()
-        send(shown)
-        if not going_on:
+        shown.send_current(force=paced)
+        if not going_on:  # (its end was sent by the thread that saw it)
             return
         del shown  # (never held while asleep: a closed panel is collected)
-        time.sleep(HTML_PACE)
+        changed.wait(HTML_PACE if paced else 0.2 if deadline is not None else 1.0)
 
 
 class _Report:

@@ -33,10 +33,15 @@ class KeptCurrent:
         self._update: Optional[Callable[[Any], None]] = None
         self._shown_key: Any = None
         self._update_lock = threading.Lock()
+        self.changed = threading.Event()  # set by the runs' threads; the display's thread sends
 
     def keep_current(self, update: Callable[[Any], None]) -> None:
-        """Call ``update(self)`` now and at each status change of the runs shown (never at each
-        report): a display's fallback then says what is true, and ends on the outcome."""
+        """Have ``update(self)`` called when the status of a run shown changes (never at each
+        report): a display's fallback then says what is true, and ends on the outcome. While a
+        run goes on, a change only sets ``changed``, and the display's own thread sends
+        (``send_current``): a run's supervising thread never waits on a drawing. The end is sent
+        at once, on the thread that saw it, before the run's ``wait()`` returns: what a notebook
+        executed without a front end keeps."""
         self._update = update
         self._shown_key = None
         self._status_changed()
@@ -44,12 +49,27 @@ class KeptCurrent:
     def _status_changed(self) -> None:
         if self._update is None:
             return
-        with self._update_lock:  # from the runs' threads: one update at a time, none repeated
-            key = tuple(v.status_key() for v in self.views)
-            if key == self._shown_key:
+        if self.going_on():
+            if self._status() != self._shown_key:  # (read without the lock: at worst one wake too many)
+                self.changed.set()
+        else:
+            self.send_current()
+
+    def send_current(self, force: bool = False) -> None:
+        """Call the display's update if the status shown changed since the last one (every time
+        with ``force``): one at a time, whichever thread asks."""
+        update = self._update
+        if update is None:
+            return
+        with self._update_lock:
+            key = self._status()
+            if key == self._shown_key and not force:
                 return
             self._shown_key = key
-            self._update(self)
+            update(self)
+
+    def _status(self) -> tuple:
+        return tuple(v.status_key() for v in self.views)
 
     def going_on(self) -> bool:
         """Whether a run it shows goes on (its display may still change)."""

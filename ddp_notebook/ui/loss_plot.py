@@ -37,7 +37,7 @@ def drawing(empty: Any) -> Callable[[F], F]:
         def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
             # Imported before the turn is taken: a first import takes a second or more, which
             # the other drawers (and the threads that wait on them) would wait out.
-            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.backends.backend_agg
             import matplotlib.figure  # noqa: F401
 
             with _DRAWING:

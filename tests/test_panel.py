@@ -384,48 +384,45 @@ def test_a_live_view_renders_its_liveness_every_tick_and_a_finished_one_none():
 
 
 def test_the_panel_sends_its_display_again_at_status_changes_only_and_its_end_at_once():
+    from helpers import wait_until
+
     sent = []
     feed = fed()
     panel = DDPPanel(feed)
     panel.keep_current(lambda shown: sent.append(repr(shown)))
-    # While the run goes on, a change only sets ``changed``: the display's thread sends (a run's
-    # supervising thread never waits on a drawing).
-    assert sent == [] and panel.changed.is_set()
-    panel.send_current()
-    assert len(sent) == 1 and "starting" in sent[0]
-    panel.changed.clear()
+    wait_until(lambda: len(sent) == 1)  # the display's thread sends what shows now
+    assert "starting" in sent[0]
     for t in range(5):  # reports: no status change, no update
         feed.emit({"kind": "progress", "time": 100.1 + t, "rank": 0, "step": t})
-    panel.send_current()
-    assert len(sent) == 1 and not panel.changed.is_set()
     feed.emit({"kind": "ready", "time": 101.0, "rank": 0})
-    assert panel.changed.is_set() and len(sent) == 1
-    panel.send_current()
-    panel.send_current()
-    assert len(sent) == 2
-    panel.send_current(force=True)  # the paced form: sent again (its clock moves)
-    assert len(sent) == 3
+    wait_until(lambda: len(sent) == 2)
+    assert "running" in sent[1]  # (a report sent would have come first)
     # The end: sent at once, by the thread that emitted it, before a wait() can return.
     feed.emit({"kind": "run_finished", "time": 103.0, "status": "succeeded"})
-    assert len(sent) == 4 and "succeeded" in sent[-1]
+    assert len(sent) == 3 and "succeeded" in sent[-1]
+    wait_until(lambda: panel._follower is None)  # the display's thread ended with the run
+    assert len(sent) == 3
 
 
 def test_a_runs_thread_never_waits_on_a_display_while_the_run_goes_on():
     import threading
 
-    release = threading.Event()
+    drawing, release = threading.Event(), threading.Event()
+
+    def slow(shown):  # a display that takes its time (a drawing)
+        drawing.set()
+        release.wait(60)
+
     feed = fed()
     panel = DDPPanel(feed)
-    panel.keep_current(lambda shown: release.wait(60))  # a display that takes its time (a drawing)
-    drawing = threading.Thread(target=panel.send_current, daemon=True)
-    drawing.start()  # the display's thread, sending
+    panel.keep_current(slow)
+    assert drawing.wait(30)  # the display's thread is drawing
     emitter = threading.Thread(target=feed.emit, args=({"kind": "ready", "time": 101.0, "rank": 0},), daemon=True)
     emitter.start()  # the run's supervising thread: a status change
     emitter.join(30)
     alive = emitter.is_alive()
     release.set()
-    drawing.join(30)
-    assert not alive and panel.changed.is_set()
+    assert not alive
 
 
 @pytest.mark.unit

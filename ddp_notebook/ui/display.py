@@ -7,9 +7,6 @@ live; the package does it on import inside IPython, and the extension on load.
 from __future__ import annotations
 
 import sys
-import threading
-import time
-import weakref
 from collections.abc import Callable
 from html import escape
 from typing import Any, Optional
@@ -75,24 +72,19 @@ def view_of(run: Run, ui: str, **panel: Any) -> Any:
     return StaticRuns(run, html=ui == "html") if ui in STATIC_FORMS else DDPPanel(run, **panel)
 
 
-#: Seconds a front end has to open a view of a panel before its display is kept current as HTML.
-VIEW_WAIT = 5.0
-#: Seconds between two updates of the HTML form of a panel no front end shows as a widget.
-HTML_PACE = 1.0
-
-
 def display_kept_current(panel: Any, ui: str = "auto") -> None:
     """Display ``panel`` with a display id, and send its display again at each status change of
     its runs: what shows no widget (GitHub, nbviewer, nbconvert, a notebook reopened untrusted)
     shows the fallback of the last update, which ends on the outcome, not the "starting" of the
-    first display. Where no front end opens a view of it within ``VIEW_WAIT`` (widgets that do
-    not render: a front end without ipywidgets' manager, VS Code or Colab at times), its HTML
-    form is sent again every ``HTML_PACE`` while its runs go on: the steps, rates and clock move.
+    first display. Where no front end opens a view of it within ``panel.VIEW_WAIT`` (widgets that
+    do not render: a front end without ipywidgets' manager, VS Code or Colab at times), its HTML
+    form is sent again every ``panel.HTML_PACE`` while its runs go on: the steps, rates and clock
+    move.
     ``ui`` (``lifecycle.options.ui_form``): ``"widget"``, the panel and never its HTML form kept
     current; ``"html"`` or ``"text"``, that form alone from the start, kept current so.
 
-    The updates come from the display's own thread (``_keep_current``), the final one from the
-    thread that saw the runs end (``KeptCurrent.keep_current``); they are sent in the context of
+    The updates come from the display's own thread, the final one from the thread that saw the
+    runs end (``panel.KeptCurrent.keep_current``); they are sent in the context of
     the cell that displayed the panel (``contextvars``), whose output they update, whatever cell
     runs then; the final one also as the output of the cell running then (``run.wait()``'s, say),
     which is what a notebook executed without a front end (nbclient, papermill) takes and keeps.
@@ -100,6 +92,8 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     import contextvars
 
     from IPython.display import display
+
+    from .panel import VIEW_WAIT
 
     static = ui in STATIC_FORMS
     if not static:
@@ -115,32 +109,7 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
         if not _panel.going_on():  # the final state, again as the output of the cell running now: what a
             handle.update(_panel)  # notebook run without a front end keeps (nbclient takes its cell's messages)
 
-    panel.keep_current(send)
-    if panel.going_on():
-        wait = None if ui == "widget" else 0.0 if static else VIEW_WAIT  # a static form: paced from the start
-        threading.Thread(target=_keep_current, args=(weakref.ref(panel), panel.changed, wait), name="ddp-display",
-                         daemon=True).start()
-
-
-def _keep_current(panel: Callable[[], Any], changed: threading.Event, wait: Optional[float]) -> None:
-    """Send the display of ``panel`` at each status change of its runs while any goes on; and if no
-    front end opens a view of it within ``wait`` seconds (None: never asked), every
-    ``HTML_PACE`` too (its HTML form shows: the steps, rates and clock move)."""
-    deadline = None if wait is None else time.monotonic() + wait
-    while True:
-        shown = panel()
-        if shown is None:
-            return
-        if shown._view_count:  # a widget view: it follows the runs itself
-            deadline = None
-        paced = deadline is not None and time.monotonic() >= deadline
-        changed.clear()
-        going_on = shown.going_on()
-        shown.send_current(force=paced)
-        if not going_on:  # (its end was sent by the thread that saw it)
-            return
-        del shown  # (never held while asleep: a closed panel is collected)
-        changed.wait(HTML_PACE if paced else 0.2 if deadline is not None else 1.0)
+    panel.keep_current(send, None if ui == "widget" else 0.0 if static else VIEW_WAIT)  # static: paced at once
 
 
 class _Report:

@@ -5,6 +5,7 @@ it; it renders and calls, nothing more.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from html import escape
@@ -22,46 +23,69 @@ from .run_view import FullText, RunForms, RunView, StartGuard
 __all__ = ["DDPPanel", "StaticRuns", "KeptCurrent"]
 
 
+#: Seconds a front end has to open a view of a display before its HTML form is kept current.
+VIEW_WAIT = 5.0
+#: Seconds between two sends of the HTML form of a display that no front end shows as a widget.
+HTML_PACE = 1.0
+
+
 class KeptCurrent:
     """What a display kept current (``ui.display``) needs of what it shows: its ``views`` (each
     with its ``run``, ``status_key``, ``fallback_html`` and text), the display's update called
     at each status change of their runs (``keep_current``), whether one goes on, and its forms."""
 
     views: list[Any]
+    _view_count: Any  # ipywidgets' count of the front end views of a widget (0: none opened)
 
     def _kept_init(self) -> None:
         self._update: Optional[Callable[[Any], None]] = None
         self._shown_key: Any = None
         self._update_lock = threading.Lock()
         self.changed = threading.Event()  # set by the runs' threads; the display's thread sends
+        self._paced_from: Optional[float] = None  # when the HTML form starts to be sent at a pace
+        self._follower: Optional[threading.Thread] = None  # the display's thread, while a run goes on
+        self._follower_lock = threading.Lock()
 
-    def keep_current(self, update: Callable[[Any], None]) -> None:
-        """Have ``update(self)`` called when the status of a run shown changes (never at each
-        report): a display's fallback then says what is true, and ends on the outcome. While a
-        run goes on, a change only sets ``changed``, and the display's own thread sends
-        (``send_current``): a run's supervising thread never waits on a drawing. The end is sent
-        at once, on the thread that saw it, before the run's ``wait()`` returns: what a notebook
-        executed without a front end keeps."""
+    def keep_current(self, update: Callable[[Any], None], wait: Optional[float] = None) -> None:
+        """Have ``update(self)`` called at each status change of the runs shown (never at each
+        report): a display's fallback then says what is true, and ends on the outcome. If no front
+        end opens a view of it within ``wait`` seconds (None: never asked), it is called every
+        ``HTML_PACE`` too while a run goes on (its HTML form shows: the steps, rates and clock move).
+
+        While a run goes on, the display's own thread calls it: a change only sets ``changed``,
+        and a run's supervising thread never waits on a drawing. The end is sent at once, on the
+        thread that saw it, before the run's ``wait()`` returns: what a notebook executed without a
+        front end keeps."""
         self._update = update
         self._shown_key = None
+        self._paced_from = None if wait is None else time.monotonic() + wait
         self._status_changed()
 
     def _status_changed(self) -> None:
         if self._update is None:
             return
-        if self.going_on():
-            if self._status() != self._shown_key:  # (read without the lock: at worst one wake too many)
-                self.changed.set()
-        else:
+        if not self.going_on():
             self.send_current()
+            return
+        if self._status() != self._shown_key:  # (read without the lock: at worst one wake too many)
+            self.changed.set()
+        if self._follower is None:
+            with self._follower_lock:
+                if self._follower is None:  # the first run, or one shown after the others ended
+                    self._follower = threading.Thread(target=_follow, args=(weakref.ref(self), self.changed),
+                                                      name="ddp-display", daemon=True)
+                    self._follower.start()
 
-    def send_current(self, force: bool = False) -> None:
+    def send_current(self, force: bool = False, going_on: bool = False) -> None:
         """Call the display's update if the status shown changed since the last one (every time
-        with ``force``): one at a time, whichever thread asks."""
+        with ``force``): one at a time, whichever thread asks. ``going_on``: only while a run goes
+        on (the display's thread leaves the end to the thread that saw it, whose cell keeps it)."""
         update = self._update
         if update is None:
             return
         with self._update_lock:
+            if going_on and not self.going_on():
+                return
             key = self._status()
             if key == self._shown_key and not force:
                 return
@@ -80,6 +104,28 @@ class KeptCurrent:
 
     def __repr__(self) -> str:
         return "\n".join(repr(v) for v in self.views) or "DDPPanel (no run yet)"
+
+
+def _follow(kept: Callable[[], Optional[KeptCurrent]], changed: threading.Event) -> None:
+    """The display's thread: sends at each status change while a run goes on, and at the pace
+    once no widget view opened in time; ends with the runs (their end was sent by the thread that
+    saw it) or with the display."""
+    while True:
+        shown = kept()
+        if shown is None:
+            return
+        if shown._view_count:  # a widget view: it follows the runs itself
+            shown._paced_from = None
+        paced_from = shown._paced_from
+        paced = paced_from is not None and time.monotonic() >= paced_from
+        changed.clear()
+        with shown._follower_lock:
+            if not shown.going_on():
+                shown._follower = None  # a run shown after this starts another
+                return
+        shown.send_current(force=paced, going_on=True)
+        del shown  # (never held while asleep: a closed display is collected)
+        changed.wait(HTML_PACE if paced else 0.2 if paced_from is not None else 1.0)
 
 
 class StaticRuns(KeptCurrent):

@@ -404,6 +404,24 @@ def test_the_panel_sends_its_display_again_at_status_changes_only_and_its_end_at
     assert len(sent) == 3
 
 
+def test_a_run_shown_after_the_others_ended_is_kept_current_too():
+    from helpers import wait_until
+
+    sent = []
+    first = fed()
+    panel = DDPPanel(first)
+    panel.keep_current(lambda shown: sent.append(repr(shown)))
+    first.emit({"kind": "run_finished", "time": 103.0, "status": "failed"})
+    wait_until(lambda: panel._follower is None)
+    later = fed()  # a retry, or a session formed again, shown below
+    panel.show(later)
+    later.emit({"kind": "ready", "time": 101.0, "rank": 0})
+    wait_until(lambda: "running" in sent[-1])  # sent by a display thread of its own
+    later.emit({"kind": "run_finished", "time": 104.0, "status": "succeeded"})
+    assert sent[-1].count("succeeded") == 1
+    wait_until(lambda: panel._follower is None)
+
+
 def test_a_runs_thread_never_waits_on_a_display_while_the_run_goes_on():
     import threading
 

@@ -384,22 +384,24 @@ def test_a_live_view_renders_its_liveness_every_tick_and_a_finished_one_none():
 
 
 def test_the_panel_sends_its_display_again_at_status_changes_only_and_its_end_at_once():
+    import threading
+
     from helpers import wait_until
 
     sent = []
     feed = fed()
     panel = DDPPanel(feed)
-    panel.keep_current(lambda shown: sent.append(repr(shown)))
+    panel.keep_current(lambda shown: sent.append((threading.current_thread().name, repr(shown))))
     wait_until(lambda: len(sent) == 1)  # the display's thread sends what shows now
-    assert "starting" in sent[0]
+    assert sent[0][0] == "ddp-display" and "starting" in sent[0][1]
     for t in range(5):  # reports: no status change, no update
         feed.emit({"kind": "progress", "time": 100.1 + t, "rank": 0, "step": t})
     feed.emit({"kind": "ready", "time": 101.0, "rank": 0})
     wait_until(lambda: len(sent) == 2)
-    assert "running" in sent[1]  # (a report sent would have come first)
-    # The end: sent at once, by the thread that emitted it, before a wait() can return.
+    assert sent[1][0] == "ddp-display" and "running" in sent[1][1]  # (a report sent would have come first)
+    # The end: sent at once, by the thread that emitted it (its cell keeps it), before a wait() can return.
     feed.emit({"kind": "run_finished", "time": 103.0, "status": "succeeded"})
-    assert len(sent) == 3 and "succeeded" in sent[-1]
+    assert len(sent) == 3 and sent[2][0] == threading.current_thread().name and "succeeded" in sent[2][1]
     wait_until(lambda: panel._follower is None)  # the display's thread ended with the run
     assert len(sent) == 3
 
@@ -425,11 +427,15 @@ def test_a_run_shown_after_the_others_ended_is_kept_current_too():
 def test_a_runs_thread_never_waits_on_a_display_while_the_run_goes_on():
     import threading
 
+    from helpers import wait_until
+
     drawing, release = threading.Event(), threading.Event()
+    sent = []
 
     def slow(shown):  # a display that takes its time (a drawing)
         drawing.set()
         release.wait(60)
+        sent.append(repr(shown))
 
     feed = fed()
     panel = DDPPanel(feed)
@@ -441,6 +447,31 @@ def test_a_runs_thread_never_waits_on_a_display_while_the_run_goes_on():
     alive = emitter.is_alive()
     release.set()
     assert not alive
+    wait_until(lambda: any("running" in text for text in sent))  # the change, sent once the drawing ended
+    feed.emit({"kind": "run_finished", "time": 103.0, "status": "stopped"})
+    wait_until(lambda: panel._follower is None)
+
+
+def test_a_display_that_fails_to_send_is_logged_and_a_closed_panel_no_longer_sent(caplog):
+    from helpers import wait_until
+
+    calls = []
+
+    def broken(shown):
+        calls.append(1)
+        raise TypeError("a front end's failure")
+
+    feed = fed()
+    panel = DDPPanel(feed)
+    with caplog.at_level("ERROR", logger="ddp_notebook.ui.panel"):
+        panel.keep_current(broken)
+        wait_until(lambda: panel._follower is None)  # the display's thread ended, said why
+    assert calls == [1] and "a display of runs could not be sent" in caplog.text
+    feed.emit({"kind": "ready", "time": 101.0, "rank": 0})  # the next change: a thread of its own again
+    wait_until(lambda: len(calls) == 2 and panel._follower is None)
+    panel.close()
+    feed.emit({"kind": "run_finished", "time": 103.0, "status": "stopped"})
+    assert len(calls) == 2
 
 
 @pytest.mark.unit

@@ -76,15 +76,15 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     """Display ``panel`` with a display id, and send its display again at each status change of
     its runs: what shows no widget (GitHub, nbviewer, nbconvert, a notebook reopened untrusted)
     shows the fallback of the last update, which ends on the outcome, not the "starting" of the
-    first display. Where no front end opens a view of it within ``panel.VIEW_WAIT`` (widgets that
+    first display. Where no front end opens a view of it within ``ui.panel.VIEW_WAIT`` (widgets that
     do not render: a front end without ipywidgets' manager, VS Code or Colab at times), its HTML
-    form is sent again every ``panel.HTML_PACE`` while its runs go on: the steps, rates and clock
+    form is sent again every ``ui.panel.HTML_PACE`` while its runs go on: the steps, rates and clock
     move.
     ``ui`` (``lifecycle.options.ui_form``): ``"widget"``, the panel and never its HTML form kept
     current; ``"html"`` or ``"text"``, that form alone from the start, kept current so.
 
     The updates come from the display's own thread, the final one from the thread that saw the
-    runs end (``panel.KeptCurrent.keep_current``); they are sent in the context of
+    runs end (``ui.panel.KeptCurrent.keep_current``); they are sent in the context of
     the cell that displayed the panel (``contextvars``), whose output they update, whatever cell
     runs then; the final one also as the output of the cell running then (``run.wait()``'s, say),
     which is what a notebook executed without a front end (nbclient, papermill) takes and keeps.

@@ -4,6 +4,7 @@ it; it renders and calls, nothing more.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -21,6 +22,8 @@ from .html import RED, report_html
 from .run_view import FullText, RunForms, RunView, StartGuard
 
 __all__ = ["DDPPanel", "StaticRuns", "KeptCurrent"]
+
+log = logging.getLogger(__name__)
 
 
 #: Seconds a front end has to open a view of a display before its HTML form is kept current.
@@ -67,14 +70,13 @@ class KeptCurrent:
         if not self.going_on():
             self.send_current()
             return
-        if self._status() != self._shown_key:  # (read without the lock: at worst one wake too many)
+        if self._status() != self._shown_key:  # (read without the lock; a send rechecks after it)
             self.changed.set()
-        if self._follower is None:
-            with self._follower_lock:
-                if self._follower is None:  # the first run, or one shown after the others ended
-                    self._follower = threading.Thread(target=_follow, args=(weakref.ref(self), self.changed),
-                                                      name="ddp-display", daemon=True)
-                    self._follower.start()
+        with self._follower_lock:  # (the thread ends under it: a run shown as it ends is seen)
+            if self._follower is None:  # the first run, or one shown after the others ended
+                self._follower = threading.Thread(target=_follow, args=(weakref.ref(self), self.changed),
+                                                  name="ddp-display", daemon=True)
+                self._follower.start()
 
     def send_current(self, force: bool = False, going_on: bool = False) -> None:
         """Call the display's update if the status shown changed since the last one (every time
@@ -84,13 +86,15 @@ class KeptCurrent:
         if update is None:
             return
         with self._update_lock:
-            if going_on and not self.going_on():
-                return
             key = self._status()
+            if going_on and not self.going_on():  # (after the key: a key read before the end is
+                return  # sent here, one read after it is left to the thread that saw the end)
             if key == self._shown_key and not force:
                 return
             self._shown_key = key
             update(self)
+            if self._status() != key:  # changed while it was sent: sent again
+                self.changed.set()
 
     def _status(self) -> tuple:
         return tuple(v.status_key() for v in self.views)
@@ -108,24 +112,35 @@ class KeptCurrent:
 
 def _follow(kept: Callable[[], Optional[KeptCurrent]], changed: threading.Event) -> None:
     """The display's thread: sends at each status change while a run goes on, and at the pace
-    once no widget view opened in time; ends with the runs (their end was sent by the thread that
-    saw it) or with the display."""
-    while True:
-        shown = kept()
-        if shown is None:
-            return
-        if shown._view_count:  # a widget view: it follows the runs itself
-            shown._paced_from = None
-        paced_from = shown._paced_from
-        paced = paced_from is not None and time.monotonic() >= paced_from
-        changed.clear()
-        with shown._follower_lock:
-            if not shown.going_on():
-                shown._follower = None  # a run shown after this starts another
+    once no widget view opened in time; ends with the runs (their end is sent by the thread that
+    saw it), when the display is closed, or when a send fails (logged; the next status change
+    starts another)."""
+    me = threading.current_thread()
+    try:
+        while True:
+            shown = kept()
+            if shown is None or shown._update is None:
                 return
-        shown.send_current(force=paced, going_on=True)
-        del shown  # (never held while asleep: a closed display is collected)
-        changed.wait(HTML_PACE if paced else 0.2 if paced_from is not None else 1.0)
+            if shown._view_count:  # a widget view: it follows the runs itself
+                shown._paced_from = None
+            paced_from = shown._paced_from
+            paced = paced_from is not None and time.monotonic() >= paced_from
+            changed.clear()
+            with shown._follower_lock:
+                if not shown.going_on():
+                    shown._follower = None  # a run shown after this starts another
+                    return
+            shown.send_current(force=paced, going_on=True)
+            del shown  # (not held while asleep)
+            changed.wait(HTML_PACE if paced else 0.2 if paced_from is not None else 1.0)
+    except Exception:  # a front end's failure must not go unsaid; the runs go on regardless
+        log.exception("a display of runs could not be sent")
+    finally:
+        shown = kept()
+        if shown is not None:
+            with shown._follower_lock:
+                if shown._follower is me:
+                    shown._follower = None
 
 
 class StaticRuns(KeptCurrent):
@@ -315,7 +330,9 @@ class DDPPanel(KeptCurrent, FullText, widgets.VBox):
         return view
 
     def close(self) -> None:
-        """Close the panel and its views (they stop following their runs)."""
+        """Close the panel and its views (they stop following their runs, and its display is no
+        longer sent)."""
+        self._update = None
         for view in self.views:
             view.close()
         super().close()

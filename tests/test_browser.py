@@ -84,13 +84,15 @@ def serve_lab(tmp_path, disabled=()):
         server.wait(timeout=30)
 
 
-def shot(locator, name, tries=5):
-    """A screenshot of ``locator`` into ARTIFACTS. A display kept current is drawn anew when its
-    run or session changes status (its element replaced): the locator then finds the new one."""
+def shot(locator, name, tries=5, scroll=None):
+    """A screenshot of ``locator`` into ARTIFACTS, ``scroll`` (or it) scrolled into view first. A
+    display kept current is drawn anew when its run or session changes status (its element
+    replaced): the locators then find the new one."""
     from playwright.sync_api import Error
 
     for attempt in range(tries):
         try:
+            (scroll or locator).scroll_into_view_if_needed()
             locator.screenshot(path=os.path.join(ARTIFACTS, name))
             return
         except Error as e:
@@ -140,13 +142,11 @@ def test_failure_card_and_one_click_retry_in_jupyterlab(lab, tmp_path):
         expect(card).to_contain_text('raise ValueError(f"boom at step {step}")')
         page.wait_for_function(KERNEL_READY, timeout=120_000)  # clicks are handled once the cells ran
         panel = page.locator(".jp-OutputArea-output", has=page.locator(".ddp-failure")).first
-        panel.scroll_into_view_if_needed()
-        panel.screenshot(path=os.path.join(ARTIFACTS, "panel-failure.png"))
+        shot(panel, "panel-failure.png")
         page.get_by_role("button", name="Retry on single device").first.click()
         retried = page.get_by_text(re.compile(r"retry of \S+ on cpu:0 succeeded"))
         expect(retried).to_be_visible(timeout=120_000)
-        retried.scroll_into_view_if_needed()
-        panel.screenshot(path=os.path.join(ARTIFACTS, "panel-retry.png"))
+        shot(panel, "panel-retry.png", scroll=retried)
         page.screenshot(path=os.path.join(ARTIFACTS, "jupyterlab.png"))
 
 
@@ -201,8 +201,7 @@ def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, t
         expect(long_panel).to_contain_text("stopped", timeout=60_000)
         expect(long_panel).to_contain_text("interrupted in the notebook")
         page.wait_for_function(KERNEL_READY, timeout=60_000)
-        long_panel.scroll_into_view_if_needed()
-        long_panel.screenshot(path=os.path.join(ARTIFACTS, "interrupted.png"))
+        shot(long_panel, "interrupted.png")
         # Relaunch from the panel (a double click starts one run), then stop it with its button.
         expect(launch).to_be_enabled(timeout=60_000)
         launch.dblclick()
@@ -217,7 +216,7 @@ def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, t
         expect(long_panel.get_by_text("Stopping")).to_have_count(0, timeout=60_000)
         expect(launch).to_be_enabled(timeout=60_000)
         expect(long_panel.get_by_text("stop it before launching")).to_have_count(0)  # no longer true
-        long_panel.screenshot(path=os.path.join(ARTIFACTS, "relaunched-and-stopped.png"))
+        shot(long_panel, "relaunched-and-stopped.png")
         long_panel.get_by_text("Output per device").first.click()  # the printed markup, as text
         expect(long_panel).to_contain_text('<img src=x onerror="window.__xss = 1">')
         assert page.evaluate("() => window.__xss") is None and long_panel.locator("img[src=x]").count() == 0

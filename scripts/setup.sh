@@ -29,12 +29,12 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # No download cache: a CI machine's disk may be nearly full, and nothing here is installed twice.
-quiet() { "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+pip_install() { .venv/bin/pip install -q --no-cache-dir --disable-pip-version-check "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 # The build pip finds first: PyPI's is a CUDA build of a few GB on Linux x86_64; PyTorch's CPU
 # index (PIP_INDEX_URL=https://download.pytorch.org/whl/cpu) or a local wheel, a CPU build of ~200 MB.
 say "installing $TORCH: the build pip finds first (PyPI: a CUDA build of a few GB on Linux; PyTorch's CPU index" \
     "or a local wheel: a CPU build of about 200 MB)"
-quiet .venv/bin/pip install -q --no-cache-dir --disable-pip-version-check "$TORCH"
+pip_install "$TORCH"
 say "torch $(.venv/bin/python -c 'import torch; print(torch.__version__, "(a CUDA build)" if torch.version.cuda else "(a CPU build)")')"
 if [ "$WHAT" = tutorials ]; then
     say "installing ddp_notebook and what the tutorials use (JupyterLab, ipyparallel, Lightning, transformers," \
@@ -42,6 +42,6 @@ if [ "$WHAT" = tutorials ]; then
 else
     say "installing ddp_notebook, what the tutorials use, and the test and docs tools (pytest, Playwright, Sphinx...)"
 fi
-quiet .venv/bin/pip install -q --no-cache-dir --disable-pip-version-check -e ".[$extras]"
+pip_install -e ".[$extras]"
 echo "$stamp_now $WHAT" > "$stamp_file"
 say "done: .venv/bin/python has ddp_notebook"

@@ -123,6 +123,26 @@ def test_a_session_takes_the_form_too():
         assert reply["content"]["status"] == "ok" and widgets_made == [], widgets_made
         assert shown and set(shown[0]) == {"text/plain", "text/html"}, shown[0].keys()
         assert shown[0]["text/plain"].startswith("Session ") and 'class="ddp-fallback"' in shown[0]["text/html"]
+
+        def updates(seconds: float, until: str = "") -> list[dict]:
+            """The display's updates (whichever cell's) over ``seconds``, or until one says ``until``."""
+            got: list[dict] = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and not (until and any(until in d["text/plain"] for d in got)):
+                try:
+                    msg = kc.get_iopub_msg(timeout=0.2)
+                except Exception:  # noqa: BLE001 - queue.Empty: look again until the end
+                    continue
+                if msg["msg_type"] == "update_display_data":
+                    got.append(msg["content"]["data"])
+            return got
+
+        updates(2.0)  # (what the forming sent on its way)
+        assert updates(3.0) == []  # idle: nothing changes, so its HTML form, paced, is not sent again
+        kc.execute("%%ddp\nimport time; time.sleep(2.0); rank")
+        seen = updates(60.0, until="in cell 1")
+        assert any("in cell 1" in data["text/plain"] for data in seen), seen  # a cell runs: the display says so
+        assert kc.get_shell_msg(timeout=60)["content"]["status"] == "ok"
         reply = kc.execute_interactive("%ddp_session --stop", timeout=120)
         assert reply["content"]["status"] == "ok"
     finally:

@@ -416,10 +416,14 @@ class Comparison:
             return
         cell = contextvars.copy_context()
         drawing = threading.Lock()
+        sent: list[Any] = []  # the last bundle sent: one that did not change (a live session's run) is not sent
 
         def redraw(final: bool = False) -> None:
             with drawing:  # one at a time, each showing the state as it is then
                 bundle = self._repr_mimebundle_()
+                if sent == [bundle] and not final:
+                    return
+                sent[:] = [bundle]
                 cell.copy().run(handle.update, bundle, raw=True)
                 if final:  # again as the output of the cell running now: what a notebook run without a
                     handle.update(bundle, raw=True)  # front end keeps (nbclient takes its cell's messages)

@@ -78,8 +78,8 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     shows the fallback of the last update, which ends on the outcome, not the "starting" of the
     first display. Where no front end opens a view of it within ``ui.panel.VIEW_WAIT`` (widgets that
     do not render: a front end without ipywidgets' manager, VS Code or Colab at times), its HTML
-    form is sent again every ``ui.panel.HTML_PACE`` while its runs go on: the steps, rates and clock
-    move.
+    form is sent again every ``ui.panel.HTML_PACE`` while its runs go on, when it changed: the steps,
+    rates and clock move (an idle session's, which does not, is not sent again).
     ``ui`` (``lifecycle.options.ui_form``): ``"widget"``, the panel and never its HTML form kept
     current; ``"html"`` or ``"text"``, that form alone from the start, kept current so.
 
@@ -91,6 +91,7 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     """
     import contextvars
 
+    from IPython.core.interactiveshell import InteractiveShell
     from IPython.display import display
 
     from .panel import VIEW_WAIT
@@ -102,12 +103,18 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     if handle is None:  # no display id where nothing displays (a shell without a front end)
         return
     panel.display_handle = handle  # (what a notebook's build updates once more at its end)
+    formatted = InteractiveShell.instance().display_formatter.format  # what display() sends of an object
     cell = contextvars.copy_context()
+    sent: list[Any] = []  # the last bundle sent: a paced send of what did not change (an idle session) is not sent
 
     def send(_panel: Any) -> None:
-        cell.copy().run(handle.update, _panel)
+        data, metadata = formatted(_panel)
+        if _panel.going_on() and sent == [data, metadata]:
+            return
+        sent[:] = [data, metadata]
+        cell.copy().run(handle.update, data, metadata=metadata, raw=True)
         if not _panel.going_on():  # the final state, again as the output of the cell running now: what a
-            handle.update(_panel)  # notebook run without a front end keeps (nbclient takes its cell's messages)
+            handle.update(data, metadata=metadata, raw=True)  # notebook run without a front end keeps
 
     panel.keep_current(send, None if ui == "widget" else 0.0 if static else VIEW_WAIT)  # static: paced at once
 

@@ -103,7 +103,9 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     if handle is None:  # no display id where nothing displays (a shell without a front end)
         return
     panel.display_handle = handle  # (what a notebook's build updates once more at its end)
-    formatted = InteractiveShell.instance().display_formatter.format  # what display() sends of an object
+    formatter = InteractiveShell.instance().display_formatter  # what display() sends of an object
+    assert formatter is not None  # (display() gave a handle: a shell displays)
+    formatted = formatter.format
     cell = contextvars.copy_context()
     sent: list[Any] = []  # the last bundle sent: a paced send of what did not change (an idle session) is not sent
 

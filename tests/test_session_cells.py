@@ -115,6 +115,13 @@ def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_c
     assert "[rank 1] Out:\n" in _text(shown), shown
     time.sleep(0)  # (the session goes on)
     assert "[rank 0] Out: 1\n" in k.ok("%%ddp\n1")
+    # What goes below Python's streams (a subprocess, a C library) shows in the cell too, in order.
+    for trial in range(3):
+        shown = _text(k.shown("%%ddp\nimport os, subprocess\nsubprocess.run(['echo', f'child {rank}'])\n"
+                              "os.write(1, b'fd ' + str(rank).encode() + b'\\n')\nprint('py', rank)"))
+        for rank in (0, 1):
+            assert f"[rank {rank}] child {rank}\n" in shown and f"[rank {rank}] fd {rank}\n" in shown, (trial, shown)
+            assert f"[rank {rank}] py {rank}\n" in shown, (trial, shown)
 
 
 def test_a_failed_cell_and_the_cell_a_kernel_restart_cut_are_read_back_after_it(tmp_path):

@@ -72,6 +72,43 @@ def test_a_carriage_return_redraws_the_line_with_its_rank_named_again():
     assert "".join(t for _, t in writes) == "[rank 0] a\n[rank 0] b\n"
 
 
+def test_each_ranks_progress_bar_goes_on_below_the_others_at_a_pace_without_taking_its_lines():
+    # tqdm on two ranks: each redraw of one rank's bar comes after the other's line, so it cannot
+    # be drawn over; it goes on on a line of its own every REDRAW_EVERY seconds, and those lines do
+    # not spend the lines a rank may show (its last lines still show).
+    from ddp_notebook.lifecycle.session_exchange import REDRAW_EVERY
+
+    now = [0.0]
+    writes: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    out = CellOutput(lambda stream, text: writes[stream].append(text), ranks=2, lines=20, clock=lambda: now[0])
+    for i in range(1200):  # 120 s of bars, flushed every 0.1 s
+        out.add(0, "stderr", f"\rstep {i}")
+        out.add(1, "stderr", f"\rstep {i}")
+        out.flush()
+        now[0] += 0.1
+    for r in (0, 1):
+        out.add(r, "stderr", "\n")
+        out.add(r, "stdout", f"FINAL {r}\n")
+    out.close()
+    assert "".join(writes["stdout"]) == "[rank 0] FINAL 0\n[rank 1] FINAL 1\n", writes["stdout"]
+    text = "".join(writes["stderr"])
+    lines = text.replace("\r", "\n").splitlines()
+    assert "not shown" not in text and text.count("\n") <= 2 * 120 / REDRAW_EVERY + 4, text.count("\n")
+    assert lines[-2:] == ["[rank 0] step 1199", "[rank 1] step 1199"], lines[-4:]  # each bar's last state
+    # A bar ended by its rank's newline after another rank's line adds no empty line.
+    writes, out = _writes()
+    for i in range(5):
+        for r in (0, 1):
+            out.add(r, "stdout", f"\r{i}/5")
+        out.flush()
+    for r in (0, 1):
+        out.add(r, "stdout", "\n")
+    out.close()
+    shown = "".join(t for _, t in writes).replace("\r", "\n").splitlines()
+    assert "[rank 0] " not in shown and "[rank 1] " not in shown, shown
+    assert shown[-2:] == ["[rank 0] 4/5", "[rank 1] 4/5"], shown
+
+
 def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
     # Each rank of the request has its share of the lines: one whose output came first (a flood,
     # sent in large events) does not hide the others'.

@@ -34,7 +34,7 @@ from .cell_phase import CellPhase, Gathered
 __all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",
            "Answers", "Tell", "answer_of", "hellos",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
-           "SHOWN_DISPLAYS", "Begin"]
+           "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
 SHOWN_LINES = 2000
@@ -43,6 +43,9 @@ SHOWN_CHARS = 512 * 1024
 #: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
 SHOWN_DISPLAYS = 200
 _POLL = 0.1  # seconds between two looks at what the ranks sent
+#: Seconds between two redraws of a rank's line that another rank's line has ended since (a progress
+#: bar on each rank): each such redraw is a line of its own, not drawn over.
+REDRAW_EVERY = 2.0
 
 #: Where a session's run puts what its ranks send the session: (rank, event, attachment), and
 #: (rank, ``{"op": "exited"}``, None) when a rank ends.
@@ -114,7 +117,9 @@ class CellOutput:
     A line without its end yet (``end=''``, a progress bar) is shown at the next flush and goes
     on where it stopped; the pieces a rank's ``print`` writes in one go stay on one line. A
     carriage return (tqdm's bars) redraws the line, its rank named again, and only the last
-    redraw of a flush is written. Another rank's text on the same stream starts a line of its own.
+    redraw of a flush is written. Another rank's text on the same stream starts a line of its own;
+    a line so ended and redrawn (each rank's bar) goes on on a new line, at most every
+    ``REDRAW_EVERY`` seconds and at its end, and such lines do not count against the rank's lines.
 
     >>> shown = []
     >>> out = CellOutput(lambda stream, text: shown.append(text), lines=2)
@@ -126,8 +131,10 @@ class CellOutput:
     """
 
     def __init__(self, write: Optional[Callable[[str, str], None]] = None, lines: int = SHOWN_LINES,
-                 chars: int = SHOWN_CHARS, display: Optional[Callable[..., None]] = None, ranks: int = 1) -> None:
+                 chars: int = SHOWN_CHARS, display: Optional[Callable[..., None]] = None, ranks: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._write = write or _write_std
+        self._clock = clock
         self._display = display or _display_raw
         self._lines_each = max(lines // max(ranks, 1), 1)
         self._lines_left: dict[int, int] = {}  # rank → lines it may still show
@@ -135,6 +142,8 @@ class CellOutput:
         self._open: dict[str, Optional[int]] = {"stdout": None, "stderr": None}  # the rank whose line is open
         self._column: dict[tuple[int, str], int] = {}  # characters of the open line shown
         self._skipping: set[tuple[int, str]] = set()  # a line shown cut: the rest of it is not shown
+        self._ended_by_other: set[tuple[int, str]] = set()  # a line shown and ended by another rank's
+        self._redrawn_at: dict[tuple[int, str], float] = {}  # when such a line was last drawn anew
         # What a rank's line holds that is not shown yet, and whether a carriage return began it.
         self._partial: dict[tuple[int, str], tuple[str, bool]] = {}
         self._ready: dict[str, list[str]] = {"stdout": [], "stderr": []}
@@ -157,12 +166,17 @@ class CellOutput:
                 if len(pending) + len(piece) > LINE_CHARS:  # long enough to be cut now
                     self._show_partial(rank, stream)
 
-    def _show_partial(self, rank: int, stream: str) -> None:
-        """Show what ``rank``'s line holds and was not shown yet (the line stays open)."""
+    def _show_partial(self, rank: int, stream: str, force: bool = False) -> None:
+        """Show what ``rank``'s line holds and was not shown yet (the line stays open); a redraw of
+        a line another rank's ended waits for its turn (``REDRAW_EVERY``) unless ``force``."""
         key = (rank, stream)
-        text, redraw = self._partial.pop(key, ("", False))
+        text, redraw = self._partial.get(key, ("", False))
         if not text and not redraw:
             return
+        if redraw and not force and key in self._ended_by_other and \
+                self._clock() - self._redrawn_at.get(key, float("-inf")) < REDRAW_EVERY:
+            return
+        del self._partial[key]
         if not self._begin(rank, stream, redraw):
             return
         self._text(rank, stream, text)
@@ -178,6 +192,9 @@ class CellOutput:
                 if self._chars_left > 0:
                     self._put(stream, f"\r[rank {rank}] ")
             return key not in self._skipping
+        if key in self._ended_by_other:  # drawn again below another rank's line: not a line of its own
+            self._redrawn_at[key] = self._clock()
+            return self._start(rank, stream, counted=False)
         return self._start(rank, stream)
 
     def _text(self, rank: int, stream: str, piece: str) -> None:
@@ -194,16 +211,17 @@ class CellOutput:
         self._column[key] = self._column.get(key, 0) + len(piece)
         self._put(stream, piece)
 
-    def _start(self, rank: int, stream: str) -> bool:
+    def _start(self, rank: int, stream: str, counted: bool = True) -> bool:
         """Open a line of ``rank`` on ``stream`` (ending another rank's first); False when the
-        request's bounds are spent: the line is counted, not shown."""
+        request's bounds are spent: the line is counted, not shown. ``counted``: it takes one of
+        the rank's lines (a line drawn again does not)."""
         left = self._lines_left.setdefault(rank, self._lines_each)
-        if left <= 0 or self._chars_left <= 0:
+        if (counted and left <= 0) or self._chars_left <= 0:
             self._hidden[rank] = self._hidden.get(rank, 0) + 1
             self._end_open(stream)
             return False
         self._end_open(stream)
-        self._lines_left[rank] = left - 1
+        self._lines_left[rank] = left - 1 if counted else left
         self._open[stream] = rank
         self._column[(rank, stream)] = 0
         self._skipping.discard((rank, stream))
@@ -214,6 +232,9 @@ class CellOutput:
         """``rank``'s line ended: show what it held, then its end."""
         key = (rank, stream)
         text, redraw = self._partial.pop(key, ("", False))
+        if not text and key in self._ended_by_other and self._open[stream] != rank:
+            self._ended_by_other.discard(key)  # its end was written when another rank's line began
+            return
         if self._begin(rank, stream, redraw):
             self._text(rank, stream, text)
         if self._open[stream] == rank:
@@ -221,6 +242,7 @@ class CellOutput:
             self._open[stream] = None
         self._skipping.discard(key)
         self._column.pop(key, None)
+        self._ended_by_other.discard(key)
 
     def _put(self, stream: str, text: str) -> None:
         self._chars_left -= len(text)
@@ -229,15 +251,17 @@ class CellOutput:
     def _end_open(self, stream: str) -> None:
         rank = self._open[stream]
         if rank is not None:
+            self._ended_by_other.add((rank, stream))
             self._put(stream, "\n")
             self._open[stream] = None
             self._column.pop((rank, stream), None)
             self._skipping.discard((rank, stream))
 
-    def flush(self) -> None:
-        """Write what was taken so far, lines without their end included: one write per stream."""
+    def flush(self, force: bool = False) -> None:
+        """Write what was taken so far, lines without their end included (a redraw waiting for its
+        turn too with ``force``): one write per stream."""
         for rank, stream in list(self._partial):
-            self._show_partial(rank, stream)
+            self._show_partial(rank, stream, force)
         for stream, pieces in self._ready.items():
             if pieces:
                 self._write(stream, "".join(pieces))
@@ -274,7 +298,7 @@ class CellOutput:
 
     def close(self) -> None:
         """End the lines still open, write the rest, then say what was not shown."""
-        self.flush()
+        self.flush(force=True)
         for stream in self._ready:
             self._end_open(stream)
         self._skipping.clear()

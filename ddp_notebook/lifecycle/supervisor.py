@@ -239,6 +239,11 @@ class Supervisor:
                 self._on_event(obs.rank, obs.event, obs.result)
             elif isinstance(obs, Output):
                 self._on_output(obs)
+                phase = self._phase  # below Python's streams (a subprocess, native code): its cell's too
+                if self._deliver is not None and phase is not None and phase.cell is not None and \
+                        obs.rank in phase.ranks:
+                    self._deliver(obs.rank, {"kind": EventKind.OUTPUT, "stream": obs.stream, "cell": phase.cell,
+                                             "text": obs.text}, None)
             else:
                 self._on_exited(obs)
 

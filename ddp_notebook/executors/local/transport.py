@@ -63,6 +63,7 @@ class Starter(Protocol):
         """Let go of what was asked for (the run ended before the processes came)."""
 
 
+_ORDER = {"exit": 0, "stdout": 1, "stderr": 1}  # the order a poll reads what is ready in (events after)
 _START_POLL = 0.1  # seconds: while the processes are on their way, the supervisor still hears requests
 
 
@@ -133,8 +134,9 @@ class LocalTransport(Transport):
             timeout = min(timeout, 0.05)  # no pidfd: exits are found by polling
         out: list[Observation] = []
         ready = self.sel.select(timeout)
-        # exits first: a death must be known before a peer's knock-on report is read
-        for key, _ in sorted(ready, key=lambda kv: kv[0].data[0] != "exit"):
+        # Exits first: a death must be known before a peer's knock-on report is read. Then what
+        # the ranks wrote: what a rank wrote before an event (a session's reply) comes before it.
+        for key, _ in sorted(ready, key=lambda kv: _ORDER.get(kv[0].data[0], 2)):
             kind, rank = key.data
             if kind == "wake":
                 self._drain_wake()

@@ -47,6 +47,27 @@ def test_push_and_pull(kernel):
     assert "[(7.0, 3999999.0), (8.0, 3999999.0)] 0.0" in printed, printed
 
 
+def test_an_interrupt_while_a_session_forms_says_so_in_a_line_and_ends_its_ranks(kernel):
+    k, _ = kernel
+    # The interrupt lands once the new session's run has started (its ranks forming, saying hello).
+    content, _ = k.execute(
+        "import signal, threading, time\nfrom ddp_notebook.lifecycle.launch import runs\nbefore = len(runs())\n"
+        "def hit():\n    while len(runs()) == before:\n        time.sleep(0.001)\n"
+        "    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)\n"
+        "threading.Thread(target=hit).start()\nformed = ddp_notebook.session('cpu*2')")
+    assert content["status"] == "error" and content["ename"] == "SessionInterrupted", content
+    assert content["traceback"] == ["Forming the session was interrupted: its ranks were ended, no session was "
+                                    "formed"], content["traceback"]  # one line, none of the package's frames
+    assert "formed" not in k.ok("print(sorted(globals()))")
+    k.ok("r = runs()[-1]\nfor _ in range(600):\n    if r.done:\n        break\n    time.sleep(0.1)\n"
+         "assert r.done and r.status == 'stopped', r.status")  # its ranks ended
+    assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # the kernel's session goes on
+    # A rank chosen by text (as %%ddp takes it) is said to be one.
+    content, _ = k.execute("_ddp_session.run('rank', ranks='0')")
+    assert content["ename"] == "ArgumentsError" and "a list of ranks (0 to 1), or None for every rank, not '0'" \
+        in content["evalue"], content
+
+
 def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):
     k, _ = kernel
     k.ok("%%ddp\nx = rank * 10")

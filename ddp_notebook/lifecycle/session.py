@@ -172,9 +172,12 @@ class Session:
             # Every rank says hello once the run has started (the fork server, the process group).
             if not hellos(answers, len(run.devices), lambda: run.done):
                 raise self._end_error("the session could not start")
-        except BaseException:
+        except BaseException as e:
             if self._run is not None and not self._run.done:
                 self._run.stop(grace=0.0)
+            if isinstance(e, KeyboardInterrupt) and not isinstance(e, SessionInterrupted):  # one line, not our frames
+                raise SessionInterrupted("Forming the session was interrupted: its ranks were ended, "
+                                         "no session was formed") from None
             raise
 
     # ---- what it is ------------------------------------------------------------------------------
@@ -251,6 +254,8 @@ class Session:
             return list(range(world))
         chosen = [ranks] if isinstance(ranks, int) and not isinstance(ranks, bool) else ranks
         try:
+            if isinstance(chosen, (str, bytes)):  # ("0", "0-1": %%ddp --ranks takes text, run() numbers)
+                raise TypeError
             out = list(chosen)  # type: ignore[arg-type]
         except TypeError:
             raise ArgumentsError(f"ranks is a rank or a list of ranks ({valid}), or None for every rank, "

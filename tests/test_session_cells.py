@@ -124,6 +124,30 @@ def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_c
             assert f"[rank {rank}] py {rank}\n" in shown, (trial, shown)
 
 
+def test_what_a_cells_thread_prints_after_the_cell_ended_shows_under_it(kernel):
+    k, _ = kernel
+    msg_id = k.kc.execute("%%ddp\nimport threading, time\ndef bg():\n    for i in range(6):\n"
+                          "        print('bg', i, flush=True)\n        time.sleep(0.25)\n"
+                          "threading.Thread(target=bg).start()")
+    assert k.reply_to(msg_id)["status"] == "ok"
+    seen = []
+
+    def arrived():
+        try:
+            msg = k.kc.get_iopub_msg(timeout=1)
+        except Exception:  # noqa: BLE001 - queue.Empty: look again
+            return False
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen.append(msg["content"]["text"])
+        text = "".join(seen)
+        return all(f"[rank {r}] bg 5\n" in text for r in (0, 1))
+
+    wait_until(arrived, timeout=60)  # under the cell that started the thread, each line named
+    text = "".join(seen)
+    assert all(f"[rank {r}] bg {i}\n" in text for r in (0, 1) for i in range(6)), text
+    assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # the next cell as ever
+
+
 def test_a_failed_cell_and_the_cell_a_kernel_restart_cut_are_read_back_after_it(tmp_path):
     from session_kernel import SETUP, _start_kernel
 

@@ -535,13 +535,18 @@ def test_engines_without_cpu_times_get_notes_without_cpu_and_a_stop_clears_them(
 
 
 # ---- a session's request: a phase of the run --------------------------------------------------------
-def _session_supervisor(transport, clock, delivered=None, stack_dir="/nonexistent"):
+def _session_supervisor(transport, clock, delivered=None, stack_dir="/nonexistent", events=None):
+    """A session's supervisor: what it delivers to the session goes to ``delivered`` as (rank, op
+    or kind, attachment), and whole to ``events`` as (rank, event)."""
     stream = EventStream()
     stream.emit({"kind": "run_started", "time": clock.time(), "run_id": "r", "devices": ["cpu:0", "cpu:1"]})
+
+    def deliver(rank, event, attached):
+        (delivered if delivered is not None else []).append((rank, event.get("op", event["kind"]), attached))
+        (events if events is not None else []).append((rank, event))
+
     sup = Supervisor(transport, ["cpu:0", "cpu:1"], lambda r: os.path.join(stack_dir, f"stacks-{r}"),
-                     SupervisorOptions(), stream.emit,
-                     deliver=lambda rank, event, attached: (delivered if delivered is not None else []).append(
-                         (rank, event.get("op", event["kind"]), attached)), clock=clock)
+                     SupervisorOptions(), stream.emit, deliver=deliver, clock=clock)
     return sup, stream
 
 
@@ -593,17 +598,23 @@ def test_a_cells_error_is_believed_once_the_ranks_outside_it_show_they_live_and_
     assert outcome.status == RunStatus.SUCCEEDED
 
 
-def test_what_a_sessions_rank_writes_is_the_runs_output_and_goes_to_the_cell_it_names():
+def test_what_a_sessions_rank_writes_is_the_runs_output_and_goes_to_the_session_named_by_its_cell():
     clock = FakeClock()
     in_cell = WorkerEvent(1, {"kind": "output", "stream": "stdout", "text": "50%", "cell": 1, "time": 0.0})
     between = WorkerEvent(1, {"kind": "output", "stream": "stderr", "text": "late\n", "cell": None, "time": 0.0})
-    transport = Scripted(clock, script=[started(0) + started(1) + [in_cell, between]] + _ends())
+    # What a rank writes below Python's streams (a subprocess) comes on its stdout: the cell it is in
+    # is the request's in flight (rank 0's, not rank 1's, which the request is not sent to).
+    below = [Output(0, "stdout", "child\n"), Output(1, "stdout", "idle\n")]
+    transport = Scripted(clock, script=[started(0) + started(1) + [_answer(0, "hello"), _answer(1, "hello"), in_cell,
+                                                                   between] + below] + _ends())
     delivered = []
-    sup, stream = _session_supervisor(transport, clock, delivered)
+    sup, stream = _session_supervisor(transport, clock, events=delivered)
+    sup.begin_cell(3, 2, [0])
     sup.supervise()
     assert [(e["rank"], e["stream"], e["text"]) for e in stream.events if e["kind"] == "output"] == [
-        (1, "stdout", "50%"), (1, "stderr", "late\n")]  # the run keeps both
-    assert [(rank, kind) for rank, kind, _ in delivered] == [(1, "output")]  # the cell's goes to the session
+        (1, "stdout", "50%"), (1, "stderr", "late\n"), (0, "stdout", "child\n"), (1, "stdout", "idle\n")]  # all kept
+    outputs = [(rank, event["cell"], event["text"]) for rank, event in delivered if event["kind"] == "output"]
+    assert outputs == [(1, 1, "50%"), (1, None, "late\n"), (0, 2, "child\n"), (1, None, "idle\n")]  # each to the session
 
 
 def test_a_rank_outside_the_cell_that_never_answers_and_then_dies_is_the_cause_not_the_peers_error():

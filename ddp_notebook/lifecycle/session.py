@@ -54,6 +54,7 @@ from .restarts import followed
 from .run import Run
 from .session_exchange import (
     Answers,
+    BetweenCells,
     CellOutput,
     Exchange,
     Gathered,
@@ -141,6 +142,7 @@ class Session:
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
         self._closing: Optional[str] = None  # close() stops a cell run without blocking: "closed", "formed again"
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
+        self._between = BetweenCells()  # what the ranks print outside any request
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         self._held: list[str] = []  # the ids of every run that held its ranks
         weakref.finalize(self, _close_ranks, self._formed)
@@ -159,7 +161,8 @@ class Session:
         try:
             # Its record names it a session, with no config; its ranks' answers come to ``answers``.
             # The ranks run the session's loop (its call has no function): CallMode.SESSION.
-            settings = RunSettings(mode=CallMode.SESSION, origin="session", answers=lambda *answer: answers.put(answer))
+            settings = RunSettings(mode=CallMode.SESSION, origin="session",
+                                   answers=functools.partial(_answered, answers, self._between))
             self._run = run = start_run(Call(None, (heartbeat,)), self._spec, self.options, settings, parent=parent,
                                         probe=self._probe)
             run._restart = functools.partial(_form_again_for, weakref.ref(self))  # its retry forms the session again
@@ -281,6 +284,7 @@ class Session:
         """Send ``message`` to ``ranks`` and gather their replies, showing output as it comes
         (``session_exchange``); a request cut (ranks left in it) forms the session again."""
         self._check_alive()
+        self._between.follow(contextvars.copy_context())  # (a thread of a cell prints there once it ended)
         self._asked = list(ranks)
         exchange = Exchange(self._tell, self._answers, self._begin, ranks, dict(message, id=next(self._ids)), cell,
                             self._record, output)
@@ -706,6 +710,15 @@ class Session:
     def _error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
                interrupted: Iterable[int] = (), **how: Any) -> CellError:
         return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
+
+
+def _answered(answers: Answers, between: BetweenCells, rank: int, event: dict[str, Any], attachment: Any) -> None:
+    """What a session's rank sent the session (on the run's supervising thread): output outside
+    any request is shown at once; the rest goes to the request in flight."""
+    if event.get("kind") == EventKind.OUTPUT and event.get("cell") is None:
+        between.add(rank, str(event.get("stream")), str(event.get("text", "")))
+    else:
+        answers.put((rank, event, attachment))
 
 
 def _on_run_event(answers: Answers, event: dict[str, Any]) -> None:

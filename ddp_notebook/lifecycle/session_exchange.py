@@ -5,8 +5,9 @@ the run, ``lifecycle.cell_phase``: knock-ons, settling, ranks left waiting or st
 
 - **Output** (``CellOutput``): each line named by its rank, written in batches (one write per
   stream per look, a few a second, under Jupyter's output rate limit) and bounded per request;
-  the lines not shown are counted and said at the end (the run's output has them all). What a
-  thread of the cell prints after the cell has ended is in the run's output only.
+  the lines not shown are counted and said at the end (the run's output has them all). What the
+  ranks print outside any request (a thread of a cell that has ended) shows at once in the cell of
+  the last request (``BetweenCells``).
 - **Interrupts**: while the request is in flight, Kernel → Interrupt (SIGINT) only counts
   (``interrupts_counted``), so it never lands between reading an answer and keeping it, nor in
   the middle of a frame sent; the supervisor asks the ranks still in the cell to leave it.
@@ -17,6 +18,7 @@ the run, ``lifecycle.cell_phase``: knock-ons, settling, ranks left waiting or st
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import queue
 import re
 import signal
@@ -31,8 +33,8 @@ from ..core.events import DISPLAY_ID, SESSION_ROUTED, EventKind
 from ..transfer import pickling
 from .cell_phase import CellPhase, Gathered
 
-__all__ = ["CellOutput", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value", "unsent_error",
-           "Answers", "Tell", "answer_of", "hellos",
+__all__ = ["CellOutput", "BetweenCells", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
+           "unsent_error", "Answers", "Tell", "answer_of", "hellos",
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
@@ -333,6 +335,30 @@ def _display_raw(data: dict, metadata: dict, display_id: Optional[str] = None, u
         display(data, metadata=metadata, raw=True, display_id=display_id, update=update)
 
 
+class BetweenCells:
+    """What the ranks print outside any request (a thread a cell started, printing after the cell
+    ended; a rank the request is not sent to): shown at once, each line named by its rank, in the
+    cell of the last request (``follow``), bounded as a request's output is until the next one.
+    Called from the run's supervising thread (``add``) and the session's (``follow``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._context = contextvars.copy_context()
+        self._output = CellOutput()
+
+    def follow(self, context: contextvars.Context) -> None:
+        """A request begins in ``context`` (its cell's): what comes next shows there."""
+        with self._lock:
+            self._context.run(self._output.close)  # (the lines it left open ended, what it did not show said)
+            self._context, self._output = context, CellOutput()
+
+    def add(self, rank: int, stream: str, text: str) -> None:
+        """Show what ``rank`` printed on ``stream`` outside any request."""
+        with self._lock:
+            self._context.run(self._output.add, rank, stream, text)
+            self._context.run(self._output.flush)
+
+
 class ValueNotSent:
     """A rank's value that could not come to the notebook (a generator cannot be pickled; a
     DDP-wrapped model cannot be loaded outside its process group): in its place, its text as
@@ -468,7 +494,7 @@ class Exchange:
         for rank, event, attachment in got:
             if event.get("op") == "exited":
                 raise RankGone
-            if event.get("kind") == EventKind.OUTPUT:  # this cell's only (an earlier cell's thread: the run has it)
+            if event.get("kind") == EventKind.OUTPUT:  # this cell's only (a request cut before: the run has it)
                 if event.get("cell") == self.cell and self.cell is not None:
                     self.output.add(rank, str(event.get("stream")), str(event.get("text")))
                 continue

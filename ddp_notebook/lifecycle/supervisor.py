@@ -239,10 +239,10 @@ class Supervisor:
                 self._on_event(obs.rank, obs.event, obs.result)
             elif isinstance(obs, Output):
                 self._on_output(obs)
-                phase = self._phase  # below Python's streams (a subprocess, native code): its cell's too
-                if self._deliver is not None and phase is not None and phase.cell is not None and \
-                        obs.rank in phase.ranks:
-                    self._deliver(obs.rank, {"kind": EventKind.OUTPUT, "stream": obs.stream, "cell": phase.cell,
+                phase = self._phase  # below a session's Python streams (a subprocess, native code): its cell's too
+                if self._deliver is not None and self._serving:
+                    cell = phase.cell if phase is not None and obs.rank in phase.ranks else None
+                    self._deliver(obs.rank, {"kind": EventKind.OUTPUT, "stream": obs.stream, "cell": cell,
                                              "text": obs.text}, None)
             else:
                 self._on_exited(obs)
@@ -263,7 +263,7 @@ class Supervisor:
         if kind == EventKind.OUTPUT:  # what a session's rank wrote: the run's output, and its cell's
             self._on_output(Output(rank, "stderr" if event.get("stream") == "stderr" else "stdout",
                                    str(event.get("text", ""))))
-            if self._deliver is not None and event.get("cell") is not None:
+            if self._deliver is not None:
                 self._deliver(rank, event, None)
             return
         if kind in _FOR_THE_NOTEBOOK:  # not an event of the run

@@ -146,6 +146,15 @@ def test_what_a_cells_thread_prints_after_the_cell_ended_shows_under_it(kernel):
     text = "".join(seen)
     assert all(f"[rank {r}] bg {i}\n" in text for r in (0, 1) for i in range(6)), text
     assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # the next cell as ever
+    # Rank 1's thread prints while a cell runs on rank 0 alone, which prints without line ends:
+    # the cell shows both, each line whole under its rank's name.
+    k.ok("%%ddp --ranks 1\nimport threading, time\ndef bg():\n    for i in range(20):\n"
+         "        print('bg', i, flush=True)\n        time.sleep(0.1)\nthreading.Thread(target=bg).start()")
+    shown = _text(k.shown("%%ddp --ranks 0\nimport time\nfor i in range(15):\n"
+                          "    print(i, end=' ', flush=True)\n    time.sleep(0.1)\nprint()"))
+    assert "[rank 1] bg " in shown and "[rank 0] 0 " in shown, shown
+    assert all(line.startswith(("[rank 0] ", "[rank 1] bg ")) for line in shown.splitlines()), shown
+    assert "".join(re.findall(r"\[rank 0\] ([0-9 ]*)", shown)).split() == [str(i) for i in range(15)], shown
 
 
 def test_a_failed_cell_and_the_cell_a_kernel_restart_cut_are_read_back_after_it(tmp_path):

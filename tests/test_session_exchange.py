@@ -109,6 +109,89 @@ def test_each_ranks_progress_bar_goes_on_below_the_others_at_a_pace_without_taki
     assert shown[-2:] == ["[rank 0] 4/5", "[rank 1] 4/5"], shown
 
 
+def test_lines_two_ranks_go_on_after_each_others_still_count_and_a_held_redraw_stays_small():
+    writes, out = _writes(lines=20, ranks=2)
+    for _ in range(1000):  # print('.', end='', flush=True) on both ranks: each piece goes on after the other's
+        out.add(0, "stdout", ".")
+        out.add(1, "stdout", ".")
+        out.flush()
+    out.close()
+    text = "".join(t for _, t in writes)
+    assert text.count("\n") <= 24 and "more lines not shown" in text, text.count("\n")
+    import time as _time
+    now = [0.0]
+    out = CellOutput(lambda stream, text: None, ranks=2, clock=lambda: now[0])
+    out.add(0, "stderr", "\rbar")
+    out.add(1, "stderr", "x\n")  # rank 0's bar is ended by rank 1's line, then redrawn (held) with huge pieces
+    out.flush()
+    out.add(0, "stderr", "\rbar")
+    began = _time.monotonic()
+    for _ in range(400):
+        out.add(0, "stderr", "y" * 128 * 1024)
+    assert _time.monotonic() - began < 2.0  # a held redraw longer than a line is shown, cut, not grown
+
+
+def test_a_write_that_fails_loses_its_text_rather_than_write_it_twice():
+    writes, failing = [], [True]
+
+    def write(stream, text):
+        if failing[0]:
+            raise OSError("broken pipe")
+        writes.append(text)
+
+    out = CellOutput(write)
+    out.add(0, "stdout", "a\n")
+    with pytest.raises(OSError):
+        out.flush()
+    failing[0] = False
+    out.add(0, "stdout", "b\n")
+    out.close()
+    assert "".join(writes) == "[rank 0] b\n"
+
+
+def test_what_ranks_print_between_cells_never_waits_on_the_notebooks_streams(monkeypatch, caplog):
+    import contextvars
+    import io
+    import sys
+    import threading
+    import time as _time
+
+    from ddp_notebook.lifecycle.session_exchange import BetweenCells
+
+    gate = threading.Event()
+
+    class Stuck(io.StringIO):  # a terminal paused, a pipe nobody reads
+        def write(self, text):
+            gate.wait(30)
+            return super().write(text)
+
+    stuck = Stuck()
+    monkeypatch.setattr(sys, "stdout", stuck)
+    between = BetweenCells()
+    between.ranks = 2
+    began = _time.monotonic()
+    for i in range(3 * BetweenCells.HELD):  # the run's thread hands text over and goes on
+        between.add(i % 2, "stdout", f"bg {i}\n")
+    assert _time.monotonic() - began < 5.0
+    gate.set()
+    between.close()
+    shown = stuck.getvalue()
+    assert "[rank 0] bg 0\n" in shown and "[rank 1] bg 1\n" in shown, shown[:200]
+
+    class Broken(io.StringIO):
+        def write(self, text):
+            raise ValueError("I/O operation on closed file")
+
+    monkeypatch.setattr(sys, "stdout", Broken())
+    between = BetweenCells()
+    between.follow(contextvars.copy_context())
+    for i in range(5):
+        between.add(0, "stdout", f"bg {i}\n")
+    between.close()  # logged once, dropped; nothing raised on the run's thread
+    assert sum("could not be shown" in r.getMessage() for r in caplog.records) == 1
+    assert [t.name for t in threading.enumerate() if t.name == "ddp-session-output"] == []  # its thread ended
+
+
 def test_output_past_its_bounds_is_counted_per_rank_and_said_at_the_end():
     # Each rank of the request has its share of the lines: one whose output came first (a flood,
     # sent in large events) does not hide the others'.

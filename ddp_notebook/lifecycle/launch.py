@@ -180,8 +180,12 @@ def start_run(call: Call, devices: DeviceSpec, options: LaunchOptions, settings:
     run = Run(directory, EventStream(directory.open_log()), report.devices, executor=executor, options=options,
               settings=settings, report=report, parent=parent, restart=functools.partial(_restart, call))
     run._start(payload)
-    keep_folder_bounded(directory, spare=[r.run_dir for r in runs()])  # once its ranks are on their way
-    _runs.append(run)
+    try:
+        keep_folder_bounded(directory, spare=[r.run_dir for r in runs()])  # once its ranks are on their way
+        _runs.append(run)
+    except BaseException:  # (an interrupt): a run its caller never got is not left going
+        run.stop(grace=0.0)
+        raise
     while len(_runs) > KEEP_RUNS:
         _older.append(weakref.ref(_runs.popleft()))
     if call.has_data and call not in _holding:

@@ -142,7 +142,8 @@ class Session:
         self._background: Optional[threading.Thread] = None  # the thread of a cell run without blocking
         self._closing: Optional[str] = None  # close() stops a cell run without blocking: "closed", "formed again"
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
-        self._between = BetweenCells()  # what the ranks print outside any request
+        self._between = BetweenCells()  # what the ranks print while no request is in flight
+        self._exchanging = threading.Event()  # set while a request is in flight: its cell shows what they print
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         self._held: list[str] = []  # the ids of every run that held its ranks
         weakref.finalize(self, _close_ranks, self._formed)
@@ -162,11 +163,12 @@ class Session:
             # Its record names it a session, with no config; its ranks' answers come to ``answers``.
             # The ranks run the session's loop (its call has no function): CallMode.SESSION.
             settings = RunSettings(mode=CallMode.SESSION, origin="session",
-                                   answers=functools.partial(_answered, answers, self._between))
+                                   answers=functools.partial(_answered, answers, self._between, self._exchanging))
             self._run = run = start_run(Call(None, (heartbeat,)), self._spec, self.options, settings, parent=parent,
                                         probe=self._probe)
             run._restart = functools.partial(_form_again_for, weakref.ref(self))  # its retry forms the session again
             self._formed[:] = [run]
+            self._between.ranks = len(run.devices)
             self._held.append(run.id)
             run.subscribe(lambda event: _on_run_event(answers, event))  # (never the session: its finalizer ends ranks)
             self._ended, self._closed = None, False
@@ -288,10 +290,13 @@ class Session:
         self._asked = list(ranks)
         exchange = Exchange(self._tell, self._answers, self._begin, ranks, dict(message, id=next(self._ids)), cell,
                             self._record, output)
+        self._exchanging.set()
         try:
             outcome = exchange.run()
         except RankGone:
             self._gone(cell, exchange.outcome.replies)
+        finally:
+            self._exchanging.clear()
         if outcome.cut:
             self._cut(cell, message, outcome)
         if outcome.interrupted:
@@ -636,6 +641,7 @@ class Session:
             if not run.done:
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
+        self._between.close()  # what the ranks printed last is written whole, what was not shown said
 
     def restart(self, devices: Optional[DeviceSpec] = None, without_failed: bool = False) -> Session:
         """Form the session again (a new run; the ranks' namespaces are lost): on the same devices,
@@ -712,10 +718,11 @@ class Session:
         return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
 
 
-def _answered(answers: Answers, between: BetweenCells, rank: int, event: dict[str, Any], attachment: Any) -> None:
-    """What a session's rank sent the session (on the run's supervising thread): output outside
-    any request is shown at once; the rest goes to the request in flight."""
-    if event.get("kind") == EventKind.OUTPUT and event.get("cell") is None:
+def _answered(answers: Answers, between: BetweenCells, exchanging: threading.Event, rank: int, event: dict[str, Any],
+              attachment: Any) -> None:
+    """What a session's rank sent the session (on the run's supervising thread): to the request in
+    flight, which shows its output; what a rank prints while none is, to ``between``."""
+    if event.get("kind") == EventKind.OUTPUT and event.get("cell") is None and not exchanging.is_set():
         between.add(rank, str(event.get("stream")), str(event.get("text", "")))
     else:
         answers.put((rank, event, attachment))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import queue
 import re
 import signal
@@ -44,6 +45,7 @@ SHOWN_LINES = 2000
 SHOWN_CHARS = 512 * 1024
 #: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
 SHOWN_DISPLAYS = 200
+log = logging.getLogger(__name__)
 _POLL = 0.1  # seconds between two looks at what the ranks sent
 #: Seconds between two redraws of a rank's line that another rank's line has ended since (a progress
 #: bar on each rank): each such redraw is a line of its own, not drawn over.
@@ -175,9 +177,9 @@ class CellOutput:
         text, redraw = self._partial.get(key, ("", False))
         if not text and not redraw:
             return
-        if redraw and not force and key in self._ended_by_other and \
+        if redraw and not force and key in self._ended_by_other and len(text) <= LINE_CHARS and \
                 self._clock() - self._redrawn_at.get(key, float("-inf")) < REDRAW_EVERY:
-            return
+            return  # (held: the next redraw replaces it; one longer than a line is shown, cut, at once)
         del self._partial[key]
         if not self._begin(rank, stream, redraw):
             return
@@ -194,7 +196,7 @@ class CellOutput:
                 if self._chars_left > 0:
                     self._put(stream, f"\r[rank {rank}] ")
             return key not in self._skipping
-        if key in self._ended_by_other:  # drawn again below another rank's line: not a line of its own
+        if redraw and key in self._ended_by_other:  # drawn again below another rank's line: not a line of its own
             self._redrawn_at[key] = self._clock()
             return self._start(rank, stream, counted=False)
         return self._start(rank, stream)
@@ -266,8 +268,9 @@ class CellOutput:
             self._show_partial(rank, stream, force)
         for stream, pieces in self._ready.items():
             if pieces:
-                self._write(stream, "".join(pieces))
-                pieces.clear()
+                text = "".join(pieces)
+                pieces.clear()  # (before the write: one that fails loses it rather than write it twice)
+                self._write(stream, text)
 
     def display(self, rank: int, data: dict, metadata: dict, label: str = "") -> None:
         """Show what ``rank`` displayed (a MIME bundle: HTML, an image, a figure), after what it
@@ -336,27 +339,91 @@ def _display_raw(data: dict, metadata: dict, display_id: Optional[str] = None, u
 
 
 class BetweenCells:
-    """What the ranks print outside any request (a thread a cell started, printing after the cell
-    ended; a rank the request is not sent to): shown at once, each line named by its rank, in the
-    cell of the last request (``follow``), bounded as a request's output is until the next one.
-    Called from the run's supervising thread (``add``) and the session's (``follow``)."""
+    """What the ranks print while no request is in flight (a thread a cell started, printing after
+    the cell ended), shown at once in the cell of the last request (``follow``), each line named
+    by its rank and bounded as a request's output is, until the next request.
+
+    The run's supervising thread only hands the text over (``add`` never waits on the notebook's
+    streams: past ``HELD`` texts waiting, the rest is dropped and said); a thread of its own
+    writes it, started by the first text and ended after ``IDLE`` seconds without any, or by
+    ``close``. A write that fails (a closed or broken stream) is logged and its text dropped."""
+
+    HELD = 1000
+    IDLE = 5.0
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.ranks = 1  # the session's: each its share of the lines (set once its run has them)
+        self._warned = False
+        self._texts: queue.Queue[Optional[tuple[int, str, str]]] = queue.Queue(self.HELD)
         self._context = contextvars.copy_context()
         self._output = CellOutput()
+        self._next: Optional[contextvars.Context] = None  # the context of a request begun since
+        self._dropped = 0
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()  # the thread, started and ended
 
     def follow(self, context: contextvars.Context) -> None:
-        """A request begins in ``context`` (its cell's): what comes next shows there."""
-        with self._lock:
-            self._context.run(self._output.close)  # (the lines it left open ended, what it did not show said)
-            self._context, self._output = context, CellOutput()
+        """A request begins in ``context`` (its cell's): what comes after it shows there."""
+        self._next = context
 
     def add(self, rank: int, stream: str, text: str) -> None:
         """Show what ``rank`` printed on ``stream`` outside any request."""
+        try:
+            self._texts.put_nowait((rank, stream, text))
+        except queue.Full:
+            self._dropped += 1
+            return
         with self._lock:
-            self._context.run(self._output.add, rank, stream, text)
-            self._context.run(self._output.flush)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._write, name="ddp-session-output", daemon=True)
+                self._thread.start()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """End the lines left open and say what was not shown; the thread ends."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            try:
+                self._texts.put(None, timeout=timeout)
+            except queue.Full:
+                return
+            thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            try:
+                item = self._texts.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._texts.empty():  # (an add() seen after this starts another)
+                        self._thread = None
+                        return
+                continue
+            context = self._next
+            if context is not None:  # a request began: what came before it is ended where it showed
+                self._next = None
+                self._safely(self._output.close)
+                self._context, self._output = context, CellOutput(ranks=self.ranks)
+            if item is None:
+                self._safely(self._output.close)
+                with self._lock:
+                    self._thread = None
+                return
+            self._output.add(*item)
+            if self._texts.empty():
+                self._safely(self._output.flush, True)
+                if self._dropped:
+                    dropped, self._dropped = self._dropped, 0
+                    self._safely(_write_std, "stderr", f"[ranks] {dropped} more pieces of output not shown "
+                                                       "(session.current_run.output(rank) has them)\n")
+
+    def _safely(self, write: Callable[..., None], *args: Any) -> None:
+        try:
+            self._context.run(write, *args)
+        except Exception:  # a stream that cannot be written (closed, broken): the run's output has the text
+            if not self._warned:
+                self._warned = True
+                log.warning("a session's rank output could not be shown", exc_info=True)
 
 
 class ValueNotSent:
@@ -494,8 +561,8 @@ class Exchange:
         for rank, event, attachment in got:
             if event.get("op") == "exited":
                 raise RankGone
-            if event.get("kind") == EventKind.OUTPUT:  # this cell's only (a request cut before: the run has it)
-                if event.get("cell") == self.cell and self.cell is not None:
+            if event.get("kind") == EventKind.OUTPUT:  # this request's, or a thread's outside any cell (not a cut
+                if event.get("cell") in (self.cell, None):  # request's late lines: the run has them)
                     self.output.add(rank, str(event.get("stream")), str(event.get("text")))
                 continue
             self._take(rank, answer_of(event, attachment))

@@ -359,6 +359,7 @@ class BetweenCells:
         self._output = CellOutput()
         self._next: Optional[contextvars.Context] = None  # the context of a request begun since
         self._dropped = 0
+        self._flushed = 0.0
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()  # the thread, started and ended
 
@@ -410,7 +411,8 @@ class BetweenCells:
                     self._thread = None
                 return
             self._output.add(*item)
-            if self._texts.empty():
+            if self._texts.empty() or time.monotonic() - self._flushed >= _POLL:  # (a flood: still a few a second)
+                self._flushed = time.monotonic()
                 self._safely(self._output.flush, True)
                 if self._dropped:
                     dropped, self._dropped = self._dropped, 0

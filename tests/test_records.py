@@ -171,8 +171,8 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
         return lr
 
     os.makedirs(runs_folder, mode=0o700)
-    _fake_run(runs_folder, "20260101-000000-ffff01", cwd="/another/notebook")
-    _fake_run(runs_folder, "20260101-000001-eeee01", cwd="/another/notebook")
+    _fake_run(runs_folder, "20260101-000000-0aa5e1", cwd="/another/notebook")
+    _fake_run(runs_folder, "20260101-000001-1aa5e1", cwd="/another/notebook")
     runs = [ddp_notebook.launch(train, devices="cpu*2", args=(lr,), name=f"lr={lr}") for lr in (0.1, 0.01)]
     for run in runs:
         run.wait(timeout=120)
@@ -188,16 +188,16 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
     assert list(frame.columns[:5]) == ["run_id", "name", "status", "start_time", "end_time"]
     assert list(frame["config.lr"]) == [0.1, 0.01] and "metrics.loss" in frame and "tags.lr" not in frame
     assert str(frame["start_time"].dt.tz) == "UTC"
-    broken = _fake_run(runs_folder, "20260101-000002-dddd01", cwd=os.getcwd())
+    broken = _fake_run(runs_folder, "20260101-000002-2aa5e1", cwd=os.getcwd())
     with open(broken.events_path, "a") as log:
         log.write("garbage\n")  # one line that is no event: the run cannot be read
-    theirs = _fake_run(runs_folder, "20260101-000003-cccc01", name="not yours", cwd=os.getcwd())
+    theirs = _fake_run(runs_folder, "20260101-000003-3aa5e1", name="not yours", cwd=os.getcwd())
     for folder, _, files in os.walk(theirs.path):
         for name in [folder, *(os.path.join(folder, f) for f in files)]:
             os.chown(name, 4242, 4242)  # another user's run, planted in the folder
     here = ddp_notebook.compare()  # the good runs compared, the unreadable one said, the other user's never listed
     assert here.run_ids == [r.id for r in runs] and len(here.unreadable) == 1 and broken.id in here.unreadable[0]
-    assert "left out, its log cannot be read: 20260101-000002-dddd01" in repr(here) and "cannot be read" in here.html()
+    assert "left out, its log cannot be read: 20260101-000002-2aa5e1" in repr(here) and "cannot be read" in here.html()
     # Shown as text alone where asked (ui=, or $DDP_NOTEBOOK_UI), never a widget in any form.
     assert list(ddp_notebook.compare(ui="text")._repr_mimebundle_()) == ["text/plain"]
     assert set(ddp_notebook.compare(ui="widget")._repr_mimebundle_()) == {"text/plain", "text/html"}
@@ -208,14 +208,14 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
     with pytest.raises(RunLoadError, match="cannot be read as a run's"):  # named, it must be read
         ddp_notebook.compare(broken.id)
     everything = ddp_notebook.compare(everywhere=True, last=3)
-    assert everything.run_ids == ["20260101-000001-eeee01", runs[0].id, runs[1].id]
+    assert everything.run_ids == ["20260101-000001-1aa5e1", runs[0].id, runs[1].id]
     assert "metrics.loss" in everything.frame()
     assert ddp_notebook.compare(runs[1].id[-6:], runs[0]).run_ids == [runs[1].id, runs[0].id]
     with pytest.raises(RunLoadError, match=r"^no run 'nope' in this kernel nor in "):
         ddp_notebook.compare("nope")
-    with pytest.raises(RunLoadError, match=r"^'01' ends 4 run ids \(20260101-000000-ffff01, 20260101-000001-eeee01, "
-                                           r"20260101-000002-dddd01, 20260101-000003-cccc01\)"):
-        ddp_notebook.compare("01")
+    with pytest.raises(RunLoadError, match=r"^'aa5e1' ends 4 run ids \(20260101-000000-0aa5e1, 20260101-000001-1aa5e1, "
+                                           r"20260101-000002-2aa5e1, 20260101-000003-3aa5e1\)"):
+        ddp_notebook.compare("aa5e1")  # (5 hex digits: a real run ends so once in a million)
     with pytest.raises(ArgumentsError, match=r"^no run of this comparison logged 'acc': they logged loss$"):
         ddp_notebook.compare(*runs, metrics=["acc"])
     with pytest.raises(ArgumentsError, match="last must be a whole number >= 1"):

@@ -685,6 +685,24 @@ def test_a_quick_second_interrupt_does_not_give_up_on_ranks_that_are_leaving_the
     assert phase.replied == {0: "interrupted", 1: "interrupted"}
 
 
+def test_ranks_given_up_on_after_a_second_interrupt_are_said_so_not_guessed_in_native_code(tmp_path):
+    from ddp_notebook.lifecycle.session_failures import failures_of
+
+    clock = FakeClock()
+    transport = SessionRanks(clock, script=[started(0) + started(1), 3.0] + _ends(), stack_dir=str(tmp_path),
+                             cpu={0: 1.0, 1: 1.0})
+    sup, _ = _session_supervisor(transport, clock, stack_dir=str(tmp_path))
+    phase = sup.begin_cell(3, 1, [0, 1])
+    phase.interrupt()
+    phase.abandon()  # Kernel → Interrupt twice; the ranks never leave
+    sup.supervise()
+    outcome = phase.outcome
+    assert outcome.stuck == [0, 1] and outcome.given_up and outcome.cut
+    failures, _, _ = failures_of(1, outcome, ["cpu:0", "cpu:1"], {})
+    assert [f.message for f in failures] == ["did not leave cell 1 when interrupted, given up on when interrupted "
+                                             "again"] * 2, failures
+
+
 def test_ranks_that_all_wait_in_a_collective_when_interrupted_are_named_where_within_seconds(tmp_path):
     clock = FakeClock()
     in_recv = stack((os.path.join(torch_dir(), "distributed", "distributed_c10d.py"), 2500, "recv"),

@@ -64,6 +64,8 @@ class Gathered:
     waited: dict[int, float] = field(default_factory=dict)
     #: Ranks that did not leave an interrupted cell within ``INTERRUPT_GRACE``.
     stuck: list[int] = field(default_factory=list)
+    #: ... or that the user gave up on (interrupted again) before they left it, or were seen waiting.
+    given_up: bool = False
     #: Where each rank still in the cell was last seen waiting in a collective (``all_reduce (<ddp cell 3>:2)``).
     places: dict[int, str] = field(default_factory=dict)
     #: The run ended while the request was in flight.
@@ -162,9 +164,9 @@ class CellPhase:
         ``outcome.stuck``)."""
         if self.abandon_asked and self._abandon_at is None:
             self._abandon_at = now
-        if (self._abandon_at is not None and now - self._abandon_at >= ABANDON_GRACE) or \
-                (self.interrupt_sent is not None and now - self.interrupt_sent >= INTERRUPT_GRACE):
-            self.outcome.stuck = self.waiting()
+        given_up = self._abandon_at is not None and now - self._abandon_at >= ABANDON_GRACE
+        if given_up or (self.interrupt_sent is not None and now - self.interrupt_sent >= INTERRUPT_GRACE):
+            self.outcome.stuck, self.outcome.given_up = self.waiting(), given_up
             return True
         return False
 

@@ -3,10 +3,10 @@
 A session is one started run (``start_run``) whose ranks run in its ``session`` mode: each runs
 the session's loop (``worker.session_loop``), which keeps its rank and the process group alive
 and serves the notebook's requests, which travel on the run's own transport (the ranks' control
-pipes there, their event pipes back). So everything
-a launch has, a session has: the fork server, the process group, the event log, the supervisor
-that names a rank that died (and ends the others), the stall watchdog, the lifeline that ends
-every rank when the kernel dies, ``last_run()`` and the magics.
+pipes there, their event pipes back). So everything a launch has, a session has: the fork server,
+the process group, the event log, the supervisor that names a rank that died (and ends the
+others), the stall watchdog, the lifeline that ends every rank when the kernel dies,
+``last_run()`` and the magics.
 
 What the session adds, on the notebook's side: one request at a time to some or all ranks (a
 cell, values to push, a name to pull); their output shown live, line by line, each line named by
@@ -339,7 +339,8 @@ class Session:
             why = "; ".join(f"rank {r} was left waiting in {w}" for r, w in sorted(outcome.left_waiting.items()))
             why += " (for peers that will not come)"
         else:
-            why = f"{ranks_text(left)} did not leave {where} when interrupted (native code cannot be interrupted)"
+            why = f"{ranks_text(left)} did not leave {where} " + ("before it was interrupted again" if outcome.given_up
+                                                                  else "when interrupted (native code cannot be)")
         if self._closing:  # the session is being closed: its run ends, nothing is formed again
             self._run._request_stop(0.0, f"{where} was cut as the session was {self._closing}: {why}")
             self._wait_end(END_WAIT)
@@ -618,10 +619,8 @@ class Session:
         return [values[r] for r in range(self.world_size)]
 
     def close(self) -> None:
-        """End the session: every rank leaves its loop and the run ends (succeeded).
-
-        Safe to call twice, and on a session whose run has already ended.
-        """
+        """End the session: every rank leaves its loop and the run ends (succeeded); safe to call
+        twice, and on a session whose run has already ended."""
         self._close("closed")
 
     def _close(self, how: str) -> None:

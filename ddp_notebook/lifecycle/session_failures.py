@@ -44,9 +44,9 @@ def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
             failures.append(failure_from_error(dict(reply.get("error") or {}, rank=rank), device(rank),
                                                pids.get(rank), None))
     where = f"cell {cell}" if cell is not None else "the request"
-    left = {r: f"did not leave {where} when interrupted, " + (f"waiting in {outcome.places[r]}" if r in outcome.places
-                                                             else "in native code")
-            for r in outcome.stuck}
+    left = {r: f"did not leave {where} when interrupted, " + (
+        f"waiting in {outcome.places[r]}" if r in outcome.places else
+        "given up on when interrupted again" if outcome.given_up else "in native code") for r in outcome.stuck}
     left.update({r: f"waits in {w}" for r, w in outcome.left_waiting.items()})
     for rank, why in sorted(left.items()):
         failures.append(WorkerFailure(rank=rank, device=device(rank), kind=FailureKind.STALL, time=now,

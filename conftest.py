@@ -116,7 +116,9 @@ def no_leaked_processes(request):
     # A worker whose notebook process was just shut down exits on its own within moments.
     _, alive = psutil.wait_procs([p for p in _workers() if p.pid not in _standing()], timeout=5)
     standing = _standing()
-    leaked = list(alive)
+    # (one that ended meanwhile is a zombie until its parent reaps it: ended, not left running; the
+    # reaper of a server killed outright is reparented to PID 1, which in a container may never reap)
+    leaked = [p for p in alive if _alive(p)]
     leaked += [c for c in me.children(recursive=True) if c.pid not in before and c not in leaked
                and c.pid not in standing and _alive(c)]
     described = [_describe(p) for p in leaked]

@@ -231,10 +231,12 @@ def test_a_server_that_cannot_import_torch_leaves_launches_to_fresh_workers(monk
         run.wait(timeout=120)
     failed = forkserver.status()
     assert "no torch in this environment" in failed["error"]
+    server = forkserver._server  # (what it was judged by, said should the next launch start another)
+    seen = (server.key, server.started_ok, server.unresponsive) if server is not None else None
     # Nothing changed: the next launch does not start a server that would fail the same way.
     with pytest.raises(ddp_notebook.WorkerFailedError, match="no torch in this environment"):
         ddp_notebook.launch(faults.environment, devices="cpu:0", args=((),)).wait(timeout=120)
-    assert forkserver.status()["pid"] == failed["pid"]
+    assert forkserver.status()["pid"] == failed["pid"], (seen, forked.staleness())
     monkeypatch.undo()
     assert ddp_notebook.launch(faults.ddp_steps, devices="cpu*2").wait(timeout=120) == [32.0, 32.0]
     assert forkserver.status()["error"] is None

@@ -18,6 +18,23 @@ from helpers import wait_until
 pytestmark = [pytest.mark.kernel, pytest.mark.processes]
 
 
+def _printed_until(k, msg_id, done):
+    """What the cell ``msg_id`` printed, read as it comes until ``done(text)`` (60 s at most)."""
+    seen = []
+
+    def arrived():
+        try:
+            msg = k.kc.get_iopub_msg(timeout=1)
+        except Exception:  # noqa: BLE001 - queue.Empty: look again
+            return False
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen.append(msg["content"]["text"])
+        return done("".join(seen))
+
+    wait_until(arrived, timeout=60)
+    return "".join(seen)
+
+
 def _text(shown):
     return strip_ansi("".join(part for kind, part in shown if kind == "stream"))
 
@@ -84,19 +101,8 @@ def test_output_without_its_line_end_shows_while_the_cell_runs_and_rich_output_c
     msg_id = k.kc.execute(f"%%ddp --ranks 0\nimport os, sys, time\nprint('epoch 1 ', end='', flush=True)\n"
                           f"sys.stderr.write('\\r 50%')\nsys.stderr.flush()\n"
                           f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\nprint('done')")
-    seen = []
-
-    def arrived():
-        try:
-            msg = k.kc.get_iopub_msg(timeout=1)
-        except Exception:  # noqa: BLE001 - queue.Empty: look again
-            return False
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            seen.append(msg["content"]["text"])
-        text = "".join(seen)
-        return "[rank 0] epoch 1 " in text and "[rank 0]  50%" in text
-
-    wait_until(arrived, timeout=60)  # while the cell still runs: nothing held back for a line end
+    # While the cell still runs: nothing held back for a line end.
+    _printed_until(k, msg_id, lambda text: "[rank 0] epoch 1 " in text and "[rank 0]  50%" in text)
     assert not os.path.exists(go)
     go.touch()
     assert k.reply_to(msg_id)["status"] == "ok"
@@ -130,20 +136,8 @@ def test_what_a_cells_thread_prints_after_the_cell_ended_shows_under_it(kernel):
                           "        print('bg', i, flush=True)\n        time.sleep(0.25)\n"
                           "threading.Thread(target=bg).start()")
     assert k.reply_to(msg_id)["status"] == "ok"
-    seen = []
-
-    def arrived():
-        try:
-            msg = k.kc.get_iopub_msg(timeout=1)
-        except Exception:  # noqa: BLE001 - queue.Empty: look again
-            return False
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            seen.append(msg["content"]["text"])
-        text = "".join(seen)
-        return all(f"[rank {r}] bg 5\n" in text for r in (0, 1))
-
-    wait_until(arrived, timeout=60)  # under the cell that started the thread, each line named
-    text = "".join(seen)
+    # Under the cell that started the thread, each line named.
+    text = _printed_until(k, msg_id, lambda text: all(f"[rank {r}] bg 5\n" in text for r in (0, 1)))
     assert all(f"[rank {r}] bg {i}\n" in text for r in (0, 1) for i in range(6)), text
     assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # the next cell as ever
     # Rank 1's thread prints while a cell runs on rank 0 alone, which prints without line ends:

@@ -39,13 +39,14 @@ __all__ = ["CellOutput", "BetweenCells", "Exchange", "Gathered", "RankGone", "Va
            "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
+log = logging.getLogger(__name__)
+
 #: Lines of the ranks' output one request shows (all ranks together); the rest are counted.
 SHOWN_LINES = 2000
 #: Characters of the ranks' output one request shows (all ranks together).
 SHOWN_CHARS = 512 * 1024
 #: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
 SHOWN_DISPLAYS = 200
-log = logging.getLogger(__name__)
 _POLL = 0.1  # seconds between two looks at what the ranks sent
 #: Seconds between two redraws of a rank's line that another rank's line has ended since (a progress
 #: bar on each rank): each such redraw is a line of its own, not drawn over.

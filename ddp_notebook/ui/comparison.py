@@ -10,7 +10,6 @@ id, as IPython's ``update_display``); elsewhere it prints its table.
 from __future__ import annotations
 
 import base64
-import contextvars
 import io
 import math
 import threading
@@ -26,6 +25,7 @@ from ..core.experiment import differing
 from ..core.state import RunState
 from ..lifecycle.experiments import LISTED_ORIGINS, ListedRun, find_runs, runs_of_here
 from ..lifecycle.options import ui_form
+from .display import updater
 from .html import badge
 from .loss_plot import drawing
 from .text import format_duration, format_metric
@@ -414,19 +414,12 @@ class Comparison:
         handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
         if handle is None or not self.live:
             return
-        cell = contextvars.copy_context()
+        update = updater(handle)  # (in the cell that showed it; what did not change is not sent again)
         drawing = threading.Lock()
-        sent: list[Any] = []  # the last bundle sent: one that did not change (a live session's run) is not sent
 
         def redraw(final: bool = False) -> None:
             with drawing:  # one at a time, each showing the state as it is then
-                bundle = self._repr_mimebundle_()
-                if sent == [bundle] and not final:
-                    return
-                sent[:] = [bundle]
-                cell.copy().run(handle.update, bundle, raw=True)
-                if final:  # again as the output of the cell running now: what a notebook run without a
-                    handle.update(bundle, raw=True)  # front end keeps (nbclient takes its cell's messages)
+                update(self._repr_mimebundle_(), {}, final)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("kind") == EventKind.RUN_FINISHED:

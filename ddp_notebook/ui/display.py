@@ -21,7 +21,7 @@ from .html import report_html
 from .terminal import watch
 from .text import format_data, format_run
 
-__all__ = ["in_notebook", "show_run", "show_report", "show_blocking_run", "show_sending", "register",
+__all__ = ["in_notebook", "show_run", "show_report", "show_blocking_run", "show_sending", "register", "updater",
            "unregister"]
 
 
@@ -89,8 +89,6 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     runs then; the final one also as the output of the cell running then (``run.wait()``'s, say),
     which is what a notebook executed without a front end (nbclient, papermill) takes and keeps.
     """
-    import contextvars
-
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.display import display
 
@@ -105,20 +103,36 @@ def display_kept_current(panel: Any, ui: str = "auto") -> None:
     panel.display_handle = handle  # (what a notebook's build updates once more at its end)
     formatter = InteractiveShell.instance().display_formatter  # what display() sends of an object
     assert formatter is not None  # (display() gave a handle: a shell displays)
-    formatted = formatter.format
-    cell = contextvars.copy_context()
-    sent: list[Any] = []  # the last bundle sent: a paced send of what did not change (an idle session) is not sent
+    update = updater(handle)
 
     def send(_panel: Any) -> None:
-        data, metadata = formatted(_panel)
-        if _panel.going_on() and sent == [data, metadata]:
+        data, metadata = formatter.format(_panel)
+        update(data, metadata, not _panel.going_on())
+
+    panel.keep_current(send, None if ui == "widget" else 0.0 if static else VIEW_WAIT)  # static: paced at once
+
+
+def updater(handle: Any) -> Callable[[dict, dict, bool], None]:
+    """How a display kept current in place (``handle``: its display id's) is updated, from any
+    thread: ``update(data, metadata, final)`` sends the bundle in the context of the cell running
+    now (the one that displayed it), unless it did not change since the last one sent (a paced
+    send of an idle session's); a ``final`` one always, and again as the output of the cell
+    running then, which is what a notebook executed without a front end (nbclient) keeps. The
+    caller sends one at a time."""
+    import contextvars
+
+    cell = contextvars.copy_context()
+    sent: list[Any] = []  # the last bundle sent
+
+    def update(data: dict, metadata: dict, final: bool) -> None:
+        if not final and sent == [data, metadata]:
             return
         sent[:] = [data, metadata]
         cell.copy().run(handle.update, data, metadata=metadata, raw=True)
-        if not _panel.going_on():  # the final state, again as the output of the cell running now: what a
-            handle.update(data, metadata=metadata, raw=True)  # notebook run without a front end keeps
+        if final:
+            handle.update(data, metadata=metadata, raw=True)
 
-    panel.keep_current(send, None if ui == "widget" else 0.0 if static else VIEW_WAIT)  # static: paced at once
+    return update
 
 
 class _Report:

@@ -292,11 +292,11 @@ def main() -> None:
         _send(sock, {FAILED: None, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_FAILED)
     set_name(b"ddp-forkserver")
-    # What the imports set themselves (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): the notebook
-    # gets the same when it imports them, which does not make this server stale.
     # Every object so far out of the collector's reach: a forked worker's collections never touch
     # them, so their pages stay shared with the server instead of being copied in each worker.
     gc.freeze()
+    # What the imports set themselves (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): the notebook
+    # gets the same when it imports them, which does not make this server stale.
     _serve(sock, {k: v for k, v in os.environ.items() if inherited.get(k) != v}, reaper)
     reaper.close()
     os._exit(0)

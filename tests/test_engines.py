@@ -4,8 +4,10 @@ real gloo between the engines, faults on the main and on a secondary rank.
 After every test the engines must be idle and as they were: no process group, no RANK in
 the environment, ipykernel's SIGINT handling back, no context (``engines_left_clean``)."""
 import contextlib
+import glob
 import ipaddress
 import os
+import tempfile
 import time
 
 import ipyparallel as ipp
@@ -265,10 +267,13 @@ def test_an_engine_busy_with_another_task_is_said_to_be_busy():
 @pytest.mark.parametrize(("bad_rank", "fault"), [(0, "segfault"), (0, "sigkill"), (1, "exit"), (1, "segfault")])
 def test_an_engine_that_dies_is_the_cause_not_its_peer(bad_rank, fault):
     # The engine dies: a cluster of its own, stopped at the end, so no test is left short of one.
+    stack_files = set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp-notebook-stacks-*")))
     with local_cluster(2) as client:
         run = ddp_notebook.launch(faults.ddp_steps, engines=client, kwargs=dict(fault=fault, bad_rank=bad_rank))
         with pytest.raises(WorkerFailedError) as e:
             run.wait(timeout=60)
+        # The dead engine's stack file went with it (it was unlinked as soon as it was open).
+        assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp-notebook-stacks-*"))) <= stack_files
         name = "main worker" if bad_rank == 0 else "worker 1"
         assert str(e.value).startswith(f"Distributed data parallel {name} (cpu:{bad_rank} on engine {bad_rank}) "
                                        f"failed: engine {bad_rank} died")

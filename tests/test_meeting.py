@@ -214,8 +214,9 @@ def test_a_pulse_says_alive_forwards_stacks_keeps_links_alive_and_names_a_silent
     sent = []
     stacks = tmp_path / "stacks"
     stacks.write_text("")
-    zero = Pulse(0, 2, sent.append, str(stacks), network_timeout=2.0)
-    one = Pulse(1, 2, lambda event: None, str(tmp_path / "none"), network_timeout=2.0)
+    readable, empty = os.open(stacks, os.O_RDONLY), os.open(os.devnull, os.O_RDONLY)
+    zero = Pulse(0, 2, sent.append, readable, network_timeout=2.0)
+    one = Pulse(1, 2, lambda event: None, empty, network_timeout=2.0)
     with socket.create_server(("127.0.0.2", 0)) as server:
         pair = socket.create_connection(server.getsockname())
         try:
@@ -238,6 +239,8 @@ def test_a_pulse_says_alive_forwards_stacks_keeps_links_alive_and_names_a_silent
         finally:
             zero.stop()
             one.stop()
+            os.close(readable)
+            os.close(empty)
             pair.close()
             guest.close()
             host.close()

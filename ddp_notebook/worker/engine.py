@@ -82,11 +82,12 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
     # stacks go to a file of this host's, and from there to the notebook (``Pulse``).
     signal.signal(STACK_SIGNAL, signal.SIG_IGN)
     fd, stack_path = tempfile.mkstemp(prefix=f"ddp-notebook-stacks-rank{rank}-")  # owner-only
-    os.close(fd)
+    # Unlinked at once, read through this descriptor: an engine killed mid-run leaves no file behind.
     stacks = install_stack_dump(stack_path)
+    os.unlink(stack_path)
     meeting_cfg = cfg["meeting"]
     _take_requests(cfg, out, stop)
-    pulse = Pulse(rank, world_size, out.send, stack_path, network_timeout=meeting_cfg.get("network_timeout"))
+    pulse = Pulse(rank, world_size, out.send, fd, network_timeout=meeting_cfg.get("network_timeout"))
     pulse.start()
     out.send({"kind": EventKind.STARTED, "pid": os.getpid(), "host": socket.gethostname(),
               "main_thread": threading.get_ident()})
@@ -126,10 +127,7 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
         pulse.stop()
         saved.restore()
         remove_stack_dump(stacks)
-        try:
-            os.unlink(stack_path)
-        except OSError:
-            pass
+        os.close(fd)
         if meeting is not None:
             meeting.close()  # rank 0's store stops serving: a peer still waiting on it leaves
         # A stop request that arrives after the function ended is ignored, never fatal.

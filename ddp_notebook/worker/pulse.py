@@ -2,8 +2,8 @@
 
 - tells the notebook it is alive (an ``alive`` event every ``BEAT`` seconds: a host whose link
   is gone falls silent, and the notebook names it);
-- forwards what the rank's faulthandler dumped into its local stack file (``stacks`` events:
-  the notebook may be on another host, with no shared file system);
+- forwards what the rank's faulthandler dumped into its local stack file, read through a file
+  descriptor (``stacks`` events: the notebook may be on another host, with no shared file system);
 - on several hosts, turns on TCP keepalive on this rank's connections (IPv4 or IPv6) to its peers' hosts
   (``network.keep_alive``): the kernel, which answers for a peer whatever its Python does (a rank
   may hold the GIL for a minute), ends a connection whose other end stopped answering for about
@@ -13,7 +13,7 @@
   fails that way: ``unreachable()`` gives the peers silent for half the timeout or more (for the
   others, rank 0 when its store does not answer).
 
-    pulse = Pulse(rank, world_size, send, stack_path, network_timeout=10.0)
+    pulse = Pulse(rank, world_size, send, stacks_fd, network_timeout=10.0)
     pulse.start()
     pulse.watch(meeting)   # once every rank has arrived (their addresses are in the store)
     pulse.stop()
@@ -37,10 +37,10 @@ _LOOK = 0.05  # seconds between two looks at the stack file
 
 
 class Pulse:
-    def __init__(self, rank: int, world_size: int, send: Callable[[dict[str, Any]], None], stack_path: str,
+    def __init__(self, rank: int, world_size: int, send: Callable[[dict[str, Any]], None], stacks: int,
                  network_timeout: Optional[float] = None) -> None:
         self.rank, self.world_size, self.send = rank, world_size, send
-        self.stack_path = stack_path
+        self.stacks = stacks  # a descriptor of the stack file, open for reading
         self.meeting: Optional[Meeting] = None
         self.network_timeout = network_timeout or 0.0
         self._store_failing_since: Optional[float] = None
@@ -87,17 +87,15 @@ class Pulse:
         """Send what the stack file gained, once it stops growing (faulthandler writes from a
         signal handler, asynchronously)."""
         try:
-            size = os.path.getsize(self.stack_path)
+            size = os.fstat(self.stacks).st_size
+            if size <= self._stack_pos:
+                return
+            time.sleep(_LOOK)
+            if os.fstat(self.stacks).st_size != size:
+                return  # still being written: next look
+            text = os.pread(self.stacks, size - self._stack_pos, self._stack_pos).decode(errors="replace")
         except OSError:
             return
-        if size <= self._stack_pos:
-            return
-        time.sleep(_LOOK)
-        if os.path.getsize(self.stack_path) != size:
-            return  # still being written: next look
-        with open(self.stack_path, "rb") as f:
-            f.seek(self._stack_pos)
-            text = f.read(size - self._stack_pos).decode(errors="replace")
         self._stack_pos = size
         try:
             self.send({"kind": EventKind.STACKS, "text": text})

@@ -373,7 +373,8 @@ class BetweenCells:
         try:
             self._texts.put_nowait((rank, stream, text))
         except queue.Full:
-            self._dropped += 1
+            with self._lock:  # (the writer's thread reads and resets the count)
+                self._dropped += 1
             return
         with self._lock:
             if self._thread is None:
@@ -415,8 +416,9 @@ class BetweenCells:
             if self._texts.empty() or time.monotonic() - self._flushed >= _POLL:  # (a flood: still a few a second)
                 self._flushed = time.monotonic()
                 self._safely(self._output.flush, True)
-                if self._dropped:
+                with self._lock:
                     dropped, self._dropped = self._dropped, 0
+                if dropped:
                     self._safely(_write_std, "stderr", f"[ranks] {dropped} more pieces of output not shown "
                                                        "(session.current_run.output(rank) has them)\n")
 

@@ -61,7 +61,7 @@ def test_stop_is_agreed_so_every_rank_leaves_at_the_same_step():
     run.stop()
     last_step = run.wait(timeout=60)
     assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
-    assert last_step >= 8
+    assert last_step >= 4  # the first epoch (4 steps a rank) had ended: the stop came in the second
     checkpoints = [e for e in run.events if e["kind"] == "checkpoint"]
     assert checkpoints and all(e["rank"] == 0 for e in checkpoints)  # saved by the main worker only
     assert os.path.exists(checkpoints[-1]["path"])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 import os
 import re
 import uuid
@@ -17,6 +18,7 @@ DOCTESTS_THAT_LAUNCH = ("ddp_notebook/__init__.py", "ddp_notebook/lifecycle/laun
 STARTS_SOMETHING = re.compile(r"(?<![\w.])(?:ddp_notebook\.)?(?:launch|spawn|fit)\(|\.(?:retry|start|start_and_connect_sync)\("
                               r"|\b(?:socket|subprocess)\.\w|TCPStore\(|\bMeeting\.")
 NOTEBOOKS_WITH_ENGINES = ("04_scale_out.ipynb",)
+DURATIONS = os.path.join(os.path.dirname(__file__), "tests", "durations.json")
 
 # In the command line of every worker: a fresh one runs worker.process, a forked one keeps the fork
 # server's (worker.zygote).
@@ -81,7 +83,7 @@ def pytest_collection_modifyitems(config, items):
     """Mark doctests and notebook cells by what they start; a test marked with none of the slow
     kinds is a unit test (``pytest -m unit`` runs only those: seconds, no process). A test marked
     ``unit`` and a slow kind at once (a ``processes`` test in a module marked ``unit``) is refused:
-    ``-m unit`` would run it."""
+    ``-m unit`` would run it. Then the files longest first (``_longest_first``)."""
     mixed = []
     for item in items:
         path = str(item.fspath)
@@ -99,6 +101,22 @@ def pytest_collection_modifyitems(config, items):
     if mixed:
         raise pytest.UsageError("marked unit and slow at once (take the unit mark off, e.g. the module's "
                                 "pytestmark):\n  " + "\n  ".join(mixed))
+    items[:] = _longest_first(items)
+
+
+def _longest_first(items):
+    """The test files in the order of the seconds they last took, longest first, each file's tests
+    in their own order (``tests/durations.json``, written by ``scripts/durations.py``; a file not
+    there counts 1 s a test). The two test processes take the files in this order, each the next
+    one as it ends the last (``--dist loadfile --no-loadscope-reorder``), so that no long file
+    starts last while the other has nothing left to do."""
+    with open(DURATIONS, encoding="utf-8") as f:
+        took = json.load(f)
+    files: dict = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(files, key=lambda name: took.get(name, float(len(files[name]))), reverse=True)
+    return [item for name in order for item in files[name]]
 
 
 @pytest.fixture(autouse=True)

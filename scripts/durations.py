@@ -4,6 +4,9 @@ end together:
 
     ./scripts/test.sh --durations=0 | tee /tmp/run.log
     .venv/bin/python scripts/durations.py /tmp/run.log
+
+Run it on a fresh clone, as CI runs: a checkout that has run the suite before keeps caches
+(mypy's) that make some files far quicker than CI finds them.
 """
 import collections
 import json

@@ -168,7 +168,8 @@ def readme_notebook(root):
     import nbformat
     from test_readme import python_blocks
 
-    cells = python_blocks() + ["import time\n" + LONG, "%ddp_fit long_train", "_ddp_run.wait()"]
+    cells = python_blocks() + ["import time\n" + LONG, "%ddp_fit long_train",
+                               "print('Waiting for the run', flush=True)\n_ddp_run.wait()"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(root / "readme.ipynb"))
@@ -193,6 +194,9 @@ def test_readme_blocks_then_a_long_run_interrupted_stopped_and_relaunched(lab, t
         assert long_panel.locator("img[src=x]").count() == 0
         launch = long_panel.get_by_role("button", name="Launch")
         expect(launch).to_be_disabled()  # one run at a time in a panel
+        # Interrupted once the kernel is in the last cell: an interrupt while it is between two
+        # cells is lost (ipykernel interrupts a cell), and the run would go on (CI saw it once).
+        expect(page.locator(".jp-OutputArea-output").get_by_text("Waiting for the run")).to_be_visible(timeout=60_000)
         page.evaluate("() => { window.jupyterapp.commands.execute('kernelmenu:interrupt'); }")
         # One line, once the run has stopped: no KeyboardInterrupt traceback.
         expect(page.get_by_text(re.compile(r"Run \S+ stopped: interrupted in the notebook"))).to_be_visible(

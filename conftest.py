@@ -119,12 +119,20 @@ def _longest_first(items):
     return [item for name in order for item in files[name]]
 
 
+@pytest.fixture(scope="session")
+def kept_between_tests() -> set:
+    """Pids of processes a module's tests share (a kernel and its fork server, ``session_kernel``):
+    the fixture that starts them adds them, and takes them out once they are ended."""
+    return set()
+
+
 @pytest.fixture(autouse=True)
-def no_leaked_processes(request):
+def no_leaked_processes(request, kept_between_tests):
     """Fail a test that leaves a worker (or any child process) running.
 
-    This process's fork server is kept between runs: not a leak. Notebook cells run
-    by nbval are checked once their kernel is gone, at the end of the session."""
+    This process's fork server is kept between runs: not a leak, nor are the processes a module's
+    tests share (``kept_between_tests``). Notebook cells run by nbval are checked once their
+    kernel is gone, at the end of the session."""
     if type(request.node).__name__ == "IPyNbCell":
         yield
         return
@@ -132,8 +140,9 @@ def no_leaked_processes(request):
     before = {c.pid for c in me.children(recursive=True)}
     yield
     # A worker whose notebook process was just shut down exits on its own within moments.
-    _, alive = psutil.wait_procs([p for p in _workers() if p.pid not in _standing()], timeout=5)
-    standing = _standing()
+    _, alive = psutil.wait_procs([p for p in _workers() if p.pid not in _standing() | kept_between_tests],
+                                 timeout=5)
+    standing = _standing() | kept_between_tests
     # (one that ended meanwhile is a zombie until its parent reaps it: ended, not left running; the
     # reaper of a server killed outright is reparented to PID 1, which in a container may never reap)
     leaked = [p for p in alive if _alive(p)]

@@ -1,5 +1,7 @@
 """A real Jupyter kernel with a session of two ranks formed (``%ddp_session cpu*2``), for the
-session tests: run cells, read what they printed, check that no rank outlives the kernel."""
+session tests: run cells, read what they printed, check that no rank outlives its session. The
+kernel is shared by a module's tests (starting one and importing torch there took 4-5 s of each
+test's 6); each test forms its own session in an emptied namespace."""
 from __future__ import annotations
 
 import os
@@ -99,16 +101,61 @@ def _all_ended(pids):
     return all(ended(p) for p in pids)
 
 
+# Forms a session anew in a kernel shared by a module's tests: the namespace emptied first, the
+# notebook's function defined again.
+FORM = SETUP.replace("%load_ext ddp_notebook\n", "%reset -f\n")
+# What the kernel keeps between tests: itself, its fork server and multiprocessing's resource tracker.
+KEPT = ("import os, psutil\nfrom ddp_notebook.executors.local.executor import standing_processes\n"
+        "print('KEPT', os.getpid(), *standing_processes(), *(c.pid for c in psutil.Process().children() "
+        "if 'resource_tracker' in ' '.join(c.cmdline())))")
+
+
+@pytest.fixture(name="shared_kernel", scope="module")
+def shared_kernel_fixture(kept_between_tests):
+    """A kernel for a module's session tests (``kernel``): started by the first, started again
+    after a test that left it unusable; shut down at the module's end, leaving no process."""
+    box: dict = {}
+    yield box
+    _retire(box, kept_between_tests)
+
+
+def _retire(box, kept):
+    k = box.pop("kernel", None)
+    if k is None:
+        return
+    pids = box.pop("kept", set())
+    k.kc.stop_channels()
+    k.km.shutdown_kernel(now=True)
+    wait_until(lambda: _all_ended(pids), timeout=30)
+    kept.difference_update(pids)
+    box.pop("pid", None)
+
+
 @pytest.fixture(name="kernel")
-def kernel_fixture():
-    k = _start_kernel()
+def kernel_fixture(shared_kernel, kept_between_tests):
+    """A kernel with a fresh session of two ranks (``SETUP``), shared with the module's other
+    tests: each test forms its own session in an emptied namespace, and its ranks must have
+    ended once the test closed it (a test that kills, restarts or leaves the kernel busy gets it
+    started anew for the next)."""
+    k = shared_kernel.get("kernel")
+    if k is None or not k.km.is_alive():
+        _retire(shared_kernel, kept_between_tests)
+        k = shared_kernel["kernel"] = _start_kernel()
+        k.ok("%load_ext ddp_notebook", timeout=180)
+    printed = k.ok(FORM, timeout=180)
+    assert "Session ready: 2 ranks on cpu:0, cpu:1" in printed, printed
+    kept = [int(p) for p in re.search(r"KEPT (.*)", k.ok(KEPT)).group(1).split()]
+    shared_kernel.setdefault("pid", kept[0])
+    shared_kernel["kept"] = shared_kernel.get("kept", set()) | set(kept)
+    kept_between_tests.update(kept)
     seen = []
+    usable = False
     try:
-        printed = k.ok(SETUP, timeout=180)
-        assert "Session ready: 2 ranks on cpu:0, cpu:1" in printed, printed
         yield k, seen
         seen.extend(k.rank_pids())
+        k.execute("%ddp_session --stop", timeout=60)  # (a UsageError where the test closed it)
+        usable = int(re.search(r"KEPT (\d+)", k.ok(KEPT)).group(1)) == shared_kernel["pid"]  # not restarted
     finally:
-        k.kc.stop_channels()
-        k.km.shutdown_kernel(now=True)
-    wait_until(lambda: _all_ended(seen), timeout=30)  # no rank outlives its kernel
+        if not usable:
+            _retire(shared_kernel, kept_between_tests)
+    wait_until(lambda: _all_ended(seen), timeout=30)  # no rank outlives its session

@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from session_kernel import kernel_fixture, strip_ansi  # noqa: F401 - a fixture
+from session_kernel import kernel_fixture, shared_kernel_fixture, strip_ansi  # noqa: F401 - fixtures
 
 from helpers import wait_until
 

@@ -2,7 +2,7 @@
 while its peers run (they are interrupted, or released from a collective they wait in), a
 collective that one rank skips, several ranks raising, interrupts landing anywhere, a push cut
 short, and output by the thousand lines. Each fault ends with the session usable and names the
-right rank; every kernel checks that no rank outlives it."""
+right rank; no rank outlives its session (each test forms its own, in a kernel the module shares)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from session_kernel import kernel_fixture, strip_ansi  # noqa: F401 - a fixture
+from session_kernel import kernel_fixture, shared_kernel_fixture, strip_ansi  # noqa: F401 - fixtures
 
 from helpers import wait_until
 

@@ -1,7 +1,8 @@
 """Sessions in a real Jupyter kernel: ranks that stay and run cells (``%ddp_session``, ``%%ddp``,
 ``ddp_notebook.session``), with what a launch guarantees: errors named by rank, interrupts, a
-rank's death, the kernel's death. Each test has a kernel of its own, with a session of two ranks
-formed, and checks that no rank outlives it."""
+rank's death, the kernel's death. Each test forms a session of two ranks of its own, in a kernel the
+module's tests share (one that kills or restarts it gets it anew), and checks that no rank outlives
+the session."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,14 @@ import signal
 import time
 
 import pytest
-from session_kernel import SETUP, _all_ended, _start_kernel, kernel_fixture, strip_ansi  # noqa: F401 - a fixture
+from session_kernel import (  # noqa: F401 - fixtures
+    SETUP,
+    _all_ended,
+    _start_kernel,
+    kernel_fixture,
+    shared_kernel_fixture,
+    strip_ansi,
+)
 
 from helpers import wait_until
 

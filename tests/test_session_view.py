@@ -254,12 +254,16 @@ def test_markup_in_a_cell_or_its_output_shows_as_text():
 
 @pytest.mark.unit
 def test_outside_a_notebook_a_session_shows_its_text(capsys):
-    from ddp_notebook.ui.session_magics import show_session_view
+    from ddp_notebook.ui.display import show_session
 
     class NoRun:
         current_run = None
 
-    assert show_session_view(NoRun()) is False  # no run holds its ranks: its repr
+        def __repr__(self):
+            return "<a session>"
+
+    show_session(NoRun())  # no run holds its ranks: its repr
+    assert capsys.readouterr().out == "<a session>\n"
 
 
 @pytest.mark.kernel

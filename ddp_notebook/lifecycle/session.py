@@ -68,23 +68,13 @@ from .session_failures import cell_error, ended_text, failures_of, push_hint
 from .session_state import SessionRecord, sessions, value_text
 
 __all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session", "set_current_session",
-           "show_sessions_with", "RANK_NAMES", "INTERRUPT_GRACE"]
+           "RANK_NAMES", "INTERRUPT_GRACE"]
 
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
 END_WAIT = 30.0
 
 _current: Optional[Session] = None
-# How a session shows itself in IPython (``_ipython_display_``): set by the front end (``ui``),
-# which shows its live view in a notebook and returns True; otherwise the session shows its text.
-ShowSession = Callable[["Session"], bool]
-_show_session: Optional[ShowSession] = None
-
-
-def show_sessions_with(hook: Optional[ShowSession]) -> None:
-    """Set how a session displayed in IPython shows (the front end calls this once)."""
-    global _show_session
-    _show_session = hook
 
 
 def current_session() -> Optional[Session]:
@@ -211,17 +201,6 @@ class Session:
         state = self.state
         return (f"<Session {state.run_id or '-'} {state.session_status} on {', '.join(self.devices) or '-'}"
                 f"{f', {state.cells} cells run' if state.cells else ''}>")
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": repr(self)}
-
-    def _ipython_display_(self) -> None:
-        """Its run's view (what the front end registered), else its repr."""
-        if _show_session is not None and _show_session(self):
-            return
-        from IPython.display import display
-
-        display({"text/plain": repr(self)}, raw=True)
 
     # ---- what front ends read ---------------------------------------------------------------------
     @property

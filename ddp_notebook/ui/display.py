@@ -1,8 +1,8 @@
 """What shows where: the live panel in a notebook, text elsewhere.
 
-``register(shell)`` makes the panel the display of every ``Run`` in an IPython shell (IPython's
-display formatter), so a run that is the value of a cell, or passed to ``display()``, shows
-live; the package does it on import inside IPython, and the extension on load.
+``register(shell)`` makes the panel the display of every ``Run`` and of every ``Session`` (its
+run's view) in an IPython shell (IPython's display formatter), so a run or a session that is the
+value of a cell, or passed to ``display()``, shows live; the package does it on import inside IPython, and the extension on load.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from ..lifecycle.launch import show_while_waiting
 from ..lifecycle.options import ui_form
 from ..lifecycle.run import Run
 from ..lifecycle.sending import show_while_sending
+from ..lifecycle.session import Session
 from .html import report_html
 from .terminal import watch
 from .text import format_data, format_run
 
-__all__ = ["in_notebook", "show_run", "show_report", "show_blocking_run", "show_sending", "register", "updater",
-           "unregister"]
+__all__ = ["in_notebook", "show_run", "show_session", "show_report", "show_blocking_run", "show_sending", "register",
+           "updater", "unregister"]
 
 
 def _shell() -> Any:
@@ -160,6 +161,20 @@ def _display_run(run: Run) -> None:
     show_run(run)
 
 
+def show_session(value: Session, ui: Optional[str] = None) -> None:
+    """A session shows as its run's view: the live panel in a notebook, where the session formed
+    again shows its new run below; its text elsewhere; its repr while no run holds its ranks.
+    ``ui``: the form it takes (default its ``ui`` option)."""
+    run = value.current_run
+    if run is None:
+        print(repr(value))
+    elif not in_notebook():
+        print(format_run(run.state))
+    else:
+        form = ui_form(ui if ui is not None else value.options.ui)
+        display_kept_current(view_of(run, form), form)  # a run formed again shows below (restarts.followed)
+
+
 def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:
     """How a run that the caller blocks on (``fit()``, ``spawn()``) shows: its live panel in a
     notebook; progress on stderr elsewhere, then its final table."""
@@ -197,16 +212,18 @@ def show_sending(total: int) -> Callable[[int, int, Optional[float]], None]:
 
 
 def register(shell: Any = None) -> None:
-    """Show every ``Run`` through ``show_run`` in ``shell`` (default: the running IPython, if any),
-    every run a caller blocks on (``show_blocking_run``) and every long copy of a call's data
-    (``show_sending``)."""
+    """Show every ``Run`` through ``show_run`` and every ``Session`` through ``show_session`` in
+    ``shell`` (default: the running IPython, if any), every run a caller blocks on
+    (``show_blocking_run``) and every long copy of a call's data (``show_sending``)."""
     show_while_waiting(show_blocking_run)
     show_while_sending(show_sending)
     shell = shell if shell is not None else _shell()
     if shell is not None:
         shell.display_formatter.ipython_display_formatter.for_type(Run, _display_run)
+        shell.display_formatter.ipython_display_formatter.for_type(Session, show_session)
 
 
 def unregister(shell: Any) -> None:
-    """Undo ``register``: a ``Run`` shows as its repr again."""
-    shell.display_formatter.ipython_display_formatter.pop(Run, None)
+    """Undo ``register``: a ``Run`` and a ``Session`` show as their repr again."""
+    for shown in (Run, Session):
+        shell.display_formatter.ipython_display_formatter.pop(shown, None)

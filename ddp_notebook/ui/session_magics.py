@@ -23,14 +23,13 @@ from ..core.errors import (
     SessionEndedError,
 )
 from ..core.failures import ranks_text
-from ..lifecycle.options import UI_FORMS, ui_form
+from ..lifecycle.options import UI_FORMS
 from ..lifecycle.restarts import show_follow_ons_with
-from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session, show_sessions_with
-from .display import display_kept_current, in_notebook, view_of
+from ..lifecycle.session import CellFuture, Session, current_session, session, set_current_session
+from .display import show_session
 from .magics import _USER_MISTAKES, _device_list, _engines_named, _parse, _stall_setting
-from .text import format_run
 
-__all__ = ["SessionMagics", "SESSION_MAGICS", "show_session_view"]
+__all__ = ["SessionMagics", "SESSION_MAGICS"]
 
 #: The magics this module registers (``unload_ipython_extension`` removes them).
 SESSION_MAGICS = (("line", "ddp_session"), ("cell", "ddp"))
@@ -72,22 +71,6 @@ def _rank_choice(text: str) -> _Ranks:
     return _Ranks(out, words)
 
 
-def show_session_view(value: Session, ui: Optional[str] = None) -> bool:
-    """A session shows as its run's view (the hook of ``Session._ipython_display_``): the live
-    panel in a notebook, where the session formed again shows its new run below; its text
-    elsewhere. False when no run holds its ranks (its repr shows). ``ui``: the form it takes
-    (default its ``ui`` option)."""
-    run = value.current_run
-    if run is None:
-        return False
-    if not in_notebook():
-        print(format_run(run.state))
-        return True
-    form = ui_form(ui if ui is not None else value.options.ui)
-    display_kept_current(view_of(run, form), form)  # a run formed again shows below (restarts.followed)
-    return True
-
-
 def _follow_reform(before: Any, new: Any) -> None:
     """The current session formed again (restart, Re-form, a request cut): the notebook's
     ``_ddp_run`` is its new run."""
@@ -101,7 +84,6 @@ def _follow_reform(before: Any, new: Any) -> None:
 
 
 show_follow_ons_with(_follow_reform)
-show_sessions_with(show_session_view)
 
 
 @magics_class
@@ -160,7 +142,7 @@ class SessionMagics(Magics):
             run = current.current_run
             print(f"Session ready: {_ranks(len(current.devices))} on {', '.join(current.devices)} "
                   f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
-            show_session_view(current, args.ui)
+            show_session(current, args.ui)
             return
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
@@ -181,7 +163,7 @@ class SessionMagics(Magics):
             print(f"Session {state.run_id} {state.session_status}: %ddp_session --restart forms it again on "
                   f"{', '.join(current.devices)} "
                   "(its namespaces were lost with its ranks), --restart DEVICES on others.")
-            show_session_view(current, args.ui)
+            show_session(current, args.ui)
             return
         if current is not None and current.alive:
             # A session lives: the line most often means "show me the session". Anything that
@@ -200,7 +182,7 @@ class SessionMagics(Magics):
             print(f"Session live: {_ranks(current.world_size)} on {', '.join(current.devices)} "
                   f"(run {current.current_run.id if current.current_run else '-'}). "
                   "%%ddp runs a cell on every rank; %ddp_session --restart forms it again.")
-            show_session_view(current, args.ui)
+            show_session(current, args.ui)
             return
         try:
             formed = session(spec, **options)
@@ -210,7 +192,7 @@ class SessionMagics(Magics):
         run = formed.current_run
         print(f"Session ready: {_ranks(formed.world_size)} on {', '.join(formed.devices)} "
               f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
-        show_session_view(formed, args.ui)  # its live view, in a notebook
+        show_session(formed, args.ui)  # its live view, in a notebook
 
     @magic_arguments()
     @argument("--ranks", type=_rank_choice, metavar="RANKS",
@@ -247,7 +229,7 @@ class SessionMagics(Magics):
                              + "".join(traceback.format_exception_only(e)).rstrip()) from None
         if isinstance(done, CellFuture):
             self.user_ns["_ddp_cell"] = done
-            show_session_view(current)
+            show_session(current)
             done.add_done_callback(_say_error)
 
 

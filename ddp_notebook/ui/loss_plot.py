@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import io
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -24,8 +25,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # A view's thread may be drawing when the interpreter exits. Python then ends that thread with a
 # forced unwind, and one through matplotlib's C++ (ft2font) aborts the process: "terminate called
-# without an active exception", exit 134. So drawings take turns under one lock, and at exit no
-# drawing starts again and the one in progress, if any, is waited for.
+# without an active exception", exit 134. Figures left for the cyclic collector are freed on
+# whichever thread allocates next, late in the exit, and ft2font's own objects then outlive the
+# interpreter: "PyThreadState_Get: the function must be called with the GIL held" (134) or a
+# segfault (139). So drawings take turns under one lock; at exit the one in progress, if any, is
+# waited for, the lock is kept (a drawer waits in it, in no C++ frame, until the process ends)
+# and matplotlib's garbage is collected on the exiting thread while the interpreter is whole.
 _DRAWING = threading.Lock()
 _exiting = False
 
@@ -35,13 +40,15 @@ def drawing(empty: Any) -> Callable[[F], F]:
     def wrap(draw: F) -> F:
         @functools.wraps(draw)
         def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+            if _exiting:  # (the lock is kept from now on)
+                return empty
             # Imported before the turn is taken: a first import takes a second or more, which
             # the other drawers (and the threads that wait on them) would wait out.
             import matplotlib.backends.backend_agg
             import matplotlib.figure  # noqa: F401
 
             with _DRAWING:
-                return empty if _exiting else draw(*args, **kwargs)
+                return draw(*args, **kwargs)
         return one_at_a_time  # type: ignore[return-value]
     return wrap
 
@@ -49,9 +56,9 @@ def drawing(empty: Any) -> Callable[[F], F]:
 @atexit.register
 def _stop_drawing() -> None:
     global _exiting
-    _exiting = True  # first: drawers that wait for the lock then give it up at once (it is not fair)
-    if _DRAWING.acquire(timeout=30):
-        _DRAWING.release()
+    _exiting = True
+    if _DRAWING.acquire(timeout=30):  # kept: no drawing starts again
+        gc.collect()
 
 
 def smooth(points: Sequence[tuple[float, float]], weight: float) -> list[tuple[float, float]]:

@@ -2,7 +2,8 @@
 
 ``register(shell)`` makes the panel the display of every ``Run`` and of every ``Session`` (its
 run's view) in an IPython shell (IPython's display formatter), so a run or a session that is the
-value of a cell, or passed to ``display()``, shows live; the package does it on import inside IPython, and the extension on load.
+value of a cell, or passed to ``display()``, shows live; the package does it on import inside
+IPython, and the extension on load.
 """
 from __future__ import annotations
 

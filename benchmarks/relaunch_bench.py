@@ -90,7 +90,7 @@ class Launcher:
             run = self.dn.launch(_ours_rank, devices="cpu*2", args=(fail,))
             try:
                 run.wait(timeout)
-            except self.dn.WaitTimeoutError:
+            except self.dn.errors.WaitTimeoutError:
                 run.stop(force=True)
                 raise TimeoutError from None
             except self.dn.WorkerFailedError:

@@ -81,8 +81,10 @@ class Kernel:
         return reply["content"]
 
     def rank_pids(self):
-        printed = self.ok("print('PIDS', *_ddp_session.current_run.pids())")
-        return [int(p) for p in re.search(r"PIDS (.*)", printed).group(1).split()]
+        """The ranks of the kernel's current session (none when it has none)."""
+        printed = self.ok("_s = globals().get('_ddp_session')\n"
+                          "print('PIDS', *(_s.current_run.pids() if _s is not None and _s.current_run else ()))")
+        return [int(p) for p in re.search(r"PIDS(.*)", printed).group(1).split()]
 
 
 def _start_kernel():
@@ -121,41 +123,58 @@ def shared_kernel_fixture(kept_between_tests):
 
 def _retire(box, kept):
     k = box.pop("kernel", None)
+    pids = box.pop("kept", set())
+    box.pop("pid", None)
     if k is None:
         return
-    pids = box.pop("kept", set())
-    k.kc.stop_channels()
-    k.km.shutdown_kernel(now=True)
-    wait_until(lambda: _all_ended(pids), timeout=30)
-    kept.difference_update(pids)
-    box.pop("pid", None)
+    try:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+        wait_until(lambda: _all_ended(pids), timeout=30)
+    finally:
+        kept.difference_update(pids)
+
+
+def _keep(k, box, kept):
+    """Note what the kernel keeps between tests now (its fork server may have been started anew);
+    the kernel's pid."""
+    pids = [int(p) for p in re.search(r"KEPT (.*)", k.ok(KEPT)).group(1).split()]
+    box.setdefault("pid", pids[0])
+    box["kept"] = box.get("kept", set()) | set(pids)
+    kept.update(pids)
+    return pids[0]
 
 
 @pytest.fixture(name="kernel")
 def kernel_fixture(shared_kernel, kept_between_tests):
     """A kernel with a fresh session of two ranks (``SETUP``), shared with the module's other
     tests: each test forms its own session in an emptied namespace, and its ranks must have
-    ended once the test closed it (a test that kills, restarts or leaves the kernel busy gets it
-    started anew for the next)."""
+    ended once the session is closed after it (a test that kills, restarts or leaves the kernel
+    busy gets it started anew for the next, as does a session that could not be formed or closed)."""
     k = shared_kernel.get("kernel")
-    if k is None or not k.km.is_alive():
+    try:
+        if k is None or not k.km.is_alive():
+            _retire(shared_kernel, kept_between_tests)
+            k = shared_kernel["kernel"] = _start_kernel()
+            k.ok("%load_ext ddp_notebook", timeout=180)
+        printed = k.ok(FORM, timeout=180)
+        assert "Session ready: 2 ranks on cpu:0, cpu:1" in printed, printed
+        _keep(k, shared_kernel, kept_between_tests)
+    except BaseException:
         _retire(shared_kernel, kept_between_tests)
-        k = shared_kernel["kernel"] = _start_kernel()
-        k.ok("%load_ext ddp_notebook", timeout=180)
-    printed = k.ok(FORM, timeout=180)
-    assert "Session ready: 2 ranks on cpu:0, cpu:1" in printed, printed
-    kept = [int(p) for p in re.search(r"KEPT (.*)", k.ok(KEPT)).group(1).split()]
-    shared_kernel.setdefault("pid", kept[0])
-    shared_kernel["kept"] = shared_kernel.get("kept", set()) | set(kept)
-    kept_between_tests.update(kept)
+        raise
     seen = []
     usable = False
     try:
         yield k, seen
+        k.ok("pass", timeout=30)  # idle: a test that failed mid-cell leaves its cell running
         seen.extend(k.rank_pids())
-        k.execute("%ddp_session --stop", timeout=60)  # (a UsageError where the test closed it)
-        usable = int(re.search(r"KEPT (\d+)", k.ok(KEPT)).group(1)) == shared_kernel["pid"]  # not restarted
+        content, _ = k.execute("%ddp_session --stop", timeout=60)
+        closed = content["status"] == "ok" or "there is no session" in content.get("evalue", "")
+        usable = closed and _keep(k, shared_kernel, kept_between_tests) == shared_kernel["pid"]  # not restarted
     finally:
-        if not usable:
-            _retire(shared_kernel, kept_between_tests)
-    wait_until(lambda: _all_ended(seen), timeout=30)  # no rank outlives its session
+        try:
+            if not usable:
+                _retire(shared_kernel, kept_between_tests)
+        finally:
+            wait_until(lambda: _all_ended(seen), timeout=30)  # no rank outlives its session

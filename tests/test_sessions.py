@@ -59,15 +59,17 @@ def test_an_interrupt_while_a_session_forms_says_so_in_a_line_and_ends_its_ranks
     k, _ = kernel
     # The interrupt lands once the new session's run has started (its ranks forming, saying hello).
     content, _ = k.execute(
-        "import signal, threading, time\nfrom ddp_notebook.lifecycle.launch import runs\nbefore = len(runs())\n"
-        "def hit():\n    while len(runs()) == before:\n        time.sleep(0.001)\n"
-        "    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)\n"
-        "threading.Thread(target=hit).start()\nformed = ddp_notebook.session('cpu*2')")
+        "import signal, threading, time\nbefore = ddp_notebook.last_run()\n"
+        "def hit():\n    deadline = time.monotonic() + 120\n"
+        "    while ddp_notebook.last_run() is before and time.monotonic() < deadline:\n        time.sleep(0.001)\n"
+        "    if ddp_notebook.last_run() is not before:\n"
+        "        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)\n"
+        "threading.Thread(target=hit, daemon=True).start()\nformed = ddp_notebook.session('cpu*2')")
     assert content["status"] == "error" and content["ename"] == "SessionInterrupted", content
     assert content["traceback"] == ["Forming the session was interrupted: its ranks were ended, no session was "
                                     "formed"], content["traceback"]  # one line, none of the package's frames
     assert "formed" not in k.ok("print(sorted(globals()))")
-    k.ok("r = runs()[-1]\nfor _ in range(600):\n    if r.done:\n        break\n    time.sleep(0.1)\n"
+    k.ok("r = ddp_notebook.last_run()\nfor _ in range(600):\n    if r.done:\n        break\n    time.sleep(0.1)\n"
          "assert r.done and r.status == 'stopped', r.status")  # its ranks ended
     assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # the kernel's session goes on
     # A rank chosen by text (as %%ddp takes it) is said to be one.

@@ -10,6 +10,7 @@ import atexit
 import functools
 import gc
 import io
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -23,14 +24,15 @@ __all__ = ["LossPlot", "smooth", "plot_png", "epoch_plot_png", "step_label"]
 Series = Mapping[str, Sequence[tuple[float, float]]]  # label -> (step, loss) points
 F = TypeVar("F", bound=Callable[..., Any])
 
-# A view's thread may be drawing when the interpreter exits. Python then ends that thread with a
-# forced unwind, and one through matplotlib's C++ (ft2font) aborts the process: "terminate called
-# without an active exception", exit 134. Figures left for the cyclic collector are freed on
-# whichever thread allocates next, late in the exit, and ft2font's own objects then outlive the
-# interpreter: "PyThreadState_Get: the function must be called with the GIL held" (134) or a
-# segfault (139). So drawings take turns under one lock; at exit the one in progress, if any, is
-# waited for, the lock is kept (a drawer waits in it, in no C++ frame, until the process ends)
-# and matplotlib's garbage is collected on the exiting thread while the interpreter is whole.
+# A view's thread may be drawing, or importing matplotlib, when the interpreter exits. Python
+# then ends that thread with a forced unwind, and one through matplotlib's C++ (ft2font) aborts the
+# process: "terminate called without an active exception" (exit 134), a segfault (139). Figures
+# left for the cyclic collector are freed late in the exit, and ft2font's own objects then outlive
+# the interpreter: "PyThreadState_Get: the function must be called with the GIL held" (134). So
+# drawings take turns under one lock; at exit no drawing or import starts again, an import in
+# progress and the drawing in progress, if any, are waited for, and matplotlib's garbage is
+# collected on the exiting thread while the interpreter is whole. (The lock is given back: a
+# view's thread waiting for it may hold its view's lock, which the run's end, written at exit, needs.)
 _DRAWING = threading.Lock()
 _exiting = False
 
@@ -40,7 +42,7 @@ def drawing(empty: Any) -> Callable[[F], F]:
     def wrap(draw: F) -> F:
         @functools.wraps(draw)
         def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
-            if _exiting:  # (the lock is kept from now on)
+            if _exiting:
                 return empty
             # Imported before the turn is taken: a first import takes a second or more, which
             # the other drawers (and the threads that wait on them) would wait out.
@@ -48,7 +50,7 @@ def drawing(empty: Any) -> Callable[[F], F]:
             import matplotlib.figure  # noqa: F401
 
             with _DRAWING:
-                return draw(*args, **kwargs)
+                return empty if _exiting else draw(*args, **kwargs)
         return one_at_a_time  # type: ignore[return-value]
     return wrap
 
@@ -56,9 +58,13 @@ def drawing(empty: Any) -> Callable[[F], F]:
 @atexit.register
 def _stop_drawing() -> None:
     global _exiting
-    _exiting = True
-    if _DRAWING.acquire(timeout=30):  # kept: no drawing starts again
-        gc.collect()
+    _exiting = True  # first: drawers that wait for the lock then give it up at once (it is not fair)
+    if "matplotlib" in sys.modules:  # a drawer's import in progress is waited for (Python's import lock)
+        import matplotlib.backends.backend_agg
+        import matplotlib.figure  # noqa: F401
+    if _DRAWING.acquire(timeout=30):
+        _DRAWING.release()
+    gc.collect()
 
 
 def smooth(points: Sequence[tuple[float, float]], weight: float) -> list[tuple[float, float]]:

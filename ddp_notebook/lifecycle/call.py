@@ -14,7 +14,7 @@ from ..core.errors import ArgumentsError, DDPNotebookError, NotPicklableError, S
 from ..transfer.packing import Packed, pack
 from .stale_code import stale_code_notice
 
-__all__ = ["Call", "pack_call", "first_unpicklable", "check_arguments", "call_parts"]
+__all__ = ["Call", "cell_sources", "pack_call", "first_unpicklable", "check_arguments", "call_parts"]
 
 
 def _describe(obj: Any) -> str:
@@ -157,6 +157,13 @@ def check_arguments(fn: Callable[..., Any], first: str, args: tuple[Any, ...], k
         raise ArgumentsError(f"{name}({first}, ...) cannot take these arguments: {e}") from None
 
 
+def cell_sources() -> dict[str, Any]:
+    """The notebook cells' sources (IPython's entries in ``linecache``, which only this process
+    has): sent with a call or a session's cell, so that a traceback raised on a rank shows the
+    cell's lines."""
+    return {name: entry for name, entry in list(linecache.cache.items()) if len(entry) == 4 and entry[1] is None}
+
+
 def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Packed:
     """cloudpickle the call, its large tensors and arrays by reference (``transfer.packing``: they
     are placed in shared memory when the run starts); on failure, find the piece that cannot be
@@ -166,12 +173,8 @@ def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     >>> loads(pack_call(len, ([1, 2],), {}).data)["args"]
     ([1, 2],)
     """
-    # Cell sources are only in this process's linecache: ship them so tracebacks raised in the
-    # worker show the lines of the cell.
-    sources = {name: entry for name, entry in list(linecache.cache.items())
-               if len(entry) == 4 and entry[1] is None}
     try:
-        return pack({"fn": fn, "args": args, "kwargs": kwargs, "sources": sources})
+        return pack({"fn": fn, "args": args, "kwargs": kwargs, "sources": cell_sources()})
     except SharedDataError:  # the data itself (a file it is mapped from changed): it says which
         raise
     except Exception as whole:  # noqa: BLE001 - pickling raises many types

@@ -5,14 +5,13 @@ the cell binds itself; and the values ``Session.push`` sends (placed as a launch
 from __future__ import annotations
 
 import inspect
-import linecache
 import symtable
 import types
 from typing import Any, Optional
 
 from ..core.errors import NotPicklableError
 from ..transfer import packing, pickling
-from .call import first_unpicklable
+from .call import cell_sources, first_unpicklable
 
 __all__ = ["RANK_NAMES", "notebook_names", "new_sources", "pickled_names", "packed"]
 
@@ -63,10 +62,8 @@ def _read_from_notebook(code: str) -> set[str]:
 
 
 def new_sources(sent: set[str]) -> dict[str, Any]:
-    """The notebook cells' sources (IPython's entries in ``linecache``) not in ``sent`` yet, which
-    is updated: sent with a cell, tracebacks in the ranks show their lines."""
-    new = {name: entry for name, entry in list(linecache.cache.items())
-           if len(entry) == 4 and entry[1] is None and name not in sent}
+    """The notebook cells' sources (``call.cell_sources``) not in ``sent`` yet, which is updated."""
+    new = {name: entry for name, entry in cell_sources().items() if name not in sent}
     sent.update(new)
     return new
 

@@ -9,7 +9,7 @@ import pytest
 
 from ddp_notebook.core.bounds import LINE_CHARS
 from ddp_notebook.core.failures import FailureKind
-from ddp_notebook.lifecycle.cell_names import notebook_names
+from ddp_notebook.lifecycle.cell_names import notebook_names, packed
 from ddp_notebook.lifecycle.session_exchange import SHOWN_DISPLAYS, CellOutput, Gathered, interrupts_counted
 from ddp_notebook.lifecycle.session_failures import cell_error, failures_of, push_hint
 from ddp_notebook.transfer import pickling
@@ -279,6 +279,18 @@ def test_a_cell_takes_the_notebooks_functions_classes_and_modules_it_names_not_w
     assert sorted(notebook_names("f(math.pi) + len(data) + rank", namespace)) == ["f", "math"]
     code = "t = torch.ones(1)\ndist.all_reduce(t)\ndef g(f):\n    return f\nimport math as m"
     assert notebook_names(code, namespace) == {}
+
+
+def test_a_value_pushed_that_cannot_be_pickled_is_named_as_a_launch_names_its_argument():
+    import threading
+
+    from ddp_notebook.errors import NotPicklableError
+
+    for by_value in (False, True):  # placed in shared memory, or pickled whole (ranks on engines)
+        with pytest.raises(NotPicklableError, match=r"the value of 'guard'.*lock"):
+            packed({"lr": 0.1, "guard": threading.Lock()}, by_value=by_value)
+    data, placed = packed({"lr": 0.1})  # nothing large: nothing placed
+    assert pickling.loads(data) == {"lr": 0.1} and placed.table == {"segments": [], "pieces": []}
 
 
 def _reply(op, rank, when=0.0, interrupted=False, message="boom", name=None):

@@ -14,7 +14,7 @@ from ..core.errors import ArgumentsError, DDPNotebookError, NotPicklableError, S
 from ..transfer.packing import Packed, pack
 from .stale_code import stale_code_notice
 
-__all__ = ["Call", "cell_sources", "pack_call", "first_unpicklable", "check_arguments", "call_parts"]
+__all__ = ["Call", "cell_sources", "pack_call", "pack_naming", "first_unpicklable", "check_arguments", "call_parts"]
 
 
 def _describe(obj: Any) -> str:
@@ -173,15 +173,31 @@ def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     >>> loads(pack_call(len, ([1, 2],), {}).data)["args"]
     ([1, 2],)
     """
+    parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
+    parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
+    parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    return pack_naming({"fn": fn, "args": args, "kwargs": kwargs, "sources": cell_sources()}, parts,
+                       "the call", "function call")
+
+
+def pack_naming(value: Any, parts: Sequence[tuple[str, Any]], what: str, kind: str) -> Packed:
+    """``pack(value)`` (``transfer.packing``); where it cannot be pickled, the
+    ``NotPicklableError`` that names the first of ``parts`` (name, object) that cannot, else
+    ``what`` (a ``kind``) whole.
+
+    Raises
+    ------
+    NotPicklableError
+        A piece cannot be pickled.
+    SharedDataError
+        The data itself cannot be placed (a file it is mapped from changed): it says which.
+    """
     try:
-        return pack({"fn": fn, "args": args, "kwargs": kwargs, "sources": cell_sources()})
-    except SharedDataError:  # the data itself (a file it is mapped from changed): it says which
+        return pack(value)
+    except SharedDataError:
         raise
     except Exception as whole:  # noqa: BLE001 - pickling raises many types
-        parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
-        parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
-        parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-        raise (first_unpicklable(parts) or NotPicklableError("the call", "function call", str(whole))) from None
+        raise (first_unpicklable(parts) or NotPicklableError(what, kind, str(whole))) from None
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from ..core.errors import NotPicklableError
 from ..transfer import packing, pickling
-from .call import cell_sources, first_unpicklable
+from .call import cell_sources, first_unpicklable, pack_naming
 
 __all__ = ["RANK_NAMES", "notebook_names", "new_sources", "pickled_names", "packed"]
 
@@ -88,14 +88,12 @@ def packed(values: dict[str, Any], by_value: bool = False) -> tuple[bytes, Optio
     ------
     NotPicklableError
         A value cannot be sent (named).
+    SharedDataError
+        A value's data cannot be placed (a file it is mapped from changed), as for a launch.
     """
     if by_value or not packing.supported():
         return _pickled(values, "the value of {!r}"), None
-    try:
-        packed = packing.pack(values)
-    except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
-        found = first_unpicklable([(f"the value of {k!r}", v) for k, v in values.items()])
-        raise (found or NotPicklableError("the values", "dict", str(whole))) from None
+    packed = pack_naming(values, [(f"the value of {k!r}", v) for k, v in values.items()], "the values", "dict")
     return packed.data, packed.place()
 
 

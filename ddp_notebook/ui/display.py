@@ -46,11 +46,12 @@ def in_notebook() -> bool:
 
 
 def show_run(run: Run, launcher: Optional[Callable[[list[str]], Any]] = None,
-             on_start: Optional[Callable[[Any], None]] = None) -> Any:
+             on_start: Optional[Callable[[Any], None]] = None, ui: Optional[str] = None) -> Any:
     """Display the live panel of ``run`` in a notebook (with ``launcher``: controls to relaunch
     it on other devices, offered and validated where it ran; ``on_start`` hears of every run the
-    panel starts); print its state as text elsewhere."""
-    ui = ui_form(run.options.ui)
+    panel starts; ``ui``: the form it takes, default the run's ``ui`` option); print its state as
+    text elsewhere."""
+    ui = ui_form(ui if ui is not None else run.options.ui)
     if not in_notebook():
         print(format_run(run.state))
         return None
@@ -163,17 +164,14 @@ def _display_run(run: Run) -> None:
 
 
 def show_session(value: Session, ui: Optional[str] = None) -> None:
-    """A session shows as its run's view: the live panel in a notebook, where the session formed
-    again shows its new run below; its text elsewhere; its repr while no run holds its ranks.
-    ``ui``: the form it takes (default its ``ui`` option)."""
+    """A session shows as its run's view (``show_run``; where it is formed again, its new run
+    shows below: ``restarts.followed``); its repr while no run holds its ranks. ``ui``: the form
+    it takes (default its ``ui`` option, which its run has)."""
     run = value.current_run
     if run is None:
         print(repr(value))
-    elif not in_notebook():
-        print(format_run(run.state))
     else:
-        form = ui_form(ui if ui is not None else value.options.ui)
-        display_kept_current(view_of(run, form), form)  # a run formed again shows below (restarts.followed)
+        show_run(run, ui=ui)
 
 
 def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:

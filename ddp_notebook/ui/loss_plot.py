@@ -46,13 +46,17 @@ def drawing(empty: Any) -> Callable[[F], F]:
                 return empty
             # Imported before the turn is taken: a first import takes a second or more, which
             # the other drawers (and the threads that wait on them) would wait out.
-            import matplotlib.backends.backend_agg
-            import matplotlib.figure  # noqa: F401
-
+            _import_matplotlib()
             with _DRAWING:
                 return empty if _exiting else draw(*args, **kwargs)
         return one_at_a_time  # type: ignore[return-value]
     return wrap
+
+
+def _import_matplotlib() -> None:
+    """What a drawing needs of matplotlib, imported (the same modules wherever it is waited for)."""
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure  # noqa: F401
 
 
 @atexit.register
@@ -60,8 +64,7 @@ def _stop_drawing() -> None:
     global _exiting
     _exiting = True  # first: drawers that wait for the lock then give it up at once (it is not fair)
     if "matplotlib" in sys.modules:  # a drawer's import in progress is waited for (Python's import lock)
-        import matplotlib.backends.backend_agg
-        import matplotlib.figure  # noqa: F401
+        _import_matplotlib()
     if _DRAWING.acquire(timeout=30):
         _DRAWING.release()
     gc.collect()

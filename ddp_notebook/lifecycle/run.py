@@ -62,7 +62,7 @@ from .reporting import Reporter
 from .restarts import restart_after
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
-from .store import loopback_store
+from .store import LoopbackStore
 from .stored import delete_run_dir, end_with_notebook, keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .torch_compat import WorkerProcess, echo_output, process_failure
@@ -201,15 +201,17 @@ class Run:
         if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)
-        env, self._release_start = loopback_store(n, needed=self._settings.mode == CallMode.SPAWN)
+        store = LoopbackStore(n, needed=self._settings.mode == CallMode.SPAWN)
+        self._release_start = store.close
         try:
             data, placement = send_data(payload, self._executor.maps_memory, self.stream.emit)
             if placement is not None:
                 self._release_start = _both(self._release_start, placement.release)
             transport = self._executor.start(StartSpec(self.dir, self.devices, data, config,
                                                      threads_per_worker=self.options.threads_per_worker,
-                                                     env={**self.options.env, **env},
+                                                     env={**self.options.env, **store.env},
                                                      data=placement.table if placement else None))
+            store.serve()  # once the ranks are asked for: they meet there later, if at all
         except BaseException:
             self._release_start()
             raise

@@ -12,6 +12,7 @@ Only the standard library here: this module runs before the package is importabl
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -118,8 +119,9 @@ def set_name(name: bytes) -> None:
         prctl(_PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0)
 
 
+@functools.cache
 def _prctl() -> Prctl | None:
-    """libc's ``prctl``, or None off Linux."""
+    """libc's ``prctl``, or None off Linux (found once: a forked worker finds it in its server)."""
     if not sys.platform.startswith("linux"):
         return None
     try:

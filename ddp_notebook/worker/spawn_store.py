@@ -1,5 +1,5 @@
 """Spawn mode: the function's own ``env://`` (or ``tcp://``) rendezvous joins the TCPStore the
-notebook serves on loopback (``recipes.spawn.loopback_store``) as a client, as every rank does
+notebook serves on loopback (``lifecycle.store.LoopbackStore``) as a client, as every rank does
 under torchrun's agent.
 
 Ranks on engines (which may be on several hosts) meet in rank 0's store instead (``meeting``):

@@ -8,7 +8,7 @@ import linecache
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from ..core.errors import ArgumentsError, DDPNotebookError, NotPicklableError, SharedDataError
 from ..transfer.packing import Packed, pack
@@ -176,14 +176,18 @@ def pack_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     parts = [(f"the function {getattr(fn, '__name__', repr(fn))!r}", fn)]
     parts += [(f"argument args[{i}]", a) for i, a in enumerate(args)]
     parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    return pack_naming({"fn": fn, "args": args, "kwargs": kwargs, "sources": cell_sources()}, parts,
+    return pack_naming(pack, {"fn": fn, "args": args, "kwargs": kwargs, "sources": cell_sources()}, parts,
                        "the call", "function call")
 
 
-def pack_naming(value: Any, parts: Sequence[tuple[str, Any]], what: str, kind: str) -> Packed:
-    """``pack(value)`` (``transfer.packing``); where it cannot be pickled, the
-    ``NotPicklableError`` that names the first of ``parts`` (name, object) that cannot, else
-    ``what`` (a ``kind``) whole.
+_Packed = TypeVar("_Packed")
+
+
+def pack_naming(packer: Callable[[Any], _Packed], value: Any, parts: Sequence[tuple[str, Any]], what: str,
+                kind: str) -> _Packed:
+    """``packer(value)`` (``transfer.packing.pack``, or ``pickling.dumps`` for a value that goes
+    whole); where it cannot be pickled, the ``NotPicklableError`` that names the first of
+    ``parts`` (name, object) that cannot, else ``what`` (a ``kind``) whole.
 
     Raises
     ------
@@ -193,7 +197,7 @@ def pack_naming(value: Any, parts: Sequence[tuple[str, Any]], what: str, kind: s
         The data itself cannot be placed (a file it is mapped from changed): it says which.
     """
     try:
-        return pack(value)
+        return packer(value)
     except SharedDataError:
         raise
     except Exception as whole:  # noqa: BLE001 - pickling raises many types

@@ -9,9 +9,8 @@ import symtable
 import types
 from typing import Any, Optional
 
-from ..core.errors import NotPicklableError
 from ..transfer import packing, pickling
-from .call import cell_sources, first_unpicklable, pack_naming
+from .call import cell_sources, pack_naming
 
 __all__ = ["RANK_NAMES", "notebook_names", "new_sources", "pickled_names", "packed"]
 
@@ -76,7 +75,9 @@ def pickled_names(code: str, namespace: dict[str, Any]) -> bytes:
     NotPicklableError
         One of them cannot be sent (named).
     """
-    return _pickled(notebook_names(code, namespace), "the notebook's {!r}, which the cell uses,")
+    names = notebook_names(code, namespace)
+    parts = [(f"the notebook's {k!r}, which the cell uses,", v) for k, v in names.items()]
+    return pack_naming(pickling.dumps, names, parts, "the values", "dict")
 
 
 def packed(values: dict[str, Any], by_value: bool = False) -> tuple[bytes, Optional[packing.Placement]]:
@@ -91,15 +92,8 @@ def packed(values: dict[str, Any], by_value: bool = False) -> tuple[bytes, Optio
     SharedDataError
         A value's data cannot be placed (a file it is mapped from changed), as for a launch.
     """
+    parts = [(f"the value of {k!r}", v) for k, v in values.items()]
     if by_value or not packing.supported():
-        return _pickled(values, "the value of {!r}"), None
-    packed = pack_naming(values, [(f"the value of {k!r}", v) for k, v in values.items()], "the values", "dict")
+        return pack_naming(pickling.dumps, values, parts, "the values", "dict"), None
+    packed = pack_naming(packing.pack, values, parts, "the values", "dict")
     return packed.data, packed.place()
-
-
-def _pickled(values: dict[str, Any], what: str) -> bytes:
-    try:
-        return pickling.dumps(values)
-    except Exception as whole:  # noqa: BLE001 - pickling raises many types: say which piece
-        found = first_unpicklable([(what.format(k), v) for k, v in values.items()])
-        raise (found or NotPicklableError("the values", "dict", str(whole))) from None

@@ -9,7 +9,7 @@ import pytest
 
 from ddp_notebook.core.bounds import LINE_CHARS
 from ddp_notebook.core.failures import FailureKind
-from ddp_notebook.lifecycle.cell_names import notebook_names, packed
+from ddp_notebook.lifecycle.cell_names import notebook_names, packed, pickled_names
 from ddp_notebook.lifecycle.session_exchange import SHOWN_DISPLAYS, CellOutput, Gathered, interrupts_counted
 from ddp_notebook.lifecycle.session_failures import cell_error, failures_of, push_hint
 from ddp_notebook.transfer import pickling
@@ -291,6 +291,21 @@ def test_a_value_pushed_that_cannot_be_pickled_is_named_as_a_launch_names_its_ar
             packed({"lr": 0.1, "guard": threading.Lock()}, by_value=by_value)
     data, placed = packed({"lr": 0.1})  # nothing large: nothing placed
     assert pickling.loads(data) == {"lr": 0.1} and placed.table == {"segments": [], "pieces": []}
+
+
+def test_a_notebook_function_a_cell_uses_that_cannot_be_pickled_is_named_down_to_what_it_holds():
+    import threading
+
+    from ddp_notebook.errors import NotPicklableError
+
+    guard = threading.Lock()
+
+    def step():
+        return guard
+
+    with pytest.raises(NotPicklableError, match=r"guard.*lock"):
+        pickled_names("step()", {"step": step})
+    assert pickling.loads(pickled_names("len([])", {"step": step})) == {}  # not named: not sent
 
 
 def _reply(op, rank, when=0.0, interrupted=False, message="boom", name=None):

@@ -71,6 +71,15 @@ def _rank_choice(text: str) -> _Ranks:
     return _Ranks(out, words)
 
 
+def _announce(current: Session, how: str, ui: Optional[str], more: str = "") -> None:
+    """Say the session is ``how`` (ready, live), on which devices and in which run, then show it
+    (its live view, in a notebook)."""
+    run = current.current_run
+    print(f"Session {how}: {_ranks(current.world_size)} on {', '.join(current.devices)} "
+          f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank{more}.")
+    show_session(current, ui)
+
+
 def _follow_reform(before: Any, new: Any) -> None:
     """The current session formed again (restart, Re-form, a request cut): the notebook's
     ``_ddp_run`` is its new run."""
@@ -139,10 +148,7 @@ class SessionMagics(Magics):
             except _USER_MISTAKES as e:
                 raise UsageError(f"%ddp_session: {e}") from None
             self._set_current(current)
-            run = current.current_run
-            print(f"Session ready: {_ranks(len(current.devices))} on {', '.join(current.devices)} "
-                  f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
-            show_session(current, args.ui)
+            _announce(current, "ready", args.ui)
             return
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
@@ -179,20 +185,14 @@ class SessionMagics(Magics):
                     f"%ddp_session: a session lives on {', '.join(current.devices)}; a new one {asked} would lose "
                     "its namespaces. " + (f"%ddp_session --restart {spec} forms it again on those devices, "
                                           if not same else "") + "%ddp_session --stop closes it.")
-            print(f"Session live: {_ranks(current.world_size)} on {', '.join(current.devices)} "
-                  f"(run {current.current_run.id if current.current_run else '-'}). "
-                  "%%ddp runs a cell on every rank; %ddp_session --restart forms it again.")
-            show_session(current, args.ui)
+            _announce(current, "live", args.ui, "; %ddp_session --restart forms it again")
             return
         try:
             formed = session(spec, **options)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_session: {e}") from None
         self._set_current(formed)
-        run = formed.current_run
-        print(f"Session ready: {_ranks(formed.world_size)} on {', '.join(formed.devices)} "
-              f"(run {run.id if run else '-'}). %%ddp runs a cell on every rank.")
-        show_session(formed, args.ui)  # its live view, in a notebook
+        _announce(formed, "ready", args.ui)
 
     @magic_arguments()
     @argument("--ranks", type=_rank_choice, metavar="RANKS",

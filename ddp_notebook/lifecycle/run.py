@@ -200,8 +200,7 @@ class Run:
         self._start_reporter()
         if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
-        # MASTER_ADDR, MASTER_PORT: where code that sets up its own group meets (spawn's must)
-        store = LoopbackStore(n, needed=self._settings.mode == CallMode.SPAWN)
+        store = LoopbackStore(n, needed=self._settings.mode == CallMode.SPAWN)  # where code making its own group meets
         self._release_start = store.close
         try:
             data, placement = send_data(payload, self._executor.maps_memory, self.stream.emit)

@@ -12,6 +12,7 @@ rank also reads the notebook's requests from a store the notebook hosts (``chann
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -130,6 +131,10 @@ def run_rank(cfg: RankConfig, payload: bytes) -> dict[str, Any]:
         os.close(fd)
         if meeting is not None:
             meeting.close()  # rank 0's store stops serving: a peer still waiting on it leaves
+        # The group and the store may still be held by a cycle (an error's traceback and its
+        # frames): collected now, their sockets close with the run, not at the engine's next
+        # collection, which an idle engine may not make for a long time.
+        gc.collect()
         # A stop request that arrives after the function ended is ignored, never fatal.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGINT, saved_int)

@@ -29,6 +29,8 @@ import tempfile
 import threading
 import time
 
+import scratch  # (benchmarks/scratch.py)
+
 LAUNCHERS = ("floor", "ours", "ours-shared", "mp-spawn", "mp-fork")
 NAMES = {"ours": "ddp_notebook (fork server warm)", "ours-shared": "ddp_notebook, data from `ddp_notebook.share`",
          "mp-spawn": "torch.multiprocessing spawn", "mp-fork": "torch.multiprocessing fork",
@@ -328,4 +330,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

@@ -18,6 +18,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scratch  # (benchmarks/scratch.py)
 from launch_bench import _mp_once
 
 
@@ -97,4 +98,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+import scratch  # (benchmarks/scratch.py)
 from overhead_bench import loop  # the same loop: its ctx.log(step=, total=, loss=) every step
 
 
@@ -127,4 +128,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

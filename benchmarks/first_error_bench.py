@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+import scratch  # (benchmarks/scratch.py)
+
 LAUNCHERS = {"ddp_notebook": "`ddp_notebook.launch` (+ `wait()`)",
              "accelerate": "accelerate `notebook_launcher`"}
 
@@ -84,4 +86,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 
+import scratch  # (benchmarks/scratch.py)
 import torch
 
 
@@ -117,4 +118,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import scratch  # (benchmarks/scratch.py)
+
 LAUNCHERS = {
     "lightning": "Lightning `Trainer(strategy=\"ddp_notebook\")`",
     "ours-lightning": "the same Trainer code in `ddp_notebook.launch`",
@@ -182,4 +184,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

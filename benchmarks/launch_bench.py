@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+import scratch  # (benchmarks/scratch.py)
+
 LAUNCHERS = ("ddp_notebook", "ddp_notebook-fresh", "mp-fork", "mp-spawn")
 
 
@@ -216,4 +218,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

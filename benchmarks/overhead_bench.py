@@ -11,6 +11,8 @@ import statistics
 import tempfile
 import time
 
+import scratch  # (benchmarks/scratch.py)
+
 
 def loop(ctx, steps: int, report: bool) -> float:
     import torch
@@ -90,4 +92,5 @@ def log_cost_us(n: int = 20000) -> float:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

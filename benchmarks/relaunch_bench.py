@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import scratch  # (benchmarks/scratch.py)
+
 LAUNCHERS = ("forkserver", "forkserver-early", "fresh", "mp-fork", "mp-spawn")
 NAMES = {"forkserver": "ddp_notebook, fork server (default)",
          "forkserver-early": "ddp_notebook, fork server started by `%load_ext`",
@@ -240,4 +242,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

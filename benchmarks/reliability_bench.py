@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 
+import scratch  # (benchmarks/scratch.py)
+
 HANG_S = 30.0  # a clean 5-step run takes well under a second; 30 s without an end is a hang
 
 
@@ -121,4 +123,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

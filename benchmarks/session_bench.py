@@ -18,6 +18,8 @@ import platform
 import statistics
 import time
 
+import scratch  # (benchmarks/scratch.py)
+
 
 def _ms(samples: list[float]) -> str:
     ordered = sorted(samples)
@@ -104,4 +106,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    scratch.use()
     main()

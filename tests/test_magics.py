@@ -211,6 +211,8 @@ def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
         # Options before the call (a named run here would add a column to the lists later tests read).
         assert ip.run_line_magic("ddp_fit", "--ui text -d cpu:0 train(epochs=1) --wait") == 1.0
         assert ip.user_ns["_ddp_run"].options.ui == "text" and [str(d) for d in ip.user_ns["_ddp_run"].devices] == ["cpu:0"]
+        # -d takes one word: a bare function name after it is the function, not a device.
+        assert ip.run_line_magic("ddp_fit", "-d cpu:0, cpu:1 train --wait") == 4.0
 
 
 @pytest.mark.parametrize("line, words", [
@@ -219,6 +221,7 @@ def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
     ("train(nowhere)", "there is no 'nowhere' in the notebook for the call"),
     ("train(__import__('os').getpid())", "an argument of the call is a literal (100, 0.1, 'adam', [1, 2]) or a name"),
     ("train(*[1])", "*args and **kwargs are not read in the call"),
+    ("train(epochs=1, epochs=2)", "the call gives epochs= twice (train(epochs=1, epochs=2)); give each argument once"),
     ("train(1", "cannot read the call in 'train(1': write it as Python"),
     ("config(1)", "config is a dict of fit() arguments, not a function to call"),
     ("without_ctx --devices cpu*2", "without_ctx(steps) does not take the worker context: write "

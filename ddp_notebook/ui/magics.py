@@ -70,6 +70,7 @@ def _parse(magic: Any, line: str, shown: Optional[str] = None) -> argparse.Names
         words = shlex.split(line, comments=True)
     except ValueError as e:  # "No closing quotation"
         raise UsageError(f"{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
+    words = _devices_joined(words)
     options = _option_names(magic.parser)
     try:
         args, extra = magic.parser.parse_known_args(words)
@@ -254,8 +255,31 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
 
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         raise UsageError("%ddp_fit: *args and **kwargs are not read in the call; name each argument")
+    named = [k.arg for k in call.keywords]
+    twice = next((k for k in named if named.count(k) > 1), None)
+    if twice is not None:  # (Python's compiler refuses it; ast.parse does not)
+        raise UsageError(f"%ddp_fit: the call gives {twice}= twice ({ast.unparse(call)}); give each argument once")
     kwargs = {k.arg: value(k.value) for k in call.keywords if k.arg is not None}
     return func, tuple(value(a) for a in call.args), kwargs, rest
+
+
+def _devices_joined(words: list[str]) -> list[str]:
+    """``-d cpu:0, cpu:1`` as one argument, ``-d cpu:0,cpu:1``: ``-d`` takes one word, so that a
+    function named after it is the function, and a list written with spaces after its commas
+    is still one list.
+
+    >>> _devices_joined(["-d", "cpu:0,", "cpu:1,", "cpu:2", "train"])
+    ['-d', 'cpu:0,cpu:1,cpu:2', 'train']
+    """
+    out: list[str] = []
+    value = False  # the last word is the value of -d / --devices
+    for word in words:
+        if value and out[-1].endswith(","):
+            out[-1] += word
+            continue
+        out.append(word)
+        value = (len(out) > 1 and out[-2] in ("-d", "--devices")) or word.startswith("--devices=")
+    return out
 
 
 def _device_list(words: Optional[list[str]]) -> Optional[str]:
@@ -406,7 +430,7 @@ class DDPMagics(Magics):
     @magic_arguments()
     @argument("func", help="a training function fn(ctx, ...) or a dict of fit() arguments, by name; a function may "
                            "be called: train(100, lr=0.1), each argument a literal or a name in the notebook")
-    @argument("-d", "--devices", nargs="+", help="device list (default: the one set with %%ddp_devices)")
+    @argument("-d", "--devices", help="device list (default: the one set with %%ddp_devices)")
     @argument("--epochs", type=_at_least_one, metavar="N", help="number of epochs (passed to the function as epochs=N)")
     @argument("--batch-size", type=_at_least_one, metavar="N", help="batch size per worker (fit configurations)")
     @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
@@ -443,7 +467,7 @@ class DDPMagics(Magics):
                    "report_to": [t for t in args.report_to.split(",") if t.strip()] if args.report_to else None,
                    "ui": args.ui}
         try:
-            run, relaunch = start_target(found[args.func], args.func, _device_list(args.devices), options,
+            run, relaunch = start_target(found[args.func], args.func, args.devices, options,
                                          call_args, call_kwargs)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_fit: {e}") from None
@@ -569,7 +593,7 @@ class DDPMagics(Magics):
     @magic_arguments()
     @argument("run", nargs="?", help="a run id, or its end (default: the last run)")
     @argument("--device", help="the device to retry on (default: the main one, or the first healthy one)")
-    @argument("-d", "--devices", nargs="+", help="a device list to retry on instead (e.g. to resume a run cut off "
+    @argument("-d", "--devices", help="a device list to retry on instead (e.g. to resume a run cut off "
                                                   "by a kernel restart on all its devices)")
     @argument("--resume", action="store_true", help="continue from the last checkpoint")
     @argument("--without-failed", action="store_true", help="retry on every device except the failed ones")
@@ -588,7 +612,7 @@ class DDPMagics(Magics):
             raise UsageError(f"%ddp_retry: run {run.id} succeeded: there is nothing to retry (%ddp_fit runs it again)")
         try:
             new = run.retry_without_failed(resume=args.resume) if args.without_failed else \
-                run.retry(device=args.device, resume=args.resume, devices=_device_list(args.devices))
+                run.retry(device=args.device, resume=args.resume, devices=args.devices)
         except DDPNotebookError as e:  # a retry only starts a run: whatever refuses it is what the user must change
             raise UsageError(f"%ddp_retry: {e}") from None
         self._started(new)

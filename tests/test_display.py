@@ -23,8 +23,8 @@ def test_the_form_is_the_option_else_the_environment_else_the_panel(monkeypatch)
     # Told from the user's call, without the dataclass __init__ the package generated and called.
     from ddp_notebook.core.tracebacks import format_user_traceback
     assert "<string>" not in format_user_traceback(e.value), format_user_traceback(e.value)
-    monkeypatch.setenv("DDP_NOTEBOOK_UI", "fancy")
-    with pytest.raises(LaunchOptionError, match=r"\$DDP_NOTEBOOK_UI is 'fancy'"):
+    monkeypatch.setenv("DDP_NOTEBOOK_UI", "Fancy")
+    with pytest.raises(LaunchOptionError, match=r"\$DDP_NOTEBOOK_UI is 'Fancy'"):  # as the user wrote it
         LaunchOptions()  # said before anything starts
 
 

@@ -137,9 +137,10 @@ def ui_form(ui: Optional[str]) -> str:
         if not isinstance(ui, str) or ui.strip().lower() not in UI_FORMS:
             raise LaunchOptionError(f"ui must be {', '.join(map(repr, UI_FORMS))} or None (the default), not {ui!r}")
         return ui.strip().lower()
-    env = os.environ.get("DDP_NOTEBOOK_UI", "").strip().lower()  # (any case, as device lists take)
+    given = os.environ.get("DDP_NOTEBOOK_UI", "")
+    env = given.strip().lower()  # (any case, as device lists take)
     if env and env not in UI_FORMS:
-        raise LaunchOptionError(f"$DDP_NOTEBOOK_UI is {env!r}: set it to {', '.join(map(repr, UI_FORMS))}, or unset "
+        raise LaunchOptionError(f"$DDP_NOTEBOOK_UI is {given!r}: set it to {', '.join(map(repr, UI_FORMS))}, or unset "
                                 "it for the panel")
     return env or ("html" if "google.colab" in sys.modules else "auto")
 

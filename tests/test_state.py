@@ -178,3 +178,17 @@ def test_a_session_rank_that_left_an_interrupted_cell_is_said_interrupted_not_fa
     s.apply({"kind": "answered", "time": 2.0, "rank": 1, "status": "error"})
     assert (s.session_activity(0), s.session_activity(1)) == ("interrupted in cell 2", "failed in cell 2")
     assert session_lines(s, now=3.0)[0].endswith("(rank 1 failed; rank 0 interrupted; Kernel → Interrupt stops it)")
+
+
+def test_epochs_logged_from_1_outside_ctx_epochs_never_show_one_past_the_last():
+    # for epoch in range(3): ctx.log(epoch=epoch + 1, epochs=3): the last shows as 3/3, not 4/3.
+    from ddp_notebook.ui.html import epoch_table_html
+    from ddp_notebook.ui.text import format_run
+
+    s = feed(START, {"kind": "started", "time": 0.1, "rank": 0, "pid": 10}, {"kind": "ready", "time": 0.2, "rank": 0},
+             *({"kind": "progress", "time": 0.3 + e, "rank": 0, "epoch": e, "epochs": 3, "metrics": {"loss": 1.0}}
+               for e in (1, 2, 3)))
+    assert s.workers[0].epoch_text == "epoch 3/3"
+    assert "epoch 3/3" in format_run(s) and "4/3" not in format_run(s)
+    table = epoch_table_html([{"epoch": e, "train_loss": 1.0} for e in (1, 2, 3)], epochs=3)
+    assert "3/3" in table and "4/3" not in table

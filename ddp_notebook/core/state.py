@@ -25,7 +25,7 @@ from .failures import WorkerFailure
 
 __all__ = ["CellRecord", "RequestState", "DataState", "RunState", "WorkerState", "RunStatus", "WorkerStatus",
            "OUTPUT_LINES_KEPT", "SERIES_KEPT", "CELLS_KEPT",
-           "train_loss_of", "valid_loss_of", "epoch_row"]
+           "train_loss_of", "valid_loss_of", "epoch_row", "epoch_label"]
 
 OUTPUT_LINES_KEPT = 500  # per rank in memory; the event log on disk keeps everything
 LOSS_POINTS_KEPT = 2000  # per rank, for the loss plot; older points are thinned out, not dropped
@@ -112,6 +112,19 @@ class WorkerStatus(TextEnum):
     FAILED = "failed"
     #: Ended by the supervisor (a peer failed, a stop), or returned once a stop was asked.
     STOPPED = "stopped"
+
+
+def epoch_label(epoch: Any, epochs: Optional[int]) -> str:
+    """An epoch as every view shows it: counted from 1 of ``epochs`` when their number is known,
+    else as reported. Epochs are counted from 0 (``ctx.epochs``' own); one logged from 1 reaches
+    ``epochs`` and is shown as the last, never as one past it (8/8, not 9/8).
+
+    >>> epoch_label(2, 8), epoch_label(2, None), epoch_label(8, 8)
+    ('3/8', '2', '8/8')
+    """
+    if not epochs or not isinstance(epoch, int) or isinstance(epoch, bool):
+        return str(epoch)
+    return f"{min(epoch, epochs - 1) + 1}/{epochs}"
 
 
 @dataclass
@@ -205,9 +218,7 @@ class WorkerState:
     def epoch_text(self) -> str:
         """``epoch 3/8`` (the third of eight, counted from 1) inside ``ctx.epochs(8)``; else the
         epoch as reported: ``epoch 2``."""
-        if self.epoch is None:
-            return ""
-        return f"epoch {self.epoch + 1}/{self.epochs}" if self.epochs else f"epoch {self.epoch}"
+        return "" if self.epoch is None else f"epoch {epoch_label(self.epoch, self.epochs)}"
 
     def eta(self) -> Optional[float]:
         """Seconds this running rank still needs to reach ``total`` at its current rate.

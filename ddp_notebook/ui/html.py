@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ..core.console import one_line, shown
 from ..core.failures import CODE_ERRORS, FailureKind, Phase, WorkerFailure, ranks_text, worker_name
-from ..core.state import TRAIN_LOSS, VALID_LOSS, CellRecord, train_loss_of, valid_loss_of
+from ..core.state import TRAIN_LOSS, VALID_LOSS, CellRecord, epoch_label, train_loss_of, valid_loss_of
 from ..core.tracebacks import file_name, name_cells_in
 from ..core.validation import ValidationReport
 from .text import format_duration, format_metric
@@ -188,16 +188,6 @@ def cell_hint(root: WorkerFailure, raised: Sequence[int]) -> str:
 EPOCH_ROWS_SHOWN = 12  # past this, the first epochs and the latest are shown, and how many are not
 EPOCH_METRIC_COLUMNS = 6  # metric columns besides the losses (the first ones logged)
 NOT_A_COLUMN = {"loss", "samples_per_s", *TRAIN_LOSS, *VALID_LOSS}
-
-
-def epoch_label(epoch: Any, epochs: Optional[int]) -> str:
-    """An epoch as the rows show it: counted from 1 of ``epochs`` when their number is known, else
-    as reported.
-
-    >>> epoch_label(2, 8), epoch_label(2, None)
-    ('3/8', '2')
-    """
-    return f"{epoch + 1}/{epochs}" if epochs and isinstance(epoch, int) else str(epoch)
 
 
 def epoch_seconds(seconds: Any) -> str:

@@ -213,6 +213,7 @@ def test_ddp_fit_calls_the_function_with_arguments_read_not_evaluated(ip):
         assert ip.user_ns["_ddp_run"].options.ui == "text" and [str(d) for d in ip.user_ns["_ddp_run"].devices] == ["cpu:0"]
         # -d takes one word: a bare function name after it is the function, not a device.
         assert ip.run_line_magic("ddp_fit", "-d cpu:0, cpu:1 train --wait") == 4.0
+        assert ip.run_line_magic("ddp_fit", "-d cpu:0 cpu:1 train --wait") == 4.0
 
 
 @pytest.mark.parametrize("line, words", [

@@ -263,19 +263,25 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
     return func, tuple(value(a) for a in call.args), kwargs, rest
 
 
-def _devices_joined(words: list[str]) -> list[str]:
-    """``-d cpu:0, cpu:1`` as one argument, ``-d cpu:0,cpu:1``: ``-d`` takes one word, so that a
-    function named after it is the function, and a list written with spaces after its commas
-    is still one list.
+_DEVICE_WORD = re.compile(r"[A-Za-z]+[:*]")  # cpu:1, cuda:0-3, cpu*2: never a name or an option
 
-    >>> _devices_joined(["-d", "cpu:0,", "cpu:1,", "cpu:2", "train"])
+
+def _devices_joined(words: list[str]) -> list[str]:
+    """``-d cpu:0, cpu:1`` (or ``-d cpu:0 cpu:1``) as one argument, ``-d cpu:0,cpu:1``: ``-d``
+    takes one word, so that a function named after it is the function, and a list written with
+    spaces is still one list.
+
+    >>> _devices_joined(["-d", "cpu:0,", "cpu:1", "cpu:2", "train"])
     ['-d', 'cpu:0,cpu:1,cpu:2', 'train']
     """
     out: list[str] = []
     value = False  # the last word is the value of -d / --devices
     for word in words:
-        if value and out[-1].endswith(","):
+        if value and (out[-1].endswith(",") or word.startswith(",")):
             out[-1] += word
+            continue
+        if value and _DEVICE_WORD.match(word):
+            out[-1] += "," + word
             continue
         out.append(word)
         value = (len(out) > 1 and out[-2] in ("-d", "--devices")) or word.startswith("--devices=")

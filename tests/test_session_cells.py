@@ -66,6 +66,23 @@ def test_the_session_line_shows_the_live_session_and_ranks_take_ranges_and_slice
     k.ok("_ddp_cell.result(60)")
 
 
+def test_a_session_shown_again_and_again_keeps_two_live_views_not_one_per_time(kernel):
+    # Each %ddp_session --restart shows the session: the run it is formed on follows in that view
+    # and the one before, not in every view shown since the first (a thread each, and each event
+    # drawn by all of them: --restart took 0.2 s at first and 1 s after 15).
+    k, seen = kernel
+    for _ in range(6):
+        k.ok("%ddp_session --restart", timeout=180)
+    seen.extend(k.rank_pids())
+    count = ("import threading, time\nfor _ in range(600):\n"
+             "    names = [t.name for t in threading.enumerate()]\n"
+             "    views, displays = names.count('ddp-panel'), names.count('ddp-display')\n"
+             "    if views <= 2 and displays <= 2:\n        break\n    time.sleep(0.1)\n"
+             "print('live views', views, 'displays', displays)")
+    printed = k.ok(count, timeout=120)
+    assert re.search(r"live views [0-2] displays [0-2]\n", printed), printed
+
+
 def test_values_are_shown_as_the_ranks_format_them_and_the_ranks_own_definitions_are_kept(kernel):
     k, _ = kernel
     # Shown as the rank formats it, never pickled to be printed.

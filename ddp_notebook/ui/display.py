@@ -165,13 +165,17 @@ def _display_run(run: Run) -> None:
 
 def show_session(value: Session, ui: Optional[str] = None) -> None:
     """A session shows as its run's view (``show_run``; where it is formed again, its new run
-    shows below: ``restarts.followed``); its repr while no run holds its ranks. ``ui``: the form
-    it takes (default its ``ui`` option, which its run has)."""
+    shows below, in the view shown last: ``restarts.followed``); its repr while no run holds its
+    ranks. ``ui``: the form it takes (default its ``ui`` option, which its run has)."""
     run = value.current_run
     if run is None:
         print(repr(value))
-    else:
-        show_run(run, ui=ui)
+        return
+    panel = show_run(run, ui=ui)
+    if panel is not None:  # the runs that follow show in this view, not in those shown before
+        from .panel import follow_ons_only_in
+
+        follow_ons_only_in(panel, run)
 
 
 def show_blocking_run(run: Run) -> Optional[Callable[[], None]]:

@@ -21,7 +21,7 @@ from ..lifecycle.restarts import show_follow_ons_with
 from .html import RED, report_html
 from .run_view import FullText, RunForms, RunView, StartGuard
 
-__all__ = ["DDPPanel", "StaticRuns", "KeptCurrent"]
+__all__ = ["DDPPanel", "StaticRuns", "KeptCurrent", "follow_ons_only_in"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class KeptCurrent:
 
     views: list[Any]
     _view_count: Any  # ipywidgets' count of the front end views of a widget (0: none opened)
+    follows_on = True  # a run that follows one it shows shows below (``follow_ons_only_in``)
 
     def _kept_init(self) -> None:
         self._update: Optional[Callable[[Any], None]] = None
@@ -343,10 +344,20 @@ _panels: weakref.WeakSet[Any] = weakref.WeakSet()  # panels and static views: a 
 
 def _show_follow_on(before: Any, new: Any) -> None:
     """A run a panel shows is followed by another (a restart, a session formed again): the new
-    run shows below it."""
+    run shows below it (in each panel that follows on, ``follow_ons_only_in``)."""
     for panel in list(_panels):
-        if any(v.run is before for v in panel.views):
+        if panel.follows_on and any(v.run is before for v in panel.views):
             panel.show(new)
+
+
+def follow_ons_only_in(panel: Any, run: Any) -> None:
+    """``panel`` shows ``run`` anew (a session shown again, ``%ddp_session``): the runs that follow
+    it show below in ``panel``, no longer in the panels shown before it, which end with the runs
+    they show (each would follow every later run live: a session formed again many times kept a
+    view, and its threads, per time it was shown)."""
+    for other in list(_panels):
+        if other is not panel and any(v.run is run for v in other.views):
+            other.follows_on = False
 
 
 show_follow_ons_with(_show_follow_on)

@@ -85,6 +85,16 @@ def test_a_rank_outside_the_cell_killed_while_the_cell_waits_for_it_is_blamed_no
             loop.wait()
 
 
+def test_a_rank_that_exits_by_itself_after_its_peer_finished_is_named_without_a_word_on_collectives(kernel):
+    k, seen = kernel
+    seen.extend(k.rank_pids())
+    content, _ = k.execute("%%ddp\nimport os, time\nif rank == 1:\n    time.sleep(0.5)\n    os._exit(3)\nrank")
+    name, message, _ = _error(content)
+    assert name == "SessionEndedError" and "worker 1 (cpu:1)" in message and "code 3" in message, message
+    assert "collective" not in message, message  # rank 0 had finished: no collective was involved
+    k.ok("%ddp_session --restart", timeout=180)
+
+
 def test_peers_still_running_when_a_rank_raises_are_interrupted_and_the_first_to_raise_is_blamed(kernel):
     k, _ = kernel
     k.ok("%%ddp\nx = rank * 10")

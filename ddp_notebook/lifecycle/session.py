@@ -41,7 +41,7 @@ from ..core.errors import (
     SessionInterrupted,
 )
 from ..core.events import EventKind, cell_file_name
-from ..core.failures import WorkerFailure, ranks_text
+from ..core.failures import FailureKind, WorkerFailure, ranks_text
 from ..core.probes import Probe
 from ..core.state import RunState
 from ..core.validation import InvalidDevicesError
@@ -359,7 +359,10 @@ class Session:
         finished = sorted(r for r, m in replies.items() if m["op"] == "done")
         unfinished = [r for r in self._asked if r not in replies]
         extra = ""
-        if cell is not None and finished and unfinished:
+        root = self._run.root_failure
+        # A rank that stalled where others had finished: a collective only some reached (never
+        # said of a rank that died, raised or was killed by itself).
+        if cell is not None and finished and unfinished and root is not None and root.kind == FailureKind.STALL:
             extra = (f" ({ranks_text(finished)} had finished cell {cell}, {ranks_text(unfinished)} had not: a "
                      "collective that some ranks skip or reach in another order leaves the others waiting)")
         raise self._end_error("the session ended", extra)

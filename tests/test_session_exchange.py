@@ -9,7 +9,7 @@ import pytest
 
 from ddp_notebook.core.bounds import LINE_CHARS
 from ddp_notebook.core.failures import FailureKind
-from ddp_notebook.lifecycle.cell_names import notebook_names, packed, pickled_names
+from ddp_notebook.lifecycle.cell_names import cell_binds, notebook_names, packed, pickled_names
 from ddp_notebook.lifecycle.session_exchange import SHOWN_DISPLAYS, CellOutput, Gathered, interrupts_counted
 from ddp_notebook.lifecycle.session_failures import cell_error, failures_of, push_hint
 from ddp_notebook.transfer import pickling
@@ -349,6 +349,9 @@ def test_the_same_error_on_every_rank_is_said_once_and_a_notebook_name_gets_its_
     hint = push_hint(gathered.replies, {"data": [1, 2]})
     assert hint == "'data' is the notebook's, not the ranks': session.push(data=data) sends it to every rank"
     assert push_hint(gathered.replies, {}) == ""
+    # The cell binds 'data' itself (after using it): the notebook's was never to be sent.
+    assert push_hint(gathered.replies, {"data": [1, 2]}, cell_binds("print(data)\ndata = 3")) == (
+        "The cell uses 'data' before it defines it: a name the cell binds is the ranks' own, never the notebook's")
     error = cell_error(None, failures, values, 2, note=hint, what="pull 'data'")
     assert str(error).startswith("pull 'data' failed on every rank (cpu:0, cpu:1) the same way: ValueError")
     assert str(error).endswith("The session goes on: its namespaces are kept. " + hint + ".")

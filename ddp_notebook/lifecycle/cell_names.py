@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..transfer import packing, pickling
 from .call import cell_sources, pack_naming
 
-__all__ = ["RANK_NAMES", "notebook_names", "new_sources", "pickled_names", "packed"]
+__all__ = ["RANK_NAMES", "notebook_names", "cell_binds", "new_sources", "pickled_names", "packed"]
 
 #: The names every rank's namespace starts with (never sent from the notebook).
 RANK_NAMES = frozenset({"rank", "world_size", "ctx", "torch", "dist"})
@@ -50,14 +50,24 @@ def _read_from_notebook(code: str) -> set[str]:
     """The global names ``code`` reads (at its top level, or inside its functions, classes,
     lambdas and comprehensions) that it does not bind at its top level."""
     top = symtable.symtable(code, "<ddp cell>", "exec")
-    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
     read = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
     todo = list(top.get_children())
     while todo:
         table = todo.pop()
         read.update(s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global())
         todo.extend(table.get_children())
-    return read - bound
+    return read - cell_binds(top)
+
+
+def cell_binds(code: Any) -> set[str]:
+    """The names a cell binds at its top level (``x = ...``, ``def``, ``class``, ``import``):
+    the rank's own, never taken from the notebook. ``code``: its text, or its ``symtable``.
+
+    >>> sorted(cell_binds("import os\\nz()\\ndef z(): pass"))
+    ['os', 'z']
+    """
+    top = symtable.symtable(code, "<ddp cell>", "exec") if isinstance(code, str) else code
+    return {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
 
 
 def new_sources(sent: set[str]) -> dict[str, Any]:

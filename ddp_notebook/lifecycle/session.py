@@ -46,7 +46,7 @@ from ..core.probes import Probe
 from ..core.state import RunState
 from ..core.validation import InvalidDevicesError
 from .call import Call
-from .cell_names import RANK_NAMES, new_sources, packed, pickled_names
+from .cell_names import RANK_NAMES, cell_binds, new_sources, packed, pickled_names
 from .cell_phase import INTERRUPT_GRACE, CellPhase
 from .launch import start_run, validate_for
 from .options import CallMode, LaunchKwargs, LaunchOptions, RunSettings, Unpack, options_from, takes_launch_options
@@ -445,7 +445,8 @@ class Session:
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):
                 failures, done, interrupted = self._failures(cell, outcome)
-                raise self._error(cell, failures, done, interrupted=interrupted, note=push_hint(replies, namespace))
+                hint = push_hint(replies, namespace, cell_binds(code))
+                raise self._error(cell, failures, done, interrupted=interrupted, note=hint)
             values = [loaded_value(r, replies[r]) for r in chosen]
             for r in chosen:
                 shown = replies[r].get("shown")

@@ -9,7 +9,7 @@ an interrupt cannot stop).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Optional
 
 from ..core.errors import CellError
@@ -103,11 +103,16 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def push_hint(replies: dict[int, dict], namespace: dict[str, Any]) -> str:
-    """For a NameError of a name the notebook holds: how to send it to the ranks ("" otherwise)."""
+def push_hint(replies: dict[int, dict], namespace: dict[str, Any], bound: Collection[str] = ()) -> str:
+    """For a NameError of a name the notebook holds: how to send it to the ranks, or, where the
+    cell binds that name itself (``bound``) and so takes none from the notebook, that it used
+    it first ("" otherwise)."""
     for reply in replies.values():
         name = (reply.get("error") or {}).get("name") if reply["op"] == "error" else None
         if isinstance(name, str) and name in namespace and name.isidentifier():
+            if name in bound:
+                return (f"The cell uses {name!r} before it defines it: a name the cell binds is the ranks' own, "
+                        "never the notebook's")
             return f"{name!r} is the notebook's, not the ranks': session.push({name}={name}) sends it to every rank"
     return ""
 

@@ -165,7 +165,7 @@ def test_a_trailing_comment_is_not_an_argument(ip):
     assert "Device list 'cpu*2': OK" in out.stdout and ddp_notebook.default_devices() == "cpu*2"
 
 
-@pytest.mark.parametrize("line", ['"cpu:0, cpu:1"', "cpu:0, cpu:1", "'cpu:0,cpu:1'"])
+@pytest.mark.parametrize("line", ['"cpu:0, cpu:1"', "cpu:0, cpu:1", "cpu:0 cpu:1", "'cpu:0,cpu:1'"])
 def test_device_lists_may_be_quoted_or_spaced(ip, line):
     with capture_output() as out:
         ip.run_line_magic("ddp_devices", line)

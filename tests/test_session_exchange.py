@@ -260,13 +260,38 @@ def test_displays_past_their_bound_are_counted():
     assert "[rank 0] 3 more displays not shown" in "".join(writes) and "[rank 1] 2 more displays" in "".join(writes)
 
 
-def test_an_interrupt_inside_is_counted_and_outside_raises():
+def test_presses_inside_are_counted_and_a_quick_press_after_them_is_dropped():
     with interrupts_counted() as presses:
+        pass
+    assert presses.count == 0
+    with pytest.raises(KeyboardInterrupt):  # nothing pressed inside: a press after is a press
         signal.raise_signal(signal.SIGINT)
+    original = signal.getsignal(signal.SIGINT)
+    try:
+        with interrupts_counted() as presses:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        assert presses.count == 2
+        # The second press of a double press, landing as the interrupt is raised and shown: dropped.
         signal.raise_signal(signal.SIGINT)
-    assert presses.count == 2
+        with interrupts_counted() as again:  # a request in that time: counted as ever, and held after it
+            signal.raise_signal(signal.SIGINT)
+        assert again.count == 1
+        signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, original)
+
+
+def test_a_press_after_the_held_time_raises_and_puts_the_handler_back(monkeypatch):
+    from ddp_notebook.lifecycle import session_exchange
+
+    monkeypatch.setattr(session_exchange, "PRESS_HELD", 0.0)
+    original = signal.getsignal(signal.SIGINT)
+    with interrupts_counted():
+        signal.raise_signal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is original
 
 
 def test_a_cell_takes_the_notebooks_functions_classes_and_modules_it_names_not_what_it_binds():

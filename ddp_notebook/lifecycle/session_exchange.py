@@ -36,7 +36,7 @@ from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "BetweenCells", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
            "unsent_error", "Answers", "Tell", "answer_of", "hellos",
-           "interrupts_counted", "SHOWN_LINES", "SHOWN_CHARS",
+           "interrupts_counted", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ SHOWN_CHARS = 512 * 1024
 #: Displays (``display()``, figures) one request shows (all ranks together); the rest are counted.
 SHOWN_DISPLAYS = 200
 _POLL = 0.1  # seconds between two looks at what the ranks sent
+#: Seconds after an interrupted request during which another SIGINT is the same press, dropped.
+PRESS_HELD = 1.0
 #: Seconds between two redraws of a rank's line that another rank's line has ended since (a progress
 #: bar on each rank): each such redraw is a line of its own, not drawn over.
 REDRAW_EVERY = 2.0
@@ -80,7 +82,10 @@ class _Presses:
 def interrupts_counted() -> Iterator[_Presses]:
     """While inside, SIGINT (Kernel → Interrupt, Ctrl-C) counts in the yielded object instead of
     raising ``KeyboardInterrupt`` at whatever line runs (a reply half read, a frame half sent).
-    Off the main thread, or where SIGINT is not Python's to handle, nothing changes."""
+    Once a press was counted, presses in the next ``PRESS_HELD`` seconds are dropped: the second
+    press of a double press would land while the interrupt is being raised or shown (IPython then
+    prints "KeyboardInterrupt" in place of the cell's message). Off the main thread, or where
+    SIGINT is not Python's to handle, nothing changes."""
     presses = _Presses()
     if threading.current_thread() is not threading.main_thread() or \
             not callable(signal.getsignal(signal.SIGINT)):
@@ -91,10 +96,23 @@ def interrupts_counted() -> Iterator[_Presses]:
         presses.count += 1
 
     previous = signal.signal(signal.SIGINT, count)
+    original = getattr(previous, "held_from", previous)
     try:
         yield presses
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if not presses.count:
+            signal.signal(signal.SIGINT, previous)
+        else:  # a quick second press: the same as the first, not a KeyboardInterrupt in the error's display
+            until = time.monotonic() + PRESS_HELD
+
+            def held(signum: int, frame: Any) -> None:
+                if time.monotonic() >= until:
+                    signal.signal(signal.SIGINT, original)
+                    if callable(original):
+                        original(signum, frame)
+
+            held.held_from = original  # type: ignore[attr-defined]
+            signal.signal(signal.SIGINT, held)
 
 
 def hellos(answers: Answers, world: int, ended: Callable[[], bool]) -> bool:

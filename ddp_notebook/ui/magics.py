@@ -277,20 +277,37 @@ def _devices_joined(words: list[str]) -> list[str]:
     out: list[str] = []
     value = False  # the last word is the value of -d / --devices
     for word in words:
-        if value and (out[-1].endswith(",") or word.startswith(",")):
-            out[-1] += word
-            continue
-        if value and _DEVICE_WORD.match(word):
-            out[-1] += "," + word
+        joined = _next_device(out[-1], word) if value else None
+        if joined is not None:
+            out[-1] = joined
             continue
         out.append(word)
         value = (len(out) > 1 and out[-2] in ("-d", "--devices")) or word.startswith("--devices=")
     return out
 
 
+def _next_device(spec: str, word: str) -> Optional[str]:
+    """``spec`` with ``word`` added when the word goes on its device list (after a comma, or a
+    device such as ``cpu:1``); None when it does not."""
+    if spec.endswith(",") or word.startswith(","):
+        return spec + word
+    return f"{spec},{word}" if _DEVICE_WORD.match(word) else None
+
+
 def _device_list(words: Optional[list[str]]) -> Optional[str]:
-    """Device-list words as one spec: ``cpu:0, cpu:1`` (two words) means ``cpu:0,cpu:1``."""
-    return " ".join(words) if words else None
+    """Device-list words as one spec, joined as ``-d`` joins them: ``cpu:0, cpu:1`` and
+    ``cpu:0 cpu:1`` both mean ``cpu:0,cpu:1``; words that are no device stay apart (the error
+    names them as written).
+
+    >>> _device_list(["cpu:0", "cpu:1"]), _device_list(["cpu:0,", "cpu:1"]), _device_list(["cpu", "x"])
+    ('cpu:0,cpu:1', 'cpu:0,cpu:1', 'cpu x')
+    """
+    if not words:
+        return None
+    spec = words[0]
+    for word in words[1:]:
+        spec = _next_device(spec, word) or f"{spec} {word}"
+    return spec
 
 
 def _run(magic: str, run_id: Optional[str]) -> Run:

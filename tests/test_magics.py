@@ -175,6 +175,23 @@ def test_device_lists_may_be_quoted_or_spaced(ip, line):
         assert ip.run_line_magic("ddp_fit", f"train --devices {line} --epochs 1 --wait") == 2.0
 
 
+def test_a_mistyped_device_is_named_as_written_and_what_d_took_is_said(ip):
+    with capture_output() as out:
+        ip.run_line_magic("ddp_devices", "cpu:0 cpu1")  # every word a device: the bad one named alone
+    assert "cannot read device 'cpu1'" in out.stdout and ddp_notebook.default_devices() == "cpu*2"
+    with pytest.raises(UsageError, match=r"unrecognized arguments: train \(-d took 'cpu:0' as its device list and "
+                                         r"'cpu1' as what follows it"):
+        ip.run_line_magic("ddp_fit", "-d cpu:0 cpu1 train --wait")
+    with pytest.raises(UsageError, match=r"cannot read device '': an empty entry"):  # the comma ends the list
+        ip.run_line_magic("ddp_fit", "-d cpu:0, train --wait")
+    with pytest.raises(UsageError, match=r"required: func \(-d took 'train' as its device list: give the devices"):
+        ip.run_line_magic("ddp_fit", "-d train --wait")
+    with pytest.raises(UsageError, match=r"no run 'cpu1' .*'cpu1' reads as a device, not a run"):
+        ip.run_line_magic("ddp_retry", "-d cpu:0 cpu1")
+    with capture_output():  # an abbreviation of --devices takes a spaced list too
+        assert ip.run_line_magic("ddp_fit", "--dev cpu:0 cpu:1 train --epochs 1 --wait") == 2.0
+
+
 def test_an_unbalanced_quote_is_a_usage_error(ip):
     with pytest.raises(UsageError, match=r"""^%ddp_devices: cannot read '"cpu:0': no closing quotation"""):
         ip.run_line_magic("ddp_devices", '"cpu:0')

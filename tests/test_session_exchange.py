@@ -4,6 +4,8 @@ request's failures and its one error."""
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import pytest
 
@@ -289,8 +291,9 @@ def test_a_press_after_the_held_time_raises_and_puts_the_handler_back(monkeypatc
     original = signal.getsignal(signal.SIGINT)
     with interrupts_counted():
         signal.raise_signal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # sent again once the handler returned: it lands in the sleep
         signal.raise_signal(signal.SIGINT)
+        time.sleep(60)
     assert signal.getsignal(signal.SIGINT) is original
 
 
@@ -475,6 +478,37 @@ def test_a_rank_that_ends_while_the_cell_runs_ends_the_request_and_a_run_that_en
     ranks.begin = lambda *request: None  # no run to judge it
     with pytest.raises(RankGone):
         ranks.exchange([0, 1]).run()
+
+
+def test_presses_while_a_request_is_sent_whole_interrupt_its_cell_and_never_abandon_it():
+    # A press while a large cell was on its way was taken as handled: the cell ran to its end, and
+    # a second press gave the ranks up (the session formed again, its namespaces lost).
+    original = signal.getsignal(signal.SIGINT)
+    try:
+        for presses in (1, 2):
+            ranks = _Ranks(lambda rank, m: [])
+
+            def sent_whole(to, header, body, give_up, n=presses):
+                for _ in range(n):
+                    signal.raise_signal(signal.SIGINT)
+                return []
+
+            def begin(request_id, cell, chosen, ranks=ranks):
+                phase = _Ranks.begin(ranks, request_id, cell, chosen)
+                phase.wake = lambda: phase.outcome.ended.set() if phase.asked else None  # the ranks leave at once
+                never_asked = threading.Timer(30.0, phase.outcome.ended.set)  # (fails, rather than hangs, if so)
+                never_asked.daemon = True
+                never_asked.start()
+                return phase
+
+            ranks.tell = sent_whole
+            exchange = ranks.exchange([0, 1])
+            exchange.begin = begin
+            outcome = exchange.run()
+            assert ranks.phase.asked == 1 and not ranks.phase.abandon_asked, presses
+            assert outcome.interrupted and not outcome.abandoned and not outcome.cut
+    finally:
+        signal.signal(signal.SIGINT, original)
 
 
 def test_a_second_interrupt_while_a_request_is_sent_abandons_it_and_a_rank_not_reached_ends_it():

@@ -139,6 +139,45 @@ def test_an_interrupt_while_a_rank_waits_in_a_collective_forms_the_session_again
     assert "[rank 1] Out: False\n" in k.ok("%%ddp\n'x' in globals()")
 
 
+def test_a_press_while_the_notebook_prepares_or_loads_a_request_is_one_line_and_the_session_goes_on(kernel,
+                                                                                                 tmp_path):
+    # The notebook's own part of a request: it pickles what a cell takes from it (here slowly), and
+    # loads what a pull brings back (slowly too). A press there showed this package's frames.
+    k, _ = kernel
+    marker = str(tmp_path / "slow")
+    k.ok(f"""
+import os, time
+def slow(value):
+    open({marker!r}, "w").close()
+    time.sleep(30)
+    return value
+class SlowToPickle:
+    def __reduce__(self):
+        return slow(int), ()
+def uses(x=SlowToPickle()):
+    return x
+class SlowToLoad:
+    def __reduce__(self):
+        return slow, (7,)
+""")
+    k.ok("%%ddp\nkept = rank")
+    for code, said in (("%%ddp\nuses", "The cell was interrupted before it was sent: nothing reached the ranks; "),
+                       ("_ddp_session.pull('far')", "Pull 'far' was interrupted in the notebook once ranks 0, 1 had "
+                                                   "answered: what came back is dropped; ")):
+        if "pull" in code:
+            k.ok("%%ddp\nfar = SlowToLoad()")  # (pickled on the rank; slow() runs where it is loaded)
+        if os.path.exists(marker):
+            os.unlink(marker)
+        msg_id = k.kc.execute(code, stop_on_error=False)
+        wait_until(lambda: os.path.exists(marker), timeout=60)
+        k.km.interrupt_kernel()
+        content = k.reply_to(msg_id)
+        name, message, tb = _error(content)
+        assert name == "SessionInterrupted" and message.startswith(said), message
+        assert content["traceback"] == [message], content["traceback"]  # one line, no frame of this package
+        assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nkept")  # the session goes on, its namespaces kept
+
+
 @pytest.mark.parametrize("trial", range(4))
 def test_an_interrupt_landing_while_large_replies_are_read_never_ends_the_session(kernel, trial):
     k, _ = kernel

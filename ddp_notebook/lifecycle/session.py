@@ -61,6 +61,7 @@ from .session_exchange import (
     RankGone,
     ValueNotSent,
     hellos,
+    hold_presses,
     loaded_value,
     unsent_error,
 )
@@ -134,6 +135,7 @@ class Session:
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
         self._between = BetweenCells()  # what the ranks print while no request is in flight
         self._exchanging = threading.Event()  # set while a request is in flight: its cell shows what they print
+        self._stage = threading.local()  # where the request of this thread is: _interrupts_said
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         self._held: list[str] = []  # the ids of every run that held its ranks
         weakref.finalize(self, _close_ranks, self._formed)
@@ -270,6 +272,7 @@ class Session:
         exchange = Exchange(self._tell, self._answers, self._begin, ranks, dict(message, id=next(self._ids)), cell,
                             self._record, output)
         self._exchanging.set()
+        self._stage.now = None  # presses are the exchange's, and what follows (a cut, an end) says its own
         try:
             outcome = exchange.run()
         except RankGone:
@@ -401,16 +404,17 @@ class Session:
         self._check_alive()
         self._check_free()
         cell = self._cells_run + 1  # numbered once it is sent: a syntax error uses no number
-        compile(code, cell_file_name(cell), "exec")  # a syntax error is the same on every rank: said here
-        if namespace is None:
-            main = sys.modules.get("__main__")
-            namespace = vars(main) if main is not None else {}
-        message = {"op": "run", "cell": cell, "code": code, "names": pickled_names(code, namespace),
-                   "sources": new_sources(self._sources_sent), "show": bool(show), "value": not show or not block}
-        self._cells_run = cell
-        if block:
-            with self._claimed():
-                return self._cell(cell, chosen, code, message, namespace, background=False)
+        with self._interrupts_said("the cell", f"cell {cell}", chosen):
+            compile(code, cell_file_name(cell), "exec")  # a syntax error is the same on every rank: said here
+            if namespace is None:
+                main = sys.modules.get("__main__")
+                namespace = vars(main) if main is not None else {}
+            message = {"op": "run", "cell": cell, "code": code, "names": pickled_names(code, namespace),
+                       "sources": new_sources(self._sources_sent), "show": bool(show), "value": not show or not block}
+            self._cells_run = cell
+            if block:
+                with self._claimed():
+                    return self._cell(cell, chosen, code, message, namespace, background=False)
         future = CellFuture(cell)
         future.set_running_or_notify_cancel()  # running: cancel() cannot take it back (interrupt() stops it)
         with self._claimed(keep=True):
@@ -442,6 +446,7 @@ class Session:
         with self._record.tracking(f"cell {cell}", chosen, cell, code, background=background) as said:
             output = CellOutput(ranks=len(chosen))
             outcome = self._request(chosen, message, cell, output)
+            self._stage.now = "after"
             replies = outcome.replies
             if any(m["op"] == "error" for m in replies.values()):
                 failures, done, interrupted = self._failures(cell, outcome)
@@ -457,6 +462,30 @@ class Session:
                     said.append(f"[rank {r}] {value_text(text)}")
             output.close()
         return values
+
+    @contextlib.contextmanager
+    def _interrupts_said(self, before: str, after: str, ranks: list[int]) -> Iterator[None]:
+        """Kernel → Interrupt in the notebook's own part of a request (preparing it, loading what
+        the ranks sent back) raised as one line that says what became of it
+        (``SessionInterrupted``), not as this package's frames; a quick second press is held. While
+        the ranks have the request, presses are the exchange's (``interrupts_counted``)."""
+        stage = self._stage
+        stage.now = "before"
+        try:
+            yield
+        except KeyboardInterrupt as e:
+            now = getattr(stage, "now", None)
+            if isinstance(e, SessionInterrupted) or now is None:
+                raise
+            hold_presses()
+            if now == "before":
+                raise SessionInterrupted(f"{before.capitalize()} was interrupted before it was sent: nothing reached "
+                                         "the ranks; the session goes on (its namespaces are as they were)") from None
+            raise SessionInterrupted(f"{after.capitalize()} was interrupted in the notebook once {ranks_text(ranks)} "
+                                     "had answered: what came back is dropped; the session goes on (its namespaces "
+                                     "are kept)") from None
+        finally:
+            stage.now = None
 
     def _check_free(self) -> None:
         if self._busy.locked():
@@ -555,13 +584,10 @@ class Session:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank has its own "
                                  f"({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
-        self._check_free()
-        with self._claimed(), self._record.tracking(f"push {', '.join(values)}", list(range(self.world_size))):
-            try:
-                data, placed = packed(values, by_value=self.options.engines is not None)
-            except KeyboardInterrupt:
-                raise SessionInterrupted("Push interrupted while its values were being packed: nothing was sent, "
-                                         "the ranks' namespaces are as they were") from None
+        what = f"push {', '.join(values)}"
+        with self._claimed(), self._interrupts_said(what, what, list(range(self.world_size))), \
+                self._record.tracking(what, list(range(self.world_size))):
+            data, placed = packed(values, by_value=self.options.engines is not None)
             try:
                 message = {"op": "push", "values": data, "table": placed.table if placed is not None else None}
                 replies = self._request(list(range(self.world_size)), message).replies
@@ -592,9 +618,10 @@ class Session:
         if not isinstance(name, str) or not name.isidentifier():
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
         self._check_alive()
-        self._check_free()
-        with self._claimed(), self._record.tracking(f"pull {name!r}", list(range(self.world_size))):
-            replies = self._request(list(range(self.world_size)), {"op": "pull", "name": name}).replies
+        what, ranks = f"pull {name!r}", list(range(self.world_size))
+        with self._claimed(), self._interrupts_said(what, what, ranks), self._record.tracking(what, ranks):
+            replies = self._request(ranks, {"op": "pull", "name": name}).replies
+            self._stage.now = "after"
             values = {r: loaded_value(r, m) for r, m in replies.items() if m["op"] == "done"}
             replies.update({r: unsent_error(name, v) for r, v in values.items() if isinstance(v, ValueNotSent)})
             if any(m["op"] == "error" for m in replies.values()):

@@ -36,7 +36,7 @@ from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "BetweenCells", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
            "unsent_error", "Answers", "Tell", "answer_of", "hellos",
-           "interrupts_counted", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
+           "interrupts_counted", "hold_presses", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
 log = logging.getLogger(__name__)
@@ -82,13 +82,10 @@ class _Presses:
 def interrupts_counted() -> Iterator[_Presses]:
     """While inside, SIGINT (Kernel → Interrupt, Ctrl-C) counts in the yielded object instead of
     raising ``KeyboardInterrupt`` at whatever line runs (a reply half read, a frame half sent).
-    Once a press was counted, presses in the next ``PRESS_HELD`` seconds are dropped: the second
-    press of a double press would land while the interrupt is being raised or shown (IPython then
-    prints "KeyboardInterrupt" in place of the cell's message). Off the main thread, or where
+    Once a press was counted, the next are held (``hold_presses``). Off the main thread, or where
     SIGINT is not Python's to handle, nothing changes."""
     presses = _Presses()
-    if threading.current_thread() is not threading.main_thread() or \
-            not callable(signal.getsignal(signal.SIGINT)):
+    if not _ours_to_handle():
         yield presses
         return
 
@@ -96,23 +93,40 @@ def interrupts_counted() -> Iterator[_Presses]:
         presses.count += 1
 
     previous = signal.signal(signal.SIGINT, count)
-    original = getattr(previous, "held_from", previous)
     try:
         yield presses
     finally:
-        if not presses.count:
-            signal.signal(signal.SIGINT, previous)
-        else:  # a quick second press: the same as the first, not a KeyboardInterrupt in the error's display
-            until = time.monotonic() + PRESS_HELD
+        signal.signal(signal.SIGINT, previous)
+        if presses.count:
+            hold_presses()
 
-            def held(signum: int, frame: Any) -> None:
-                if time.monotonic() >= until:
-                    signal.signal(signal.SIGINT, original)
-                    if callable(original):
-                        original(signum, frame)
 
-            held.held_from = original  # type: ignore[attr-defined]
-            signal.signal(signal.SIGINT, held)
+def hold_presses() -> None:
+    """Drop SIGINT for ``PRESS_HELD`` seconds, then handle it as before: the second press of a
+    double press would land while the first's interrupt is raised or shown (IPython then prints
+    "KeyboardInterrupt" in place of the cell's message). The kernel puts its own handler back once
+    the cell ends."""
+    if not _ours_to_handle():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    original = getattr(previous, "held_from", previous)
+    until = time.monotonic() + PRESS_HELD
+
+    def held(signum: int, frame: Any) -> None:
+        if time.monotonic() >= until:
+            signal.signal(signal.SIGINT, original)
+            # Sent again once this handler has returned, so that it lands in the code it interrupts.
+            again = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+            again.daemon = True
+            again.start()
+
+    held.held_from = original  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, held)
+
+
+def _ours_to_handle() -> bool:
+    """Whether SIGINT reaches this thread as a Python handler (the main thread's)."""
+    return threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT))
 
 
 def hellos(answers: Answers, world: int, ended: Callable[[], bool]) -> bool:
@@ -536,6 +550,7 @@ class Exchange:
                         stopping = True
                         self._asked_to_stop(presses.count)
                 self._pump(timeout=0.0)  # what came before the verdict
+                outcome.interrupted = outcome.interrupted or presses.count > 0  # (pressed as it ended)
                 if outcome.gone:
                     raise RankGone
             finally:
@@ -560,16 +575,17 @@ class Exchange:
 
 
     def _send(self, presses: _Presses) -> None:
-        """Send the request to each rank whole; a second interrupt while it is sent abandons it."""
+        """Send the request to each rank whole; a second interrupt while it is on its way abandons
+        it (a frame cut midway: the ranks cannot go on). Presses while it was sent whole are the
+        loop's to act on."""
         header, body = pickling.split(self.message, SESSION_ROUTED)
         missed = self.tell(self.ranks, header, body, lambda: presses.count >= 2 or self.outcome.ended.is_set())
-        if presses.count >= 2:
+        if missed and presses.count >= 2:
             assert self.phase is not None  # (begun before anything is sent)
-            self.outcome.abandoned = True
+            self.outcome.abandoned = self.outcome.interrupted = True
             self.phase.abandon()
         elif missed:
             raise RankGone
-        self.outcome.interrupted = presses.count > 0
 
     def _pump(self, timeout: float = _POLL) -> None:
         """Wait up to ``timeout`` for what the ranks send and take each answer; a rank's end

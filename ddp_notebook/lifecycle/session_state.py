@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from ..core.bounds import cut
-from ..core.errors import CellError, SessionEndedError, SessionInterrupted
+from ..core.errors import CellError, SessionEndedError
 from ..core.events import EventKind
 from ..core.failures import WorkerFailure
 
@@ -111,7 +111,7 @@ def _outcome_of(error: Optional[BaseException]) -> tuple[str, str, tuple[WorkerF
         return "ok", "", ()
     if isinstance(error, CellError):
         return "failed", str(error), error.failures
-    if isinstance(error, SessionInterrupted):
+    if isinstance(error, KeyboardInterrupt):  # SessionInterrupted, or a press in the notebook's part of it
         return "interrupted", str(error), ()
     if isinstance(error, SessionEndedError):
         return "ended", str(error), error.failures

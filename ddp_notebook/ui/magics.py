@@ -12,13 +12,14 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..core.devices import ALIASES, KINDS
 from ..core.errors import (
     ArgumentsError,
     DDPNotebookError,
@@ -70,8 +71,8 @@ def _parse(magic: Any, line: str, shown: Optional[str] = None) -> argparse.Names
         words = shlex.split(line, comments=True)
     except ValueError as e:  # "No closing quotation"
         raise UsageError(f"{name}: cannot read {line.strip()!r}: {str(e).lower()}") from None
-    words = _devices_joined(words)
     options = _option_names(magic.parser)
+    words = _devices_joined(words, options)
     try:
         args, extra = magic.parser.parse_known_args(words)
     except UsageError as e:  # argparse's own message, said by the magic like every other
@@ -79,14 +80,33 @@ def _parse(magic: Any, line: str, shown: Optional[str] = None) -> argparse.Names
         unknown = [w for w in words if w.startswith("-") and len(w) > 1 and not _number(w)
                    and w.split("=")[0] not in options]
         if not unknown:
-            raise UsageError(f"{name}: {e}") from None
+            raise UsageError(f"{name}: {e}{_device_typo(words, options)}") from None
         extra = unknown
     if extra:
         close = [match for word in extra if word.startswith("-")
                  for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = f" (did you mean {close[0]}?)" if close else _device_typo(words, options)
         raise UsageError(f"{name}: unrecognized arguments: {' '.join(extra)}{hint}; {name}? lists them")
     return args
+
+
+#: A word meant as a device, mistyped (``cpu1``, ``cuda 0``): named in an error, never joined.
+_LIKE_A_DEVICE = re.compile(r"(?i)(cpu|cuda|gpu)\b|(cpu|cuda|gpu)[^A-Za-z_]")
+
+
+def _device_typo(words: list[str], options: Sequence[str]) -> str:
+    """What ``-d`` took where that explains an error: a word after its list that looks like a
+    mistyped device (``-d cpu:0 cpu1 train``), or a value that is no device (``-d train``)."""
+    for i, word in enumerate(words[:-1]):
+        if not _is_devices_option(word, options):
+            continue
+        value, after = words[i + 1], words[i + 2] if i + 2 < len(words) else ""
+        if not _LIKE_A_DEVICE.match(value):
+            return f" (-d took {value!r} as its device list: give the devices after -d, -d cpu*2 {value})"
+        if _LIKE_A_DEVICE.match(after):
+            return (f" (-d took {value!r} as its device list and {after!r} as what follows it: write "
+                    "devices as cpu:1 or cpu*2, a list with commas: -d cpu:0,cpu:1)")
+    return ""
 
 
 def _number(word: str) -> bool:
@@ -263,16 +283,27 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
     return func, tuple(value(a) for a in call.args), kwargs, rest
 
 
-_DEVICE_WORD = re.compile(r"[A-Za-z]+[:*]")  # cpu:1, cuda:0-3, cpu*2: never a name or an option
+# cpu:1, cuda:0-3, cpu*2, or a kind alone (cpu, CUDA, gpu): never a function's name or an option
+_DEVICE_WORD = re.compile(rf"[A-Za-z]+[:*]|(?i:{'|'.join((*KINDS, *ALIASES))})$")
 
 
-def _devices_joined(words: list[str]) -> list[str]:
+def _is_devices_option(word: str, options: Sequence[str]) -> bool:
+    """``-d``, ``--devices`` or an abbreviation argparse takes for it (``--dev``: the start of no
+    other of the magic's ``options``)."""
+    if word in ("-d", "--devices"):
+        return True
+    return len(word) > 2 and [o for o in options if o.startswith(word)] == ["--devices"]
+
+
+def _devices_joined(words: list[str], options: Sequence[str] = ("-d", "--devices")) -> list[str]:
     """``-d cpu:0, cpu:1`` (or ``-d cpu:0 cpu:1``) as one argument, ``-d cpu:0,cpu:1``: ``-d``
     takes one word, so that a function named after it is the function, and a list written with
     spaces is still one list.
 
-    >>> _devices_joined(["-d", "cpu:0,", "cpu:1", "cpu:2", "train"])
-    ['-d', 'cpu:0,cpu:1,cpu:2', 'train']
+    >>> _devices_joined(["-d", "cpu:0,", "cpu:1", "cpu", "train"])
+    ['-d', 'cpu:0,cpu:1,cpu', 'train']
+    >>> _devices_joined(["--dev", "cpu:0,", "train"])  # a comma before the function ends the list
+    ['--dev', 'cpu:0,', 'train']
     """
     out: list[str] = []
     value = False  # the last word is the value of -d / --devices
@@ -282,31 +313,33 @@ def _devices_joined(words: list[str]) -> list[str]:
             out[-1] = joined
             continue
         out.append(word)
-        value = (len(out) > 1 and out[-2] in ("-d", "--devices")) or word.startswith("--devices=")
+        value = (len(out) > 1 and _is_devices_option(out[-2], options)) or \
+            ("=" in word and _is_devices_option(word.split("=")[0], options))
     return out
 
 
 def _next_device(spec: str, word: str) -> Optional[str]:
-    """``spec`` with ``word`` added when the word goes on its device list (after a comma, or a
-    device such as ``cpu:1``); None when it does not."""
-    if spec.endswith(",") or word.startswith(","):
+    """``spec`` with ``word`` added when the word is a device (``cpu:1``, ``cuda``) or begins
+    with a comma; None when it is not part of the list."""
+    if word.startswith(","):
         return spec + word
-    return f"{spec},{word}" if _DEVICE_WORD.match(word) else None
+    if not _DEVICE_WORD.match(word):
+        return None
+    return spec + word if spec.endswith(",") else f"{spec},{word}"
 
 
 def _device_list(words: Optional[list[str]]) -> Optional[str]:
-    """Device-list words as one spec, joined as ``-d`` joins them: ``cpu:0, cpu:1`` and
-    ``cpu:0 cpu:1`` both mean ``cpu:0,cpu:1``; words that are no device stay apart (the error
-    names them as written).
+    """Device-list words as one spec: every word is a device, so ``cpu:0, cpu:1`` and
+    ``cpu:0 cpu:1`` both mean ``cpu:0,cpu:1``, and a word that is no device is named alone.
 
-    >>> _device_list(["cpu:0", "cpu:1"]), _device_list(["cpu:0,", "cpu:1"]), _device_list(["cpu", "x"])
-    ('cpu:0,cpu:1', 'cpu:0,cpu:1', 'cpu x')
+    >>> _device_list(["cpu:0", "cpu:1"]), _device_list(["cpu:0,", "cpu:1"]), _device_list(["cpu:0", "cpu1"])
+    ('cpu:0,cpu:1', 'cpu:0,cpu:1', 'cpu:0,cpu1')
     """
     if not words:
         return None
     spec = words[0]
     for word in words[1:]:
-        spec = _next_device(spec, word) or f"{spec} {word}"
+        spec += word if spec.endswith(",") or word.startswith(",") else f",{word}"
     return spec
 
 
@@ -324,7 +357,9 @@ def _run(magic: str, run_id: Optional[str]) -> Run:
         listed = find_runs([run_id])[0]  # a run of an earlier kernel (before a restart)
         return listed.run if listed.run is not None else Run.load(listed.path)
     except (RunLoadError, UnsafeRunDirError, ArgumentsError) as e:
-        raise UsageError(f"%{magic}: {e}") from None
+        hint = f" ({run_id!r} reads as a device, not a run: -d takes a device list, -d cpu:0,cpu:1)" \
+            if _LIKE_A_DEVICE.match(run_id) else ""
+        raise UsageError(f"%{magic}: {e}{hint}") from None
 
 
 def start_target(target: Any, name: str, devices: Optional[str], options: dict[str, Any], args: tuple[Any, ...] = (),

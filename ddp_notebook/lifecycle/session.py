@@ -61,7 +61,7 @@ from .session_exchange import (
     RankGone,
     ValueNotSent,
     hellos,
-    hold_presses,
+    interrupts_said,
     loaded_value,
     unsent_error,
 )
@@ -135,7 +135,7 @@ class Session:
         self._record = SessionRecord(self)  # an interrupt asked from another thread; each request's events
         self._between = BetweenCells()  # what the ranks print while no request is in flight
         self._exchanging = threading.Event()  # set while a request is in flight: its cell shows what they print
-        self._stage = threading.local()  # where the request of this thread is: _interrupts_said
+        self._stage = threading.local()  # where the request of this thread is: session_exchange.interrupts_said
         self._formed: list[Run] = []  # the run of its ranks, for the finalizer: they leave with the session
         self._held: list[str] = []  # the ids of every run that held its ranks
         weakref.finalize(self, _close_ranks, self._formed)
@@ -404,7 +404,7 @@ class Session:
         self._check_alive()
         self._check_free()
         cell = self._cells_run + 1  # numbered once it is sent: a syntax error uses no number
-        with self._interrupts_said("the cell", f"cell {cell}", chosen):
+        with interrupts_said(self._stage, "the cell", f"cell {cell}", chosen):
             compile(code, cell_file_name(cell), "exec")  # a syntax error is the same on every rank: said here
             if namespace is None:
                 main = sys.modules.get("__main__")
@@ -462,30 +462,6 @@ class Session:
                     said.append(f"[rank {r}] {value_text(text)}")
             output.close()
         return values
-
-    @contextlib.contextmanager
-    def _interrupts_said(self, before: str, after: str, ranks: list[int]) -> Iterator[None]:
-        """Kernel → Interrupt in the notebook's own part of a request (preparing it, loading what
-        the ranks sent back) raised as one line that says what became of it
-        (``SessionInterrupted``), not as this package's frames; a quick second press is held. While
-        the ranks have the request, presses are the exchange's (``interrupts_counted``)."""
-        stage = self._stage
-        stage.now = "before"
-        try:
-            yield
-        except KeyboardInterrupt as e:
-            now = getattr(stage, "now", None)
-            if isinstance(e, SessionInterrupted) or now is None:
-                raise
-            hold_presses()
-            if now == "before":
-                raise SessionInterrupted(f"{before.capitalize()} was interrupted before it was sent: nothing reached "
-                                         "the ranks; the session goes on (its namespaces are as they were)") from None
-            raise SessionInterrupted(f"{after.capitalize()} was interrupted in the notebook once {ranks_text(ranks)} "
-                                     "had answered: what came back is dropped; the session goes on (its namespaces "
-                                     "are kept)") from None
-        finally:
-            stage.now = None
 
     def _check_free(self) -> None:
         if self._busy.locked():
@@ -585,7 +561,7 @@ class Session:
                                  f"({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
         what = f"push {', '.join(values)}"
-        with self._claimed(), self._interrupts_said(what, what, list(range(self.world_size))), \
+        with self._claimed(), interrupts_said(self._stage, what, what, list(range(self.world_size))), \
                 self._record.tracking(what, list(range(self.world_size))):
             data, placed = packed(values, by_value=self.options.engines is not None)
             try:
@@ -619,7 +595,7 @@ class Session:
             raise ArgumentsError(f"pull() takes a name of the ranks' namespaces, such as 'loss', not {name!r}")
         self._check_alive()
         what, ranks = f"pull {name!r}", list(range(self.world_size))
-        with self._claimed(), self._interrupts_said(what, what, ranks), self._record.tracking(what, ranks):
+        with self._claimed(), interrupts_said(self._stage, what, what, ranks), self._record.tracking(what, ranks):
             replies = self._request(ranks, {"op": "pull", "name": name}).replies
             self._stage.now = "after"
             values = {r: loaded_value(r, m) for r, m in replies.items() if m["op"] == "done"}

@@ -10,7 +10,9 @@ the run, ``lifecycle.cell_phase``: knock-ons, settling, ranks left waiting or st
   the last request (``BetweenCells``).
 - **Interrupts**: while the request is in flight, Kernel → Interrupt (SIGINT) only counts
   (``interrupts_counted``), so it never lands between reading an answer and keeping it, nor in
-  the middle of a frame sent; the supervisor asks the ranks still in the cell to leave it.
+  the middle of a frame sent; the supervisor asks the ranks still in the cell to leave it. In the
+  notebook's own part of a request (preparing it, loading what came back) it raises one line
+  (``interrupts_said``); a quick second press is held (``hold_presses``).
 - **Travel**: requests and answers are frames of the run's transport, in the run's codec: what
   routes them in the open (``core.events.SESSION_ROUTED``), the rest pickled (``split``,
   ``answer_of``).
@@ -30,13 +32,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from ..core.bounds import LINE_CHARS, escape_surrogates
+from ..core.errors import SessionInterrupted
 from ..core.events import DISPLAY_ID, SESSION_ROUTED, EventKind
+from ..core.failures import ranks_text
 from ..transfer import pickling
 from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "BetweenCells", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
            "unsent_error", "Answers", "Tell", "answer_of", "hellos",
-           "interrupts_counted", "hold_presses", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
+           "interrupts_counted", "interrupts_said", "hold_presses", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
 log = logging.getLogger(__name__)
@@ -122,6 +126,30 @@ def hold_presses() -> None:
 
     held.held_from = original  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, held)
+
+
+@contextlib.contextmanager
+def interrupts_said(stage: threading.local, before: str, after: str, ranks: list[int]) -> Iterator[None]:
+    """Kernel → Interrupt in the notebook's own part of a request (``stage.now``: "before", while
+    it is prepared; "after", while what the ranks sent back is loaded; None: the exchange counts
+    presses, and what follows it says its own) raised as one line that says what became of the
+    request (``SessionInterrupted``), not as this package's frames; a quick second press is held."""
+    stage.now = "before"
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        now = getattr(stage, "now", None)
+        if isinstance(e, SessionInterrupted) or now is None:
+            raise
+        hold_presses()
+        if now == "before":
+            raise SessionInterrupted(f"{before.capitalize()} was interrupted before it was sent: nothing reached the "
+                                     "ranks; the session goes on (its namespaces are as they were)") from None
+        raise SessionInterrupted(f"{after.capitalize()} was interrupted in the notebook once {ranks_text(ranks)} had "
+                                 "answered: what came back is dropped; the session goes on (its namespaces are kept)"
+                                 ) from None
+    finally:
+        stage.now = None
 
 
 def _ours_to_handle() -> bool:

@@ -54,7 +54,7 @@ class Gathered:
     replies: dict[int, dict] = field(default_factory=dict)
     #: The user interrupted it (Kernel → Interrupt, or ``Session.interrupt()``).
     interrupted: bool = False
-    #: Interrupted again while it was being sent: the frame was not sent whole.
+    #: Interrupted a third time while it was being sent: the frame was not sent whole.
     abandoned: bool = False
     #: Ranks interrupted because another rank raised.
     knocked_on: list[int] = field(default_factory=list)

@@ -316,7 +316,7 @@ class Session:
         failures, values, interrupted = self._failures(cell, outcome)
         left = sorted(set(outcome.left_waiting) | set(outcome.stuck))
         if outcome.abandoned:
-            why = f"{where} was interrupted twice while it was being sent, so its ranks could not go on"
+            why = f"{where} was interrupted three times while it was being sent, so its ranks could not go on"
         elif outcome.left_waiting:
             why = "; ".join(f"rank {r} was left waiting in {w}" for r, w in sorted(outcome.left_waiting.items()))
             why += " (for peers that will not come)"

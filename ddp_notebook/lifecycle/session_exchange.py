@@ -603,12 +603,12 @@ class Exchange:
 
 
     def _send(self, presses: _Presses) -> None:
-        """Send the request to each rank whole; a second interrupt while it is on its way abandons
-        it (a frame cut midway: the ranks cannot go on). Presses while it was sent whole are the
-        loop's to act on."""
+        """Send the request to each rank whole. A third press while it is on its way gives it up
+        (a frame cut midway: the ranks cannot go on); the presses before, and those while it was
+        sent whole, are the loop's to act on once it has arrived (a double press loses nothing)."""
         header, body = pickling.split(self.message, SESSION_ROUTED)
-        missed = self.tell(self.ranks, header, body, lambda: presses.count >= 2 or self.outcome.ended.is_set())
-        if missed and presses.count >= 2:
+        missed = self.tell(self.ranks, header, body, lambda: presses.count >= 3 or self.outcome.ended.is_set())
+        if missed and presses.count >= 3:
             assert self.phase is not None  # (begun before anything is sent)
             self.outcome.abandoned = self.outcome.interrupted = True
             self.phase.abandon()

@@ -196,6 +196,7 @@ class _Rank:
         self.heartbeat = heartbeat
         self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
         self.cell: Optional[int] = None  # the cell running now
+        self.last_cell = 0  # the last cell begun
         self.interrupted: Optional[int] = None  # the cell the notebook asked to interrupt, until it raised
         self.asked_to_leave: Optional[int] = None  # the cell the notebook asked to interrupt
         self.replied = False
@@ -248,8 +249,13 @@ class _Rank:
             self.inbox.put(pickling.joined(frame, frame.get("blob"), SESSION_ROUTED))
 
     def interrupt(self, cell: Any) -> None:
-        if cell is not None and cell == self.cell:
-            self.interrupted = self.asked_to_leave = cell
+        if not isinstance(cell, int) or (cell != self.cell and cell <= self.last_cell):  # (one that ended)
+            return
+        # Kept first: a cell not begun yet (its request still on its way to the main thread) is
+        # left as it begins (``run_cell`` looks), one begun is interrupted now.
+        self.asked_to_leave = cell
+        if cell == self.cell:
+            self.interrupted = cell
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     def on_sigint(self, signum: int, frame: Any) -> None:
@@ -337,8 +343,10 @@ class _Rank:
         reply: dict[str, Any] = {}
         failed, failed_at = None, 0.0
         try:
-            self.cell = cell
+            self.cell = self.last_cell = cell
             try:
+                if self.asked_to_leave == cell:  # interrupted before it began
+                    raise KeyboardInterrupt
                 linecache.cache.update(message.get("sources") or {})  # the notebook's cells, for tracebacks
                 self.take_names(pickling.loads(message["names"]))
                 body, last = compile_cell(code, filename)

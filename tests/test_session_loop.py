@@ -30,15 +30,23 @@ class _Context:
         pass
 
 
+def _no_ipython(self):
+    raise ImportError("IPython")
+
+
 def _run(rank, cell, code):
     rank.run_cell({"op": "run", "id": cell, "cell": cell, "code": code, "names": pickling.dumps({})})
     reply = rank.channel.sent[-1]
     return pickling.joined(reply, reply["blob"], ("op", "id", "cell", "interrupted"))
 
 
-def test_an_interrupt_that_comes_before_its_cell_begins_leaves_it_as_it_begins_and_an_old_one_is_ignored():
+def test_an_interrupt_that_comes_before_its_cell_begins_leaves_it_as_it_begins_and_an_old_one_is_ignored(
+        monkeypatch):
     # The notebook interrupts the cell it sent; a rank whose main thread had not begun it yet (its
     # request still on its way there) ignored the interrupt and ran the whole cell.
+    from ddp_notebook.worker.rank_display import RankDisplay
+
+    monkeypatch.setattr(RankDisplay, "_make_shell", _no_ipython)  # its rank without IPython: text alone, quick
     original = signal.getsignal(signal.SIGINT)
     out, err = sys.stdout, sys.stderr
     rank = _Rank(_Context(), _Recorded(), None)

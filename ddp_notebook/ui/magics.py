@@ -90,8 +90,9 @@ def _parse(magic: Any, line: str, shown: Optional[str] = None) -> argparse.Names
     return args
 
 
+_KINDS = "|".join((*KINDS, *ALIASES))  # cpu|cuda|gpu: the device kinds validation knows
 #: A word meant as a device, mistyped (``cpu1``, ``cuda 0``): named in an error, never joined.
-_LIKE_A_DEVICE = re.compile(r"(?i)(cpu|cuda|gpu)\b|(cpu|cuda|gpu)[^A-Za-z_]")
+_LIKE_A_DEVICE = re.compile(rf"(?i:{_KINDS})(?![A-Za-z_])")
 
 
 def _device_typo(words: list[str], options: Sequence[str]) -> str:
@@ -284,7 +285,7 @@ def _split_call(line: str, ns: dict[str, Any]) -> tuple[str, tuple[Any, ...], di
 
 
 # cpu:1, cuda:0-3, cpu*2, or a kind alone (cpu, CUDA, gpu): never a function's name or an option
-_DEVICE_WORD = re.compile(rf"[A-Za-z]+[:*]|(?i:{'|'.join((*KINDS, *ALIASES))})$")
+_DEVICE_WORD = re.compile(rf"[A-Za-z]+[:*]|(?i:{_KINDS})$")
 
 
 def _is_devices_option(word: str, options: Sequence[str]) -> bool:

@@ -560,13 +560,12 @@ class Session:
             raise ArgumentsError(f"push() cannot replace {bad[0]!r}: each rank has its own "
                                  f"({', '.join(sorted(RANK_NAMES))})")
         self._check_alive()
-        what = f"push {', '.join(values)}"
-        with self._claimed(), interrupts_said(self._stage, what, what, list(range(self.world_size))), \
-                self._record.tracking(what, list(range(self.world_size))):
+        what, ranks = f"push {', '.join(values)}", list(range(self.world_size))
+        with self._claimed(), interrupts_said(self._stage, what, what, ranks), self._record.tracking(what, ranks):
             data, placed = packed(values, by_value=self.options.engines is not None)
             try:
                 message = {"op": "push", "values": data, "table": placed.table if placed is not None else None}
-                replies = self._request(list(range(self.world_size)), message).replies
+                replies = self._request(ranks, message).replies
             finally:
                 if placed is not None:  # the ranks that mapped the pieces keep them
                     placed.release()

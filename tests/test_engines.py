@@ -27,11 +27,15 @@ from helpers import wait_for, wait_until
 pytestmark = pytest.mark.engines
 
 CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
+# The controller pings the engines every 0.5 s instead of 3 s: an engine's registration ends on the
+# beat after its first pong (6 s to start a cluster here, 2.5 s with this); 60 missed pings (not 10)
+# before an engine is dropped keep the silence that takes as long as by default (30 s).
+CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60"]
 
 
 @contextlib.contextmanager
 def local_cluster(n=2):
-    cluster = ipp.Cluster(n=n, log_level=40)
+    cluster = ipp.Cluster(n=n, log_level=40, controller_args=CONTROLLER_ARGS)
     client = cluster.start_and_connect_sync()
     # The engines import the test helpers (faults) by name, as a user's engines would their own
     # modules; runs leave the engines' sys.path as they found it.
@@ -604,7 +608,7 @@ def test_a_notebook_killed_mid_cell_frees_its_engines_and_an_engine_death_leaves
     import sys
     import time
 
-    cluster = ipp.Cluster(n=2, log_level=40)
+    cluster = ipp.Cluster(n=2, log_level=40, controller_args=CONTROLLER_ARGS)
     rc = cluster.start_and_connect_sync()
     try:
         rc[:].execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})", block=True)

@@ -24,6 +24,14 @@ def fed(*events):
     return feed
 
 
+@pytest.fixture
+def tick_02s(monkeypatch):
+    """A live view ticks every 0.2 s, not every second: the tests that wait for its tick."""
+    from ddp_notebook.ui import run_view
+
+    monkeypatch.setattr(run_view, "TICK_S", 0.2)
+
+
 def test_rows_show_epoch_k_of_n_pace_eta_and_readable_rates_on_one_line():
     feed = fed({"kind": "ready", "time": 100.2, "rank": 0},
                {"kind": "progress", "time": 101.0, "rank": 0, "step": 10, "total": 100, "epoch": 2, "epochs": 8,
@@ -186,7 +194,7 @@ def test_the_stopping_note_shows_while_stopping_and_goes_when_the_run_has_stoppe
     assert [row.badge.value.count(">stopped<") for row in view.rows.values()] == [1, 1]  # not "succeeded"
 
 
-def test_the_clock_ticks_and_a_silent_rank_is_flagged_without_new_events():
+def test_the_clock_ticks_and_a_silent_rank_is_flagged_without_new_events(tick_02s):
     import time
 
     now = time.time()
@@ -368,7 +376,7 @@ def test_a_fit_gets_an_epoch_table_and_plot_and_the_fallback_says_the_outcome():
     assert "failed" in bundle["text/plain"] and bundle["text/html"] == view.fallback_html()
 
 
-def test_a_live_view_renders_its_liveness_every_tick_and_a_finished_one_none():
+def test_a_live_view_renders_its_liveness_every_tick_and_a_finished_one_none(tick_02s):
     import time
 
     from helpers import wait_until

@@ -64,7 +64,14 @@ def main() -> None:
     import ipyparallel as ipp
 
 
-    cluster = ipp.Cluster(n=2, log_level=40)
+    # (smoke: the controller pings every 0.5 s, not 3 s, so the engines' registration ends 4 s
+    # sooner; 60 missed pings, not 10, before one is dropped. Nothing timed here starts a cluster.)
+    smoke_args = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60"] if args.smoke else []
+    if args.smoke:  # (and the fork server imports torch meanwhile, not after)
+        from ddp_notebook.executors.local import forkserver
+
+        forkserver.start()
+    cluster = ipp.Cluster(n=2, log_level=40, controller_args=smoke_args)
     rc = cluster.start_and_connect_sync(activate=False)
     try:
         _ours(rc), _ours()  # first contact: engines import torch, the fork server starts

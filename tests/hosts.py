@@ -40,6 +40,12 @@ import faults
 from helpers import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The controller pings the engines every 0.5 s, not every 3 s: an engine's registration ends on the
+# beat after its first pong (4 s sooner). The silences after which either side gives up stay as by
+# default: 67 missed pings (33 s) before the controller drops an engine, and 175 missed checks
+# (one every 1 s, the period + 0.5 s) before an engine that hears no ping leaves.
+CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=66"]
+ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=175"]
 
 
 def simulated(layout: list[int], **options):
@@ -138,7 +144,7 @@ class SimulatedHosts:
         try:
             self._network()
             self.cluster = ipp.Cluster(n=0, controller_ip=self.bridge_ip, profile_dir=os.path.join(self.tmp, "profile"),
-                                       log_level=40)
+                                       log_level=40, controller_args=CONTROLLER_ARGS)
             self.cluster.start_controller_sync()
             for e in range(len(self.engine_host)):
                 self.start_engine(e)
@@ -213,7 +219,8 @@ class SimulatedHosts:
         private = [self.run_root, os.path.join(os.path.expanduser("~"), ".cache", "ddp_notebook")]
         mounts = " && ".join(f"mkdir -p {p} && mount -t tmpfs -o mode=700 tmpfs {p}" for p in private)
         script = (f"hostname {self.names[i]} && {mounts} && "
-                  f"exec {sys.executable} -m ipyparallel.engine --file={engine_file} --log-level=40")
+                  f"exec {sys.executable} -m ipyparallel.engine --file={engine_file} --log-level=40 "
+                  f"{' '.join(ENGINE_ARGS)}")
         log = open(os.path.join(self.tmp, f"engine-{e}.log"), "ab")
         self.procs[e] = subprocess.Popen(
             ["ip", "netns", "exec", self.namespaces[i], "unshare", "--uts", "--mount", "--propagation", "private",

@@ -113,6 +113,7 @@ def test_a_session_on_ipv6_only_hosts_runs_cells(hosts):
     assert_engines_clean(hosts)
 
 
-def test_a_host_cut_off_mid_run_is_named_within_the_same_bound_as_on_ipv4(hosts):
+def test_a_host_cut_off_mid_run_is_named_within_the_same_bound_as_on_ipv4(hosts, monkeypatch):
+    monkeypatch.setenv("DDP_NOTEBOOK_NETWORK_TIMEOUT", "5")  # not 10 s: the bound follows it
     check_a_host_cut_off_mid_run(hosts)  # as on IPv4: the ranks' IPv6 connections get keepalive too
     assert_engines_clean(hosts)

@@ -184,7 +184,8 @@ def test_a_rank_that_holds_the_gil_past_the_network_timeout_is_not_taken_as_cut_
     assert_engines_clean(hosts)
 
 
-def test_a_host_cut_off_mid_run_is_named_within_the_bound_and_the_retry_runs_on_the_rest(hosts):
+def test_a_host_cut_off_mid_run_is_named_within_the_bound_and_the_retry_runs_on_the_rest(hosts, monkeypatch):
+    monkeypatch.setenv("DDP_NOTEBOOK_NETWORK_TIMEOUT", "5")  # not 10 s: the bound follows it
     check_a_host_cut_off_mid_run(hosts)
 
 

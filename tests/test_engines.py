@@ -28,9 +28,9 @@ pytestmark = pytest.mark.engines
 
 CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
 # The controller pings the engines every 0.5 s instead of 3 s: an engine's registration ends on the
-# beat after its first pong (6 s to start a cluster here, 2.5 s with this); 60 missed pings (not 10)
-# before an engine is dropped keep the silence that takes as long as by default (30 s).
-CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60"]
+# beat after its first pong (6 s to start a cluster here, 2.5 s with this); 66 missed pings (not 10)
+# before an engine is dropped keep the silence that takes as long as by default (33 s).
+CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=66"]
 
 
 @contextlib.contextmanager

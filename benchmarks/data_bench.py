@@ -202,10 +202,12 @@ def one_result(launcher: str, nbytes: int) -> dict:
     return {"seconds": seconds, "peak": max(peak[0], held) - base, "held": held - base}
 
 
-def measure(args: list[str], timeout: float) -> dict:
-    """One measurement in a fresh process (and its own session: a hang is ended, children too)."""
-    proc = subprocess.Popen([sys.executable, __file__, "--one", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+def measure(args: list[str], timeout: float, server_first: bool = False) -> dict:
+    """One measurement in a fresh process (and its own session: a hang is ended, children too).
+    ``server_first``: ddp_notebook's fork server is started before that process imports torch (the
+    two import it at once); it is ready before anything is timed either way."""
+    proc = subprocess.Popen([sys.executable, __file__, "--one", *args, *(["--server-first"] if server_first else [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -236,14 +238,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="--quick without the rows that only add fresh "
-                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server): the CI "
-                        "smoke test")
+                        "interpreters (torch.multiprocessing spawn, the warm pool without a fork server), each "
+                        "fork server started before its process imports torch: the CI smoke test")
     parser.add_argument("--one", nargs="+")
+    parser.add_argument("--server-first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=None, help="runs of each measurement (median); default 3, "
                         "1 with --quick")
     opts = parser.parse_args()
     if opts.one:
         kind, launcher, *rest = opts.one
+        if opts.server_first and launcher.startswith("ours"):
+            from ddp_notebook.executors.local import forkserver
+
+            forkserver.start()
         size = int(rest[0])
         print(json.dumps(one_data(launcher, size, int(rest[1])) if kind == "data" else one_result(launcher, size)))
         return
@@ -276,7 +283,8 @@ def main() -> None:
                 for launcher in launchers:
                     if launcher in skipped:
                         continue
-                    got = measure(["data", launcher, str(size), str(ranks)], timeout=hang + 30 * size / 2**30)
+                    got = measure(["data", launcher, str(size), str(ranks)], timeout=hang + 30 * size / 2**30,
+                                  server_first=opts.smoke)
                     if "error" in got:
                         skipped[launcher] = got["error"]
                         if got["error"].startswith("hung"):
@@ -317,7 +325,7 @@ def main() -> None:
           "once the ranks are gone | its peak meanwhile |")
     print("|---|---|---|---|")
     for launcher in result_launchers:
-        got = measure(["result", launcher, str(result_size)], timeout=hang + 60)
+        got = measure(["result", launcher, str(result_size)], timeout=hang + 60, server_first=opts.smoke)
         if "error" in got:
             print(f"| {NAMES[launcher]} | {got['error']} | | |")
         else:

@@ -126,6 +126,22 @@ def kept_between_tests() -> set:
     return set()
 
 
+@pytest.fixture(scope="session")
+def shared_lab(tmp_path_factory, kept_between_tests):
+    """One JupyterLab server for the browser tests of this test process (one takes seconds to start
+    and to stop), started by the first that asks for ``lab`` (tests/test_browser.py): each test has a
+    folder and a workspace of its own in it, and its kernels are shut down as it ends. Defined here,
+    not where ``lab`` is: a fixture imported into several test modules is one per module."""
+    from test_browser import serve_lab
+
+    with serve_lab(tmp_path_factory.mktemp("lab")) as served:
+        kept_between_tests.add(served.server.pid)
+        try:
+            yield served
+        finally:
+            kept_between_tests.discard(served.server.pid)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_processes(request, kept_between_tests):
     """Fail a test that leaves a worker (or any child process) running.

@@ -9,6 +9,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -37,16 +40,55 @@ def _free_port():
         return s.getsockname()[1]
 
 
+class Lab(NamedTuple):
+    """A JupyterLab server as a test sees it: its URL and token, the test's folder (its notebooks go
+    there, tutorial 2 is there), that folder's path from the server's root, and the server."""
+    base: str
+    token: str
+    root: Path
+    folder: str
+    server: subprocess.Popen
+
+
 @pytest.fixture
-def lab(tmp_path):
-    with serve_lab(tmp_path) as served:
-        yield served
+def lab(shared_lab, tmp_path):
+    """The JupyterLab server of this test process's browser tests (``shared_lab``, conftest.py) with
+    a folder of this test's, holding tutorial 2; the kernels started meanwhile are shut down as the
+    test ends, as stopping the server would."""
+    assert shared_lab.server.poll() is None, "the shared JupyterLab server has exited"
+    folder = tmp_path.name
+    (shared_lab.root / folder).mkdir()
+    shutil.copy(os.path.join(HERE, "..", "notebooks", NOTEBOOK), shared_lab.root / folder / NOTEBOOK)
+    try:
+        yield shared_lab._replace(root=shared_lab.root / folder, folder=folder)
+    finally:
+        shut_down_kernels(shared_lab)
+
+
+def shut_down_kernels(lab):
+    """Every kernel of ``lab``'s server shut down through its API (as the server does as it stops),
+    once its processes have ended."""
+    import psutil
+
+    def api(method, path):
+        request = urllib.request.Request(f"{lab.base}{path}?token={lab.token}", method=method)
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return json.loads(answer.read() or b"null")
+
+    running = psutil.Process(lab.server.pid).children()  # the kernels
+    for session in api("GET", "/api/sessions"):
+        api("DELETE", f"/api/sessions/{session['id']}")
+    for kernel in api("GET", "/api/kernels"):  # (one without a session)
+        api("DELETE", f"/api/kernels/{kernel['id']}")
+    _, alive = psutil.wait_procs(running, timeout=60)
+    assert not alive, f"kernels still running after their shutdown: {[p.pid for p in alive]}"
 
 
 @contextlib.contextmanager
 def serve_lab(tmp_path, disabled=()):
     """A JupyterLab server of its own (home, settings and root under ``tmp_path``), with the lab
-    extensions ``disabled`` off (as ``jupyter labextension disable`` does): (url, token, root)."""
+    extensions ``disabled`` off (as ``jupyter labextension disable`` does): a ``Lab`` whose folder
+    is the server's root."""
     home = tmp_path / "home"
     root = tmp_path / "root"
     root.mkdir()
@@ -78,7 +120,7 @@ def serve_lab(tmp_path, disabled=()):
             assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()
             time.sleep(0.2)
     try:
-        yield base, token, root
+        yield Lab(base, token, root, "", server)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -102,15 +144,17 @@ def shot(locator, name, tries=5, scroll=None):
 
 @contextlib.contextmanager
 def open_notebook(lab, tmp_path, name):
-    """JupyterLab in headless Chromium with notebook ``name`` (in the server's root) open and its
-    kernel idle: yields the page; Chromium is closed after."""
-    base, token, _ = lab
+    """JupyterLab in headless Chromium with notebook ``name`` (in ``lab``'s folder) open and its
+    kernel idle, in a workspace of its own (none of an earlier test's documents reopened): yields
+    the page; Chromium is closed after."""
+    base, token = lab.base, lab.token
+    path = f"{lab.folder}/{name}" if lab.folder else name
     os.makedirs(ARTIFACTS, exist_ok=True)
     with sync_playwright() as p:
         browser = chromium(p, tmp_path)
         try:
             page = browser.new_page()
-            page.goto(f"{base}/lab/tree/{name}?token={token}")
+            page.goto(f"{base}/lab/workspaces/w{uuid.uuid4().hex[:12]}/tree/{path}?token={token}")
             page.wait_for_function(KERNEL_READY, timeout=120_000)
             yield page
         finally:

@@ -119,6 +119,19 @@ def allreduce_until_stopped(ctx):
     return step
 
 
+def allreduce_until_stop_agreed(ctx):
+    """All-reduces until a Stop, every rank leaving at the same step (``ctx.stop_agreed``): a
+    stop ends it at once, never after the stop grace as a naive stop may."""
+    t = torch.ones(1)
+    step = 0
+    while not ctx.stop_agreed():
+        step += 1
+        dist.all_reduce(t)
+        ctx.log(step=step)
+        time.sleep(0.005 * (1 + ctx.rank))
+    return step
+
+
 def one_more_allreduce_on_rank_1(ctx, steps: int = 3):
     """Rank 1 makes one more all_reduce than rank 0 (uneven batches): it waits for a peer that
     has already returned."""

@@ -313,7 +313,7 @@ def check_a_host_cut_off_mid_run(hosts: SimulatedHosts) -> None:
     peers are released, the retry runs on hosts 1 and 3, and host 2's engine is free once its link
     is back. The multihost tests run it on IPv4 and on IPv6-only hosts."""
     view = hosts.view([0, 1, 2])  # h2's engine stays busy a moment after the link comes back
-    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=view)
+    run = ddp_notebook.launch(faults.allreduce_until_stop_agreed, engines=view)
     wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
     cut_at = time.monotonic()
     hosts.cut(1)

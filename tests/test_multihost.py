@@ -191,7 +191,7 @@ def test_a_host_cut_off_mid_run_is_named_within_the_bound_and_the_retry_runs_on_
 
 def test_an_engine_killed_on_host_2_is_the_cause_and_the_retry_runs_on_host_1(hosts):
     # The last test: h2's engine stays dead.
-    run = ddp_notebook.launch(faults.allreduce_until_stopped, engines=hosts.view([0, 1]))
+    run = ddp_notebook.launch(faults.allreduce_until_stop_agreed, engines=hosts.view([0, 1]))
     wait_for(run, lambda s: all((w.step or 0) >= 2 for w in s.workers.values()), timeout=120)
     os.kill(run.workers[1].pid, signal.SIGKILL)  # the engine process on h2
     with pytest.raises(WorkerFailedError) as e:

@@ -118,11 +118,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="--quick, MLflow's store made while the fork server "
-                        "starts: the CI smoke test")
+    parser.add_argument("--quick", "--smoke", action="store_true")  # --smoke: the CI smoke test
     args = parser.parse_args()
-    args.quick = args.quick or args.smoke
     trials, steps, runs, logged = (1, 100, 5, 100) if args.quick else (args.trials, args.steps, args.runs, 1000)
     os.environ.setdefault("DDP_NOTEBOOK_RUNS", tempfile.mkdtemp())
     os.chdir(tempfile.mkdtemp())  # the comparison holds the runs launched from here
@@ -130,12 +127,9 @@ def main() -> None:
     from ddp_notebook.executors.local import forkserver
 
     forkserver.start()  # what %load_ext does
-    if args.smoke:  # (meanwhile: nothing is timed before the server is ready)
-        mlflow_store()
+    mlflow_store()  # (meanwhile: nothing is timed before the server is ready)
     while not forkserver.status()["ready"]:
         time.sleep(0.05)
-    if not args.smoke:
-        mlflow_store()
     tracker_overhead(trials, steps)
     comparison(runs, logged, repeat=2 if args.quick else 4)
 

@@ -5,6 +5,10 @@ import threading
 FINDING_CODES = frozenset({"argument", "syntax", "empty", "duplicate", "missing", "memory", "mixed", "backend",
                            "oversubscribed", "too_many", "empty_shard"})
 WARNING_CODES = frozenset({"oversubscribed"})
+# The tests' ipyparallel controllers ping their engines every 0.5 s, not every 3 s: an engine's
+# registration ends on the beat after its first pong (a cluster starts in 2.5 s, not 6.5 s). 66
+# missed pings (not 10) before an engine is dropped keep that silence as long as by default (33 s).
+CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=66"]
 
 
 def wait_for(run, predicate, timeout=60.0):

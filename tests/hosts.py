@@ -38,14 +38,11 @@ from ddp_notebook import WorkerFailedError
 from ddp_notebook.executors.ipyparallel.network_plan import network_timeout
 
 import faults
-from helpers import wait_for
+from helpers import CONTROLLER_ARGS, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The controller pings the engines every 0.5 s, not every 3 s: an engine's registration ends on the
-# beat after its first pong (4 s sooner). The silences after which either side gives up stay as by
-# default: 67 missed pings (33 s) before the controller drops an engine, and 175 missed checks
-# (one every 1 s, the period + 0.5 s) before an engine that hears no ping leaves.
-CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=66"]
+# The controller pings as the tests' do (``helpers.CONTROLLER_ARGS``); an engine that hears no ping
+# leaves after 175 missed checks (one every 1 s, the period + 0.5 s), as long as by default.
 ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=175"]
 
 

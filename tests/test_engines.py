@@ -22,15 +22,11 @@ from ddp_notebook.executors.ipyparallel.engines import Engines
 from ddp_notebook.executors.ipyparallel.network_plan import NetworkPlan
 
 import faults
-from helpers import wait_for, wait_until
+from helpers import CONTROLLER_ARGS, wait_for, wait_until
 
 pytestmark = pytest.mark.engines
 
 CLEAN = {"process_group": False, "rank_env": None, "sigint": True, "context": False, "torchs_init": True}
-# The controller pings the engines every 0.5 s instead of 3 s: an engine's registration ends on the
-# beat after its first pong (6 s to start a cluster here, 2.5 s with this); 66 missed pings (not 10)
-# before an engine is dropped keep the silence that takes as long as by default (33 s).
-CONTROLLER_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=66"]
 
 
 @contextlib.contextmanager

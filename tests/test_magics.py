@@ -130,6 +130,17 @@ def test_bad_arguments_raise_usage_errors(ip, line, words):
         ip.run_line_magic("ddp_fit", line)
 
 
+@pytest.mark.parametrize("line, words", [
+    ("--stop --restart", "--stop closes the session and --restart forms it again: give one of them"),
+    ("--without-failed", "--without-failed goes with --restart"),
+])
+def test_session_lines_that_cannot_work_are_refused_before_anything_starts(ip, line, words):
+    before = started_processes()
+    with pytest.raises(UsageError, match=re.escape(f"%ddp_session: {words}")):
+        ip.run_line_magic("ddp_session", line)
+    assert started_processes() == before
+
+
 @pytest.mark.parametrize("value, setting", [(None, "auto"), ("auto", "auto"), ("off", None), ("45", 45.0)])
 def test_the_watchdog_is_on_unless_turned_off(ip, value, setting):
     with capture_output():

@@ -56,7 +56,9 @@ def test_the_session_line_shows_the_live_session_and_ranks_take_ranges_and_slice
     for bad, said in (("1-0", "ends before it starts"), ("0-x", "is not a choice of ranks"),
                       ("5:", "--ranks 5: chooses no rank of this session"),
                       ("0-4", "--ranks 0-4: 2 to 4 are not ranks of this session (its ranks are 0 to 1)"),
-                      ("3", "--ranks 3: 3 is not a rank of this session")):
+                      ("3", "--ranks 3: 3 is not a rank of this session"),
+                      ("9" * 20, f"--ranks {'9' * 20}: {'9' * 20} is not a rank of this session"),
+                      ("0,3,1-99999999999", "3, 2 to 99999999999 are not ranks of this session")):
         content, _ = k.execute(f"%%ddp --ranks {bad}\nrank")
         assert content["status"] == "error" and content["ename"] == "UsageError", (bad, content)
         assert said in content["evalue"], (bad, content)

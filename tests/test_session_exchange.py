@@ -358,7 +358,7 @@ def _reply(op, rank, when=0.0, interrupted=False, message="boom", name=None):
 def test_the_first_rank_to_raise_is_the_cause_and_those_interrupted_after_are_knock_ons():
     devices = ["cpu:0", "cpu:1", "cpu:2"]
     gathered = Gathered({0: _reply("error", 0, when=5.0, message="late"), 1: _reply("error", 1, when=1.0),
-                         2: _reply("error", 2, interrupted=True)}, knocked_on=[2])
+                         2: _reply("error", 2, interrupted=True)})
     failures, values, interrupted = failures_of(3, gathered, devices, {})
     error = cell_error(3, failures, values, world_size=3, interrupted=interrupted)
     assert [f.rank for f in error.failures] == [1, 0] and values == {} and error.interrupted == (2,)

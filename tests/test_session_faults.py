@@ -5,6 +5,7 @@ short, and output by the thousand lines. Each fault ends with the session usable
 right rank; no rank outlives its session (each test forms its own, in a kernel the module shares)."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -108,6 +109,31 @@ def test_peers_still_running_when_a_rank_raises_are_interrupted_and_the_first_to
         name, message, tb = _error(content)
         assert "failed on rank 1 (cpu:1): RuntimeError: r1. Also raised: rank 0, RuntimeError: r0." in message, message
         assert "failed as well: RuntimeError: r0" in tb, tb
+
+
+def test_an_interrupt_after_a_rank_raised_still_names_that_rank(kernel):
+    # Kernel → Interrupt after rank 1 raised, before its peer is interrupted for it (the knock-on
+    # wait, made long here so that the press comes first): the cell failed on rank 1; the press
+    # only interrupted rank 0. It was said "interrupted on rank 0", rank 1's error lost.
+    k, _ = kernel
+    events = k.ok("import ddp_notebook.lifecycle.cell_phase as _cp\n_wait, _cp.KNOCK_ON_WAIT = _cp.KNOCK_ON_WAIT, 600.0"
+                  "\nprint(_ddp_session.current_run.dir.events_path, end='')")
+
+    def rank_1_raised():
+        with open(events) as f:
+            return any('"answered"' in line and json.loads(line).get("rank") == 1 for line in f)
+
+    try:
+        msg_id = k.kc.execute("%%ddp\nimport time\nif rank == 1:\n    raise ValueError('r1 boom')\ntime.sleep(120)",
+                              stop_on_error=False)
+        wait_until(rank_1_raised, timeout=60)
+        k.km.interrupt_kernel()
+        name, message, tb = _error(k.reply_to(msg_id))
+        assert name == "CellError" and "failed on rank 1 (cpu:1): ValueError: r1 boom" in message, message
+        assert "Rank 0, still in it, was interrupted. The session goes on" in message, message
+        assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # namespaces kept, not formed again
+    finally:
+        k.ok("_cp.KNOCK_ON_WAIT = _wait")
 
 
 def test_a_collective_one_rank_skips_is_named_within_seconds_without_a_stall_timeout(kernel):

@@ -27,8 +27,11 @@ def test_a_cell_without_blocking_cannot_be_cancelled_and_frees_the_session_befor
     try:
         f = s.run("import time\ntime.sleep(1)\nrank", block=False)
         assert not f.cancel() and f.running()
-        with pytest.raises(SessionBusyError, match=r"still running cell 1 \(run without blocking\)"):
-            s.pull("rank")
+        for busy in (lambda: s.pull("rank"), lambda: s.push(lr=0.1)):
+            with pytest.raises(SessionBusyError, match=r"still running cell 1 \(run without blocking\)") as e:
+                busy()
+            shown = "\n".join(e.value._render_traceback_())  # as the notebook shows it: the call, the message
+            assert "busy()" in shown and "contextlib" not in shown and "ddp_notebook/" not in shown, shown
         assert f.result(60) == [0, 1]
         for i in range(40):  # the next request, as soon as a waiter hears: never busy
             f = s.run(f"{i}", block=False)

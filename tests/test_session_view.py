@@ -133,6 +133,12 @@ def test_a_failed_cell_shows_the_runs_failure_card_with_the_failed_ranks_locals(
     view.refresh(now=T0 + 3)
     assert view.card.value.startswith('<details class="ddp-last-failure">') and "Tensor[3, 3]" in view.card.value
     assert "Last failure: cell 4 (x = 1) failed on rank 1" in format_run(feed.state)
+    # A cell every rank failed the same way is said so, as its error says it (not "on rank 0").
+    both = cell_failure()
+    both.same_on = DEVICES
+    feed.emit(cell(6, "failed", at=T0 + 4, failures=[both.to_dict()]))
+    assert "Last: cell 6 (x = 1) failed on every rank (cpu:0, cpu:1) the same way: ValueError: bad shape (3, 3)" in \
+        format_run(feed.state)
 
 
 @pytest.mark.unit

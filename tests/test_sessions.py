@@ -78,6 +78,51 @@ def test_an_interrupt_while_a_session_forms_says_so_in_a_line_and_ends_its_ranks
         in content["evalue"], content
 
 
+@pytest.mark.parametrize("line", ["--stop", "--restart"])
+def test_an_interrupt_while_a_session_closes_ends_its_ranks_at_once_and_says_so_in_a_line(kernel, line):
+    k, seen = kernel
+    seen.extend(k.rank_pids())
+    # The press lands while the session closes (its ranks told to leave, slowly here): it was raised
+    # through this package's frames (or said the run "succeeded: interrupted"), and left the
+    # session open one time in two. It ends the ranks at once; --restart then forms no new ones.
+    content, printed = k.execute(
+        "import signal, threading, time\n_s, _run = _ddp_session, _ddp_session.current_run\n_tell = _s._tell\n"
+        "def slow(ranks, message, *rest):\n    if message.get('op') == 'close':\n        time.sleep(2)\n"
+        "    return _tell(ranks, message, *rest)\n_s._tell = slow\n"
+        "def hit():\n    deadline = time.monotonic() + 60\n"
+        "    while not _s._closed and time.monotonic() < deadline:\n        time.sleep(0.001)\n"
+        "    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)\n"
+        f"threading.Thread(target=hit, daemon=True).start()\n%ddp_session {line}")
+    if line == "--stop":
+        assert content["status"] == "ok" and printed.startswith("Session closed (run "), (content, printed)
+        k.ok("assert '_ddp_session' not in globals()")
+    else:
+        assert content["status"] == "error" and content["traceback"] == [
+            "Forming the session again was interrupted: its ranks were ended, no new ones were formed "
+            "(session.restart(), or %ddp_session --restart, forms them)"], content
+    k.ok("assert _run.done and not _s.alive and _s.current_run is _run, _run.status")
+    if line == "--restart":  # formed when asked again
+        k.ok("del _s._tell\n%ddp_session --restart", timeout=180)
+        assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")
+
+
+def test_an_interrupt_while_a_formed_session_is_shown_is_one_line_and_the_session_is_current(kernel):
+    k, _ = kernel
+    # The press lands once the session is formed again, while it is shown (slowly here): it was
+    # raised through this package's frames.
+    content, _ = k.execute(
+        "import signal, threading, time\nimport ddp_notebook.ui.session_magics as _m\n_show, _at = _m.show_session, []\n"
+        "def slow(*args):\n    _at.append(1)\n    time.sleep(2)\n    return _show(*args)\n_m.show_session = slow\n"
+        "def hit():\n    deadline = time.monotonic() + 120\n"
+        "    while not _at and time.monotonic() < deadline:\n        time.sleep(0.001)\n"
+        "    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)\n"
+        "threading.Thread(target=hit, daemon=True).start()\ntry:\n    %ddp_session --restart\n"
+        "finally:\n    _m.show_session = _show", timeout=180)
+    assert content["status"] == "error" and content["traceback"] == [
+        "Showing the session was interrupted; it is ready on cpu:0, cpu:1 (%ddp_session shows it)"], content
+    assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")  # the kernel's session, formed again
+
+
 def test_an_exception_on_rank_1_names_it_and_the_session_goes_on(kernel):
     k, _ = kernel
     k.ok("%%ddp\nx = rank * 10")

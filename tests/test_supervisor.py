@@ -638,7 +638,25 @@ def test_the_ranks_still_in_a_cell_a_rank_raised_in_are_interrupted_after_the_kn
     sent = [c for c in transport.calls if c[0] == "send"]
     assert [(c[1], c[2]) for c in sent] == [((1,), "interrupt")]
     assert sent[0][-1] - 1000.0 == pytest.approx(0.5, abs=0.06)  # KNOCK_ON_WAIT, on the fake clock
-    assert phase.outcome.knocked_on == [1] and phase.outcome.ended.is_set() and not phase.outcome.cut
+    assert phase.outcome.ended.is_set() and not phase.outcome.cut and not phase.outcome.interrupted
+
+
+def test_a_cell_interrupted_after_a_rank_raised_still_failed_on_that_rank():
+    from ddp_notebook.lifecycle.session_failures import failures_of
+
+    clock = FakeClock()
+    transport = SessionRanks(clock, leave={1}, script=[started(0) + started(1) + [_answer(0, "error")], 3.0]
+                             + _ends())
+    sup, _ = _session_supervisor(transport, clock)
+    phase = sup.begin_cell(3, 1, [0, 1])
+    phase.interrupt()  # Kernel → Interrupt before the knock-on wait is over
+    sup.supervise()
+    sent = [c for c in transport.calls if c[0] == "send"]
+    assert [(c[1], c[2]) for c in sent] == [((1,), "interrupt")] and phase.outcome.interrupted
+    phase.outcome.replies = {0: {"op": "error", "error": {"exc_type": "ValueError", "message": "r0", "time": 1.0}},
+                             1: {"op": "error", "interrupted": True, "error": {"exc_type": "KeyboardInterrupt"}}}
+    failures, _, interrupted = failures_of(1, phase.outcome, ["cpu:0", "cpu:1"], {})
+    assert [(f.rank, f.exc_type) for f in failures] == [(0, "ValueError")] and interrupted == [1]
 
 
 def test_a_rank_left_waiting_in_a_collective_its_peer_skipped_is_judged_after_the_looks_say_so(tmp_path):

@@ -64,13 +64,32 @@ def is_installed_file(path: str) -> bool:
     return path.startswith(_installed_prefixes()) or is_library_file(path)
 
 
+@functools.lru_cache(maxsize=1)
+def _standard_library() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where Python's standard library lives, and where packages are installed (inside it, often)."""
+    paths = sysconfig.get_paths()
+    stdlib = {paths.get(key, "") for key in ("stdlib", "platstdlib")}
+    forms = tuple(sorted({form + os.sep for d in stdlib if d for form in (os.path.abspath(d), os.path.realpath(d))}))
+    return ("<frozen ", *forms), tuple(d for d in installed_dirs() if "-packages" in d)
+
+
+def _is_standard_library(path: str) -> bool:
+    stdlib, installed = _standard_library()
+    return path.startswith(stdlib) and not path.startswith(installed)
+
+
 def _libraries(files: list[str]) -> list[bool]:
-    """Which frames of a stack (outermost first, by file) are the library's: its files, and code
-    generated for it that it calls or that calls it (``<string>``: a dataclass's ``__init__``
+    """Which frames of a stack (outermost first, by file) are the library's: its files, the
+    standard library's frames it calls (``contextlib`` entering one of its ``with`` blocks), and
+    code generated for it that it calls or that calls it (``<string>``: a dataclass's ``__init__``
     checking its fields in the package's ``__post_init__``)."""
     library = [is_library_file(file) for file in files]
-    return [mine or (file == "<string>" and ((i > 0 and library[i - 1]) or (i + 1 < len(files) and library[i + 1])))
-            for i, (file, mine) in enumerate(zip(files, library))]
+    out: list[bool] = []
+    for i, (file, mine) in enumerate(zip(files, library)):
+        called_by_it = i > 0 and out[i - 1]
+        generated = file == "<string>" and (called_by_it or (i + 1 < len(files) and library[i + 1]))
+        out.append(mine or generated or (called_by_it and _is_standard_library(file)))
+    return out
 
 
 def user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:

@@ -56,8 +56,6 @@ class Gathered:
     interrupted: bool = False
     #: Interrupted a third time while it was being sent: the frame was not sent whole.
     abandoned: bool = False
-    #: Ranks interrupted because another rank raised.
-    knocked_on: list[int] = field(default_factory=list)
     #: Ranks left waiting in a collective that cannot complete: rank → where (``all_reduce (cell 3:2)``).
     left_waiting: dict[int, str] = field(default_factory=dict)
     #: Seconds each rank in ``left_waiting`` had waited there when judged.
@@ -153,8 +151,6 @@ class CellPhase:
         knock_on = self.first_error is not None and now - self.first_error >= KNOCK_ON_WAIT
         if self.cell is None or self.interrupt_sent is not None or not (asked or knock_on) or not self.waiting():
             return []
-        if not asked:
-            self.outcome.knocked_on = self.waiting()
         self.interrupt_sent = now
         return self.waiting()
 

@@ -24,6 +24,7 @@ import functools
 import itertools
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -61,6 +62,7 @@ from .session_exchange import (
     RankGone,
     ValueNotSent,
     hellos,
+    interrupts_counted,
     interrupts_said,
     loaded_value,
     unsent_error,
@@ -281,7 +283,9 @@ class Session:
             self._exchanging.clear()
         if outcome.cut:
             self._cut(cell, message, outcome)
-        if outcome.interrupted:
+        # Interrupted, unless a rank raised meanwhile: then the request failed, and its error is said.
+        if outcome.interrupted and not any(m["op"] == "error" and not m.get("interrupted")
+                                           for m in outcome.replies.values()):
             if cell is None:
                 raise SessionInterrupted(f"{message.get('op', 'the request').capitalize()} interrupted, but it could "
                                          "not be stopped midway: it finished on every rank; the session goes on")
@@ -608,24 +612,32 @@ class Session:
         twice, and on a session whose run has already ended."""
         self._close("closed")
 
-    def _close(self, how: str) -> None:
-        """``close()``; ``how``: what becomes of the session (a cell cut meanwhile says it)."""
+    def _close(self, how: str) -> bool:
+        """``close()``; ``how``: what becomes of the session (a cell cut meanwhile says it). Whether
+        Kernel → Interrupt was pressed meanwhile."""
         run = self._run
         if self._closed or run is None:
-            return
-        background = self._background
-        if background is not None and background.is_alive() and background is not threading.current_thread():
-            self._closing = how  # a cell cut now ends with these ranks: it is not formed again by itself
-            self.interrupt()  # a cell run without blocking: stopped first, as Stop would
-            background.join(INTERRUPT_GRACE + END_WAIT)
-        self._closed = True
-        self._tell(list(range(self.world_size)), {"op": "close"})
-        if not run.done:
-            self._wait_end(run.options.stop_grace + run.options.kill_grace + 10.0)
-            if not run.done:
+            return False
+        # Kernel → Interrupt while it closes never leaves it half closed: it ends the ranks now.
+        with interrupts_counted() as presses:
+            def waited(done: Callable[[], bool], seconds: float) -> bool:
+                until = time.monotonic() + seconds
+                while not done() and not presses.count and time.monotonic() < until:
+                    time.sleep(0.05)
+                return done()
+
+            background = self._background
+            if background is not None and background.is_alive() and background is not threading.current_thread():
+                self._closing = how  # a cell cut now ends with these ranks: it is not formed again by itself
+                self.interrupt()  # a cell run without blocking: stopped first, as Stop would
+                waited(lambda: not background.is_alive(), INTERRUPT_GRACE + END_WAIT)
+            self._closed = True
+            self._tell(list(range(self.world_size)), {"op": "close"})
+            if not waited(lambda: run.done, run.options.stop_grace + run.options.kill_grace + 10.0):
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
-        self._between.close()  # what the ranks printed last is written whole, what was not shown said
+            self._between.close()  # what the ranks printed last is written whole, what was not shown said
+        return presses.count > 0
 
     def restart(self, devices: Optional[DeviceSpec] = None, without_failed: bool = False) -> Session:
         """Form the session again (a new run; the ranks' namespaces are lost): on the same devices,
@@ -670,7 +682,9 @@ class Session:
             if not report.ok:
                 raise InvalidDevicesError(report)
         lost = self._run is not None and not self._closed and self._ended is None and not self._run.done
-        self._close("formed again")
+        if self._close("formed again"):
+            raise SessionInterrupted("Forming the session again was interrupted: its ranks were ended, no new ones "
+                                     "were formed (session.restart(), or %ddp_session --restart, forms them)")
         before, kept = self._run, (self._spec, self.options)
         old = before.id if before is not None else None
         self._spec, self.options, self._run = devices if devices is not None else self._spec, options, None
@@ -699,6 +713,8 @@ class Session:
 
     def _error(self, cell: Optional[int], failures: list[WorkerFailure], values: dict[int, Any],
                interrupted: Iterable[int] = (), **how: Any) -> CellError:
+        if self._closing:  # a cell stopped as the session closes: it does not go on
+            how.update(note=f"The session is being {self._closing}.", formed_again=True)
         return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
 
 

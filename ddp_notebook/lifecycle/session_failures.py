@@ -2,9 +2,9 @@
 
 A request's outcome (``session_exchange.Gathered``) holds each rank's reply; from it come one
 ``WorkerFailure`` per rank that raised (the first to raise is the cause: replies carry the time
-each error was raised), per rank interrupted because another had raised (a knock-on), and per
-rank left in the request (waiting in a collective that cannot complete, or in native code that
-an interrupt cannot stop).
+each error was raised; a rank that left when interrupted, by the user or because another had
+raised, did not fail), and per rank left in the request (waiting in a collective that cannot
+complete, or in native code that an interrupt cannot stop).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ __all__ = ["failures_of", "cell_error", "push_hint", "ended_text"]
 def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
                 pids: dict[int, int]) -> tuple[list[WorkerFailure], dict[int, Any], list[int]]:
     """The request's failures (a rank that raised, one left waiting or stuck in the cell), the
-    values of the ranks that finished (rank → value), and the ranks interrupted because another
-    had raised (they did not fail)."""
+    values of the ranks that finished (rank → value), and the ranks that left it when interrupted
+    (by the user or a knock-on) while another had raised: they did not fail."""
     def device(rank: int) -> str:
         return devices[rank] if rank < len(devices) else f"rank {rank}"
 
@@ -38,7 +38,7 @@ def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
     for rank, reply in sorted(outcome.replies.items()):
         if reply["op"] != "error":
             values[rank] = loaded_value(rank, reply)
-        elif reply.get("interrupted") and rank in outcome.knocked_on and first is not None:
+        elif reply.get("interrupted") and first is not None:  # left when asked (by the user or a knock-on)
             interrupted.append(rank)
         else:
             failures.append(failure_from_error(dict(reply.get("error") or {}, rank=rank), device(rank),

@@ -21,6 +21,7 @@ from ..core.errors import (
     NotPicklableError,
     SessionBusyError,
     SessionEndedError,
+    SessionInterrupted,
 )
 from ..core.failures import ranks_text
 from ..lifecycle.options import UI_FORMS
@@ -35,14 +36,15 @@ __all__ = ["SessionMagics", "SESSION_MAGICS"]
 SESSION_MAGICS = (("line", "ddp_session"), ("cell", "ddp"))
 
 
-_RANK_ITEM = r"[0-9]{1,6}(-[0-9]{1,6})?"
-_RANK_SLICE = r"(-?[0-9]{1,6})?:(-?[0-9]{1,6})?(:(-?[0-9]{1,6})?)?"
+_RANK_ITEM = r"[0-9]+(-[0-9]+)?"
+_RANK_SLICE = r"(-?[0-9]+)?:(-?[0-9]+)?(:(-?[0-9]+)?)?"
 
 
 class _Ranks(NamedTuple):
-    """What ``--ranks`` chose (ranks, or a slice of them), and how it was written."""
+    """What ``--ranks`` chose (ranges of ranks, both ends included, or a slice of them), and how it
+    was written."""
 
-    chosen: Union[list[int], slice]
+    chosen: Union[list[tuple[int, int]], slice]
     text: str
 
 
@@ -51,7 +53,7 @@ def _rank_choice(text: str) -> _Ranks:
     or a Python slice of the ranks (``1:``, ``::2``, ``:-1``).
 
     >>> _rank_choice("0,2-3").chosen, _rank_choice("1:").chosen, _rank_choice("::2").chosen
-    ([0, 2, 3], slice(1, None, None), slice(None, None, 2))
+    ([(0, 0), (2, 3)], slice(1, None, None), slice(None, None, 2))
     """
     words = "".join(text.split())
     if re.fullmatch(_RANK_SLICE, words):
@@ -62,13 +64,13 @@ def _rank_choice(text: str) -> _Ranks:
     if not re.fullmatch(f"{_RANK_ITEM}(,{_RANK_ITEM})*", words):
         raise argparse.ArgumentTypeError(f"{text!r} is not a choice of ranks: a rank (0), a list (0,2), a range "
                                          "(0-2, both ends included) or a slice (1:, ::2)")
-    out: list[int] = []
+    ranges = []
     for item in words.split(","):
         first, _, last = item.partition("-")
         if last and int(last) < int(first):
             raise argparse.ArgumentTypeError(f"{text!r}: the range {item} ends before it starts")
-        out.extend(range(int(first), int(last or first) + 1))
-    return _Ranks(out, words)
+        ranges.append((int(first), int(last or first)))
+    return _Ranks(ranges, words)
 
 
 def _announce(current: Session, how: str, ui: Optional[str], more: str = "") -> None:
@@ -110,6 +112,17 @@ class SessionMagics(Magics):
             self.user_ns["_ddp_session"] = value
             self.user_ns["_ddp_run"] = value.current_run  # the run that holds the ranks: %ddp_status shows it
 
+    def _ready(self, current: Session, how: str, ui: Optional[str], more: str = "") -> None:
+        """Make ``current`` the kernel's session and say so (``_announce``); Kernel → Interrupt
+        meanwhile stops only the saying, in one line: the session is formed."""
+        try:
+            self._set_current(current)
+            _announce(current, how, ui, more)
+        except KeyboardInterrupt:
+            self._set_current(current)
+            raise SessionInterrupted(f"Showing the session was interrupted; it is {how} on "
+                                     f"{', '.join(current.devices)} (%ddp_session shows it)") from None
+
     @magic_arguments()
     @argument("devices", nargs="*", help="device list, one rank per device, e.g. cpu*2 (default: the kernel's)")
     @argument("--stall-timeout", type=_stall_setting, metavar="SECONDS|auto|off",
@@ -131,6 +144,8 @@ class SessionMagics(Magics):
         ``%%ddp`` then runs cells on them. Without arguments while one lives, show it."""
         args = _parse(self.ddp_session, line)
         current = current_session()
+        if args.stop and args.restart:
+            raise UsageError("%ddp_session: --stop closes the session and --restart forms it again: give one of them")
         if args.without_failed and not args.restart:
             raise UsageError("%ddp_session: --without-failed goes with --restart")
         if args.stop or args.restart:
@@ -147,8 +162,7 @@ class SessionMagics(Magics):
                 current.restart(devices=_device_list(args.devices), without_failed=args.without_failed)
             except _USER_MISTAKES as e:
                 raise UsageError(f"%ddp_session: {e}") from None
-            self._set_current(current)
-            _announce(current, "ready", args.ui)
+            self._ready(current, "ready", args.ui)
             return
         options: dict[str, Any] = {}
         if args.stall_timeout is not None:
@@ -185,14 +199,13 @@ class SessionMagics(Magics):
                     f"%ddp_session: a session lives on {', '.join(current.devices)}; a new one {asked} would lose "
                     "its namespaces. " + (f"%ddp_session --restart {spec} forms it again on those devices, "
                                           if not same else "") + "%ddp_session --stop closes it.")
-            _announce(current, "live", args.ui, "; %ddp_session --restart forms it again")
+            self._ready(current, "live", args.ui, "; %ddp_session --restart forms it again")
             return
         try:
             formed = session(spec, **options)
         except _USER_MISTAKES as e:
             raise UsageError(f"%ddp_session: {e}") from None
-        self._set_current(formed)
-        _announce(formed, "ready", args.ui)
+        self._ready(formed, "ready", args.ui)
 
     @magic_arguments()
     @argument("--ranks", type=_rank_choice, metavar="RANKS",
@@ -243,13 +256,13 @@ def _chosen(choice: Optional[_Ranks], world_size: int) -> list[int]:
         if not ranks:
             raise UsageError(f"%%ddp: --ranks {choice.text} chooses no rank of this session (its ranks are {valid})")
         return ranks
-    outside = [r for r in choice.chosen if r >= world_size]
+    outside = [(max(first, world_size), last) for first, last in choice.chosen if last >= world_size]
     if outside:
-        named = f"{outside[0]} is not a rank" if len(outside) == 1 else \
-            f"{outside[0]} to {outside[-1]} are not ranks" if outside == list(range(outside[0], outside[-1] + 1)) else \
-            f"{', '.join(map(str, outside))} are not ranks"
+        said = ", ".join(str(first) if first == last else f"{first} to {last}" for first, last in outside)
+        named = f"{said} is not a rank" if len(outside) == 1 and outside[0][0] == outside[0][1] else \
+            f"{said} are not ranks"
         raise UsageError(f"%%ddp: --ranks {choice.text}: {named} of this session (its ranks are {valid})")
-    return choice.chosen
+    return [rank for first, last in choice.chosen for rank in range(first, last + 1)]
 
 
 def _say_error(future: Future[Any]) -> None:

@@ -244,8 +244,9 @@ def request_text(record: CellRecord) -> str:
     took = format_clock(record.seconds)
     if record.status == "failed" and record.failures:  # said from its data: a message may be stale when read back
         root, code = record.failures[0], f" ({record.first_line()})" if record.code.strip() else ""
-        return one_line(f"{record.what}{code} failed on rank {root.rank} ({root.device}): {root.summary()} "
-                        f"(after {took})")
+        where = f"on every rank ({', '.join(root.same_on)}) the same way" if root.same_on else \
+            f"on rank {root.rank} ({root.device})"
+        return one_line(f"{record.what}{code} failed {where}: {root.summary()} (after {took})")
     if record.status == "ok":
         values = f" ({', '.join(record.values)})" if record.values else ""
         return one_line(f"{record.what} on {ranks_text(record.ranks)}: ok in {took}{values}")

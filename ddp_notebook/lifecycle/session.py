@@ -296,12 +296,8 @@ class Session:
                 "the session goes on (its namespaces are kept)"
             raise SessionInterrupted(f"Cell {cell} {how}; {after}")
         if len(ranks) == self.world_size and all(m["op"] == "done" for m in outcome.replies.values()):
-            self._tell_idle()
+            self._tell(ranks, {"op": "idle"})  # a strict watchdog's ranks report progress until the next cell
         return outcome
-
-    def _tell_idle(self) -> None:
-        """Every rank finished: a strict watchdog's ranks report progress until the next cell."""
-        self._tell(list(range(self.world_size)), {"op": "idle"})
 
     def _begin(self, request_id: int, cell: Optional[int], ranks: list[int]) -> Optional[CellPhase]:
         return self._run._begin_cell(request_id, cell, ranks) if self._run is not None and not self._run.done else None
@@ -608,8 +604,8 @@ class Session:
         return [values[r] for r in range(self.world_size)]
 
     def close(self) -> None:
-        """End the session: every rank leaves its loop and the run ends (succeeded); safe to call
-        twice, and on a session whose run has already ended."""
+        """End the session: every rank leaves its loop and the run ends (succeeded; Kernel →
+        Interrupt meanwhile ends the ranks at once); safe to call twice, and once its run ended."""
         self._close("closed")
 
     def _close(self, how: str) -> bool:
@@ -662,6 +658,8 @@ class Session:
             when every rank did.
         InvalidDevicesError
             The device list failed validation (the session is left as it was).
+        SessionInterrupted
+            Kernel → Interrupt while the old ranks were ended: no new ones were formed.
         """
         if devices is not None and without_failed:
             raise ArgumentsError("restart() takes devices= or without_failed=True, not both")

@@ -149,8 +149,9 @@ class _Server:
         """Stop waiting for a server that cannot answer: its pending requests fail, and it is
         retired (ended once none of its workers runs: SIGKILL, since it reads nothing)."""
         with self._lock:
+            # (one that could not start, or exited, is not unresponsive: starting it again would fail the same way)
+            self.unresponsive = self.unresponsive or not (self.dead or self.error is not None)
             self.error = self.error or why
-            self.unresponsive = True
             pending, self._pending = list(self._pending.values()), {}
         for future, out_fd, err_fd in pending:
             os.close(out_fd)

@@ -117,6 +117,8 @@ def test_ddp_retry_after_a_failure(ip):
 @pytest.mark.parametrize("line, words", [
     ("nothing_here", "there is no 'nothing_here' in the notebook"),
     ("train --epochs many", "'many' is not a whole number >= 1"),
+    ("train --tag lr=0.1 --tag lr=0.2", "--tag lr= is given twice; a tag has one value"),
+    ("train --epochs 99999999999999999999", "'99999999999999999999' is not a whole number >= 1 (of at most 18 digits)"),
     ("train --devices cpu:0,cpu:0", "cpu:0 is listed 2 times"),
     ("train --devices tpu:0", "unknown device kind 'tpu'"),
     ("fails --epochs 2", "fails() takes no 'epochs' argument"),

@@ -211,6 +211,8 @@ def test_lists_and_comparisons_hold_this_directorys_runs_and_name_bad_ids(runs_f
     assert everything.run_ids == ["20260101-000001-1aa5e1", runs[0].id, runs[1].id]
     assert "metrics.loss" in everything.frame()
     assert ddp_notebook.compare(runs[1].id[-6:], runs[0]).run_ids == [runs[1].id, runs[0].id]
+    twice = ddp_notebook.compare(runs[1], runs[0], runs[1].id, metrics=["loss", "loss"])
+    assert twice.run_ids == [runs[1].id, runs[0].id] and twice.metrics == ["loss"]  # each once
     with pytest.raises(RunLoadError, match=r"^no run 'nope' in this kernel nor in "):
         ddp_notebook.compare("nope")
     with pytest.raises(RunLoadError, match=r"^'aa5e1' ends 4 run ids \(20260101-000000-0aa5e1, 20260101-000001-1aa5e1, "

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import io
 import re
+import signal
 import threading
 import time
 import traceback
@@ -55,6 +56,27 @@ def test_close_with_a_cell_stuck_in_native_code_ends_the_session_without_forming
     with pytest.raises(SessionInterrupted, match="as the session was closed"):
         f.result(5)
     assert s.current_run is run and run.done and not s.alive  # nothing formed again
+
+
+def test_an_interrupt_while_close_stops_a_cell_run_without_blocking_still_closes_the_session():
+    # Kernel → Interrupt while close() waits for the cell it stopped: the ranks were stopped at once
+    # (the session "ended", stopped by the user, not closed) and the cell said the session ended.
+    s = ddp_notebook.session("cpu*2")
+    run = s.current_run
+    f = s.run("import time\nfor i in range(600):\n    time.sleep(0.1)", block=False)
+    wait_until(lambda: s.state.request is not None, timeout=60)
+
+    interrupt = s.interrupt
+
+    def pressed():  # as close() stops the cell, on its own thread: the press lands inside close()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return interrupt()
+
+    s.interrupt = pressed
+    s.close()
+    assert run.done and s.state.session_status == "closed" and not s.alive, (run.status, run.state.stop_reason)
+    with pytest.raises(SessionInterrupted, match=r"the session is being closed|as the session was closed"):
+        f.result(5)
 
 
 def _view_threads():

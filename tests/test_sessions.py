@@ -106,6 +106,36 @@ def test_an_interrupt_while_a_session_closes_ends_its_ranks_at_once_and_says_so_
         assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")
 
 
+def test_an_interrupt_while_a_session_forms_again_leaves_it_closed_and_says_so(kernel):
+    k, _ = kernel
+    # The press lands as the new ranks start (their run begun or not): the session said "no
+    # session was formed", yet showed itself forming, with no run, or alive until the ranks ended.
+    hits = 0
+    for delay in (0.0, 0.05, 0.15):
+        content, _ = k.execute(
+            "import signal, threading, time\n_s = _ddp_session\n"
+            f"def hit():\n    deadline = time.monotonic() + 60\n"
+            "    while _s._run is not None and time.monotonic() < deadline:\n        time.sleep(0.0005)\n"
+            f"    time.sleep({delay})\n"
+            "    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)\n"
+            "_t = threading.Thread(target=hit, daemon=True)\n_t.start()\ntry:\n    %ddp_session --restart\n"
+            "finally:\n    try:  # (a press after it was formed lands here, never in a later cell)\n"
+            "        _t.join()\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass", timeout=180)
+        said = content["traceback"] if content["status"] == "error" else []
+        if said != ["Forming the session was interrupted: its ranks were ended, no session was formed"]:
+            assert said in ([], ["Showing the session was interrupted; it is ready on cpu:0, cpu:1 (%ddp_session "
+                                 "shows it)"]), content  # (formed before the press)
+        else:
+            hits += 1
+            k.ok("assert not _s.alive and _s.current_run is not None and _s.current_run.done, repr(_s)\n"
+                 "assert _s.state.session_status in ('closed', 'ended') and ' - ' not in repr(_s), repr(_s)")
+            content, _ = k.execute("%%ddp\nrank")
+            assert content["ename"] == "UsageError" and "the session is closed" in content["evalue"], content
+        k.ok("%ddp_session --restart", timeout=180)
+        assert "[rank 1] Out: 1\n" in k.ok("%%ddp\nrank")
+    assert hits, "no press landed while the ranks formed"
+
+
 def test_an_interrupt_while_a_formed_session_is_shown_is_one_line_and_the_session_is_current(kernel):
     k, _ = kernel
     # The press lands once the session is formed again, while it is shown (slowly here): it was

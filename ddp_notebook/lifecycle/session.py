@@ -41,7 +41,7 @@ from ..core.errors import (
     SessionEndedError,
     SessionInterrupted,
 )
-from ..core.events import EventKind, cell_file_name
+from ..core.events import cell_file_name
 from ..core.failures import FailureKind, WorkerFailure, ranks_text
 from ..core.probes import Probe
 from ..core.state import RunState
@@ -61,10 +61,12 @@ from .session_exchange import (
     Gathered,
     RankGone,
     ValueNotSent,
+    answered,
     hellos,
     interrupts_counted,
     interrupts_said,
     loaded_value,
+    on_run_event,
     unsent_error,
 )
 from .session_failures import cell_error, ended_text, failures_of, push_hint
@@ -76,6 +78,7 @@ __all__ = ["Session", "CellFuture", "ValueNotSent", "session", "current_session"
 # Seconds a session waits for its run to end once a rank is gone (the supervisor names the cause
 # and ends the others within kill_grace).
 END_WAIT = 30.0
+HURRIED = 1.0  # seconds the ranks get to leave once Kernel → Interrupt is pressed while a session closes
 
 _current: Optional[Session] = None
 
@@ -157,14 +160,14 @@ class Session:
             # Its record names it a session, with no config; its ranks' answers come to ``answers``.
             # The ranks run the session's loop (its call has no function): CallMode.SESSION.
             settings = RunSettings(mode=CallMode.SESSION, origin="session",
-                                   answers=functools.partial(_answered, answers, self._between, self._exchanging))
+                                   answers=functools.partial(answered, answers, self._between, self._exchanging))
             self._run = run = start_run(Call(None, (heartbeat,)), self._spec, self.options, settings, parent=parent,
                                         probe=self._probe)
             run._restart = functools.partial(_form_again_for, weakref.ref(self))  # its retry forms the session again
             self._formed[:] = [run]
             self._between.ranks = len(run.devices)
             self._held.append(run.id)
-            run.subscribe(lambda event: _on_run_event(answers, event))  # (never the session: its finalizer ends ranks)
+            run.subscribe(lambda event: on_run_event(answers, event))  # (never the session: its finalizer ends ranks)
             self._ended, self._closed = None, False
             if parent is not None:  # its views show the new run
                 followed(parent, run)
@@ -172,9 +175,12 @@ class Session:
             if not hellos(answers, len(run.devices), lambda: run.done):
                 raise self._end_error("the session could not start")
         except BaseException as e:
-            if self._run is not None and not self._run.done:
-                self._run.stop(grace=0.0)
+            with interrupts_counted():  # (a second press: they are being ended)
+                if self._run is not None and not self._run.done:
+                    self._run.stop(grace=0.0)
+                    self._wait_end(END_WAIT)
             if isinstance(e, KeyboardInterrupt) and not isinstance(e, SessionInterrupted):  # one line, not our frames
+                self._closed = True  # (as it says: no session was formed)
                 raise SessionInterrupted("Forming the session was interrupted: its ranks were ended, "
                                          "no session was formed") from None
             raise
@@ -345,9 +351,11 @@ class Session:
         try:
             self._run = None
             self._start(parent=old)
-        except Exception as e:  # noqa: BLE001 - said in the error the notebook sees, with the way out
+        except BaseException as e:  # (an interrupt raised as it is; an error said with the way out)
             if self._run is None:
                 self._run = old
+            if not isinstance(e, Exception):
+                raise
             self._ended = SessionEndedError(f"{reason}; forming the session again failed: {e}. session.restart() tries "
                                             "again")
             return f"Forming the session again failed: {e}. session.restart() tries again."
@@ -359,6 +367,9 @@ class Session:
         """A rank's socket closed, or the run ended: wait for the run's verdict and raise it."""
         assert self._run is not None
         self._wait_end(END_WAIT)
+        if self._closing:
+            what = f"Cell {cell}" if cell else "The request"
+            raise SessionInterrupted(f"{what} ended as the session was {self._closing}")
         finished = sorted(r for r, m in replies.items() if m["op"] == "done")
         unfinished = [r for r in self._asked if r not in replies]
         extra = ""
@@ -614,11 +625,12 @@ class Session:
         run = self._run
         if self._closed or run is None:
             return False
-        # Kernel → Interrupt while it closes never leaves it half closed: it ends the ranks now.
+        # Kernel → Interrupt while it closes never leaves it half closed: the ranks get a second more to leave.
         with interrupts_counted() as presses:
             def waited(done: Callable[[], bool], seconds: float) -> bool:
                 until = time.monotonic() + seconds
-                while not done() and not presses.count and time.monotonic() < until:
+                while not done() and time.monotonic() < until:
+                    until = min(until, time.monotonic() + HURRIED) if presses.count else until
                     time.sleep(0.05)
                 return done()
 
@@ -688,8 +700,9 @@ class Session:
         self._spec, self.options, self._run = devices if devices is not None else self._spec, options, None
         try:
             self._start(parent=before)
-        except DDPNotebookError:  # (an engine gone since): the session is as it was, closed, its run the old one
-            self._run, (self._spec, self.options) = before, kept
+        except BaseException as e:  # (an engine gone since, an interrupt): closed, its run the old or new one
+            if self._run is None or isinstance(e, DDPNotebookError):
+                self._run, (self._spec, self.options) = before, kept
             raise
         self._closed = False
         print(f"Session formed again on {', '.join(self.devices)}"
@@ -714,22 +727,6 @@ class Session:
         if self._closing:  # a cell stopped as the session closes: it does not go on
             how.update(note=f"The session is being {self._closing}.", formed_again=True)
         return cell_error(cell, failures, values, self.world_size, interrupted=list(interrupted), **how)
-
-
-def _answered(answers: Answers, between: BetweenCells, exchanging: threading.Event, rank: int, event: dict[str, Any],
-              attachment: Any) -> None:
-    """What a session's rank sent the session (on the run's supervising thread): to the request in
-    flight, which shows its output; what a rank prints while none is, to ``between``."""
-    if event.get("kind") == EventKind.OUTPUT and event.get("cell") is None and not exchanging.is_set():
-        between.add(rank, str(event.get("stream")), str(event.get("text", "")))
-    else:
-        answers.put((rank, event, attachment))
-
-
-def _on_run_event(answers: Answers, event: dict[str, Any]) -> None:
-    """An event of a session's run: a rank's end goes to the request in flight (it is over)."""
-    if event.get("kind") == EventKind.EXITED:
-        answers.put((event.get("rank", -1), {"op": "exited"}, None))
 
 
 def _form_again_for(session: weakref.ref[Session], devices: DeviceSpec, options: LaunchOptions,

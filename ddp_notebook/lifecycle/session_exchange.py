@@ -13,6 +13,8 @@ the run, ``lifecycle.cell_phase``: knock-ons, settling, ranks left waiting or st
   the middle of a frame sent; the supervisor asks the ranks still in the cell to leave it. In the
   notebook's own part of a request (preparing it, loading what came back) it raises one line
   (``interrupts_said``); a quick second press is held (``hold_presses``).
+- **Routing** (``answered``, ``on_run_event``): what the run's supervising thread hands the
+  session goes to the request in flight, or, printed while none is, to ``BetweenCells``.
 - **Travel**: requests and answers are frames of the run's transport, in the run's codec: what
   routes them in the open (``core.events.SESSION_ROUTED``), the rest pickled (``split``,
   ``answer_of``).
@@ -40,7 +42,8 @@ from .cell_phase import CellPhase, Gathered
 
 __all__ = ["CellOutput", "BetweenCells", "Exchange", "Gathered", "RankGone", "ValueNotSent", "loaded_value",
            "unsent_error", "Answers", "Tell", "answer_of", "hellos",
-           "interrupts_counted", "interrupts_said", "hold_presses", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
+           "interrupts_counted", "interrupts_said",
+           "answered", "on_run_event", "hold_presses", "PRESS_HELD", "SHOWN_LINES", "SHOWN_CHARS",
            "SHOWN_DISPLAYS", "REDRAW_EVERY", "Begin"]
 
 log = logging.getLogger(__name__)
@@ -643,3 +646,19 @@ class Exchange:
                 self.output.display(rank, data, metadata if isinstance(metadata, dict) else {})
         elif op in ("done", "error") and reply.get("id") == self.message["id"]:
             self.outcome.replies[rank] = reply
+
+
+def answered(answers: Answers, between: BetweenCells, exchanging: threading.Event, rank: int, event: dict[str, Any],
+              attachment: Any) -> None:
+    """What a session's rank sent the session (on the run's supervising thread): to the request in
+    flight, which shows its output; what a rank prints while none is, to ``between``."""
+    if event.get("kind") == EventKind.OUTPUT and event.get("cell") is None and not exchanging.is_set():
+        between.add(rank, str(event.get("stream")), str(event.get("text", "")))
+    else:
+        answers.put((rank, event, attachment))
+
+
+def on_run_event(answers: Answers, event: dict[str, Any]) -> None:
+    """An event of a session's run: a rank's end goes to the request in flight (it is over)."""
+    if event.get("kind") == EventKind.EXITED:
+        answers.put((event.get("rank", -1), {"op": "exited"}, None))

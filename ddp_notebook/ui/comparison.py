@@ -96,9 +96,9 @@ def compare(*runs: Any, metrics: Optional[Sequence[str]] = None, last: Optional[
         asked = list(metrics) if not isinstance(metrics, str) and hasattr(metrics, "__iter__") else None
         if asked is None or not all(isinstance(m, str) for m in asked):
             raise ArgumentsError(f"metrics is a list of metric names, such as ['valid_loss'], not {metrics!r}")
-        metrics = asked
-    if runs:  # the runs named: each one must be read
-        listed, unreadable = find_runs(runs), list[str]()
+        metrics = list(dict.fromkeys(asked))  # (a metric named twice: one column)
+    if runs:  # the runs named: each one must be read, and is shown once however often it is named
+        listed, unreadable = list({one.id: one for one in find_runs(runs)}.values()), list[str]()
         for one in listed:
             one.state  # noqa: B018 - read now: a run that cannot be read is said here, by id
     else:  # the runs found: one that cannot be read is left out, and said

@@ -213,7 +213,7 @@ def _at_least_one(text: str) -> int:
     """``--epochs``, ``--batch-size``: a whole number >= 1."""
     value = int(text) if re.fullmatch(r"[0-9]{1,18}", text.strip()) else 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (of at most 18 digits)")
     return value
 
 
@@ -520,6 +520,9 @@ class DDPMagics(Magics):
                 except KeyError as e:
                     raise UsageError(f"%ddp_fit: there is no {e.args[0]!r} in the notebook; define {what} with "
                                      "that name first") from None
+        twice = next((key for i, (key, _) in enumerate(args.tag) if key in dict(args.tag[:i])), None)
+        if twice is not None:
+            raise UsageError(f"%ddp_fit: --tag {twice}= is given twice; a tag has one value")
         options = {"epochs": args.epochs, "batch_size": args.batch_size, "stall_timeout": args.stall_timeout,
                    "engines": found[args.engines] if args.engines else None, "name": args.name,
                    "tags": dict(args.tag) or None,

@@ -72,6 +72,11 @@ class Gathered:
     ended: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
+    def raised(self) -> list[int]:
+        """The ranks whose reply is an error they raised (not one asked to leave: interrupted)."""
+        return [r for r, m in self.replies.items() if m["op"] == "error" and not m.get("interrupted")]
+
+    @property
     def cut(self) -> bool:
         """True when some rank is still in the request: the session cannot go on with it."""
         return bool(self.left_waiting or self.stuck or self.abandoned)

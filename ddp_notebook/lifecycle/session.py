@@ -290,8 +290,7 @@ class Session:
         if outcome.cut:
             self._cut(cell, message, outcome)
         # Interrupted, unless a rank raised meanwhile: then the request failed, and its error is said.
-        if outcome.interrupted and not any(m["op"] == "error" and not m.get("interrupted")
-                                           for m in outcome.replies.values()):
+        if outcome.interrupted and not outcome.raised:
             if cell is None:
                 raise SessionInterrupted(f"{message.get('op', 'the request').capitalize()} interrupted, but it could "
                                          "not be stopped midway: it finished on every rank; the session goes on")
@@ -334,10 +333,9 @@ class Session:
             self._wait_end(END_WAIT)
             raise SessionInterrupted(f"{where.capitalize()} interrupted as the session was {self._closing}; {why}")
         note = self._form_again(f"{where} was cut: {why}")
-        raised = [r for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")]
         # A rank raised, or one skipped a collective: a failed cell (each failure says where its
         # rank was left; the note, what became of the session). Otherwise the user interrupted it.
-        if raised or (outcome.left_waiting and not outcome.interrupted):
+        if outcome.raised or (outcome.left_waiting and not outcome.interrupted):
             raise self._error(cell, failures, values, interrupted=interrupted, note=note, formed_again=True)
         raise SessionInterrupted(f"{where.capitalize()} interrupted; {why}. {note}")
 
@@ -627,21 +625,28 @@ class Session:
             return False
         # Kernel → Interrupt while it closes never leaves it half closed: the ranks get a second more to leave.
         with interrupts_counted() as presses:
-            def waited(done: Callable[[], bool], seconds: float) -> bool:
+            def waited(wait: Callable[[float], bool], seconds: float) -> bool:
+                """``wait(timeout)`` until it says done, for ``seconds`` at most (``HURRIED`` once pressed)."""
                 until = time.monotonic() + seconds
-                while not done() and time.monotonic() < until:
+                while not wait(min(max(until - time.monotonic(), 0.0), 0.05)):  # (a look at the presses each 0.05 s)
+                    if time.monotonic() >= until:
+                        return False
                     until = min(until, time.monotonic() + HURRIED) if presses.count else until
-                    time.sleep(0.05)
-                return done()
+                return True
+
+            def joined(timeout: float) -> bool:
+                assert background is not None
+                background.join(timeout)
+                return not background.is_alive()
 
             background = self._background
             if background is not None and background.is_alive() and background is not threading.current_thread():
                 self._closing = how  # a cell cut now ends with these ranks: it is not formed again by itself
                 self.interrupt()  # a cell run without blocking: stopped first, as Stop would
-                waited(lambda: not background.is_alive(), INTERRUPT_GRACE + END_WAIT)
+                waited(joined, INTERRUPT_GRACE + END_WAIT)
             self._closed = True
             self._tell(list(range(self.world_size)), {"op": "close"})
-            if not waited(lambda: run.done, run.options.stop_grace + run.options.kill_grace + 10.0):
+            if not waited(self._wait_end, run.options.stop_grace + run.options.kill_grace + 10.0):
                 run.stop(grace=0.0)
                 self._wait_end(END_WAIT)
             self._between.close()  # what the ranks printed last is written whole, what was not shown said

@@ -33,7 +33,7 @@ def failures_of(cell: Optional[int], outcome: Gathered, devices: Sequence[str],
     failures: list[WorkerFailure] = []
     values: dict[int, Any] = {}
     interrupted: list[int] = []
-    errors = {r: m["error"] for r, m in outcome.replies.items() if m["op"] == "error" and not m.get("interrupted")}
+    errors = {r: outcome.replies[r]["error"] for r in outcome.raised}
     first = min(errors, key=lambda r: errors[r].get("time") or now) if errors else None
     for rank, reply in sorted(outcome.replies.items()):
         if reply["op"] != "error":

@@ -5,6 +5,7 @@ import doctest
 import json
 import os
 import re
+import signal
 import uuid
 
 import psutil
@@ -140,6 +141,16 @@ def shared_lab(tmp_path_factory, kept_between_tests):
             yield served
         finally:
             kept_between_tests.discard(served.server.pid)
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_kept():
+    """A test that presses Ctrl-C in this process leaves SIGINT's handler as it found it: a press
+    held by a session (``hold_presses``) must not outlive its test and, pressed again later, re-send
+    itself into another test (an xdist worker that takes it ends)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(autouse=True)

@@ -74,3 +74,39 @@ def mapping_at(address):
             if lo <= address < hi:
                 return (parts[5].strip() if len(parts) > 5 else ""), parts[4]
     return None
+
+
+
+def started_kernel(**start):
+    """A real Jupyter kernel of this environment (``start``: ``KernelManager.start_kernel``'s
+    arguments, such as ``env``) and its client, ready: (manager, client).
+
+    It is reached over Unix sockets (``transport="ipc"``), not TCP. Over TCP the manager picks
+    ports, frees them, and the kernel binds them a second or two later: the other test worker's runs
+    bind port 0 all the time (their stores, gloo's listeners) and can take one meanwhile, and the
+    kernel dies before it replies (seen in CI: "Kernel died before replying to kernel_info")."""
+    import atexit
+    import shutil
+    import tempfile
+    import uuid
+
+    from jupyter_client.manager import KernelManager
+
+    global _kernel_sockets
+    if _kernel_sockets is None:
+        _kernel_sockets = tempfile.mkdtemp(prefix="ddp-notebook-kernels-")
+        atexit.register(shutil.rmtree, _kernel_sockets, ignore_errors=True)
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=f"{_kernel_sockets}/{uuid.uuid4().hex[:12]}")
+    km.start_kernel(**start)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+    except RuntimeError:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc
+
+
+_kernel_sockets = None  # this process's folder of kernels' sockets

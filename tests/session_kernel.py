@@ -88,9 +88,9 @@ class Kernel:
 
 
 def _start_kernel():
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")  # inherits DDP_NOTEBOOK_RUNS from conftest
+    km, kc = started_kernel()  # inherits DDP_NOTEBOOK_RUNS from conftest
     return Kernel(km, kc)
 
 

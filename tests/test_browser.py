@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -104,8 +105,12 @@ def serve_lab(tmp_path, disabled=()):
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
     port, token = _free_port(), os.urandom(12).hex()
+    # Its kernels are reached over Unix sockets, as helpers.started_kernel's are (why: there); a
+    # short folder, as a socket's path is at most 107 bytes.
+    sockets = tempfile.mkdtemp(prefix="ddp-notebook-lab-")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--KernelManager.transport=ipc", f"--KernelManager.ip={sockets}/k",
          f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={root}",
          "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={home / 'workspaces'}",
          f"--LabApp.user_settings_dir={settings}"],
@@ -124,6 +129,7 @@ def serve_lab(tmp_path, disabled=()):
     finally:
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def shot(locator, name, tries=5, scroll=None):

@@ -36,10 +36,10 @@ def _iopub(kc, until, timeout=60):
 
 
 def test_a_comparison_of_a_live_run_updates_in_place_and_ends_on_the_outcome(tmp_path):
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
     marker = str(tmp_path / "go")
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = started_kernel()
     try:
         kc.execute_interactive(SETUP, timeout=60)
         kc.execute_interactive(f"done = ddp_notebook.launch(train, devices='cpu*2', args=({marker!r} + 'x', 0.1), "

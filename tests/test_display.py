@@ -47,9 +47,9 @@ def test_in_colab_the_form_is_html_unless_chosen(monkeypatch):
 def test_a_run_shown_as_html_or_text_is_kept_current_in_place_never_as_a_widget(form, mime):
     import re
 
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = started_kernel()
     try:
         shown, widgets_made = [], []
 
@@ -104,9 +104,9 @@ def test_ddp_fit_takes_the_form_and_refuses_one_it_does_not_know(ipython_shell):
 @pytest.mark.kernel
 @pytest.mark.processes
 def test_a_session_takes_the_form_too():
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = started_kernel()
     try:
         shown = []
 

@@ -78,9 +78,9 @@ def test_a_workers_traceback_shows_the_users_frames_only(ip):
 
 
 def test_real_kernel_runs_a_cell_defined_function():
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")  # inherits DDP_NOTEBOOK_RUNS from conftest
+    km, kc = started_kernel()  # inherits DDP_NOTEBOOK_RUNS from conftest
     try:
         outputs = []
 
@@ -131,12 +131,10 @@ def strip_ansi(text):
 
 
 def test_an_interrupt_during_a_blocking_wait_stops_the_run(tmp_path):
-    from jupyter_client.manager import start_new_kernel
-
-    from helpers import wait_until
+    from helpers import started_kernel, wait_until
 
     marker = str(tmp_path / "training")
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = started_kernel()
     try:
         assert kc.execute_interactive(LONG_RUN, timeout=120)["content"]["status"] == "ok"
         outputs = []
@@ -185,10 +183,10 @@ def quick(rank, steps):            # a torch.multiprocessing.spawn-style functio
 
 
 def test_in_a_kernel_a_hang_is_named_by_default_a_shared_error_is_said_once_and_blocking_calls_show(tmp_path):
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
     # The auto watchdog's floor, 300 s for users, lowered for the test.
-    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "DDP_NOTEBOOK_STALL_FLOOR": "3"})
+    km, kc = started_kernel(env={**os.environ, "DDP_NOTEBOOK_STALL_FLOOR": "3"})
     try:
         assert kc.execute_interactive(NOTEBOOK_PATH, timeout=120)["content"]["status"] == "ok"
         reply = kc.execute_interactive("ddp_notebook.launch(hangs_on_rank_1, devices='cpu*2').wait(120)", timeout=180)

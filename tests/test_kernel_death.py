@@ -152,12 +152,12 @@ def killed(tmp_path_factory):
     """Run the four cases in one kernel, kill it with SIGKILL, and watch what is left: for each
     case, when its last process went (None: not within ``WATCH``) and those still running at
     ``LIMIT``. Whatever is left is killed before any test looks, so no test inherits it."""
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
     tmp = tmp_path_factory.mktemp("kernel_death")
     markers = {case: str(tmp / case) for case in "abce"}
     last = LAST.format(d=str(tmp / "d"))
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = started_kernel()
     tree: list[psutil.Process] = []
     try:
         _execute(kc, CELL)

@@ -26,9 +26,9 @@ def test_the_readme_is_a_front_door():
 
 @pytest.mark.kernel
 def test_every_python_block_runs_in_order_in_a_new_notebook():
-    from jupyter_client.manager import start_new_kernel
+    from helpers import started_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")  # inherits DDP_NOTEBOOK_RUNS from conftest
+    km, kc = started_kernel()  # inherits DDP_NOTEBOOK_RUNS from conftest
     try:
         for block in python_blocks():
             errors = []

@@ -175,7 +175,8 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
     import json
 
     import psutil
-    from jupyter_client.manager import start_new_kernel
+
+    from helpers import started_kernel
 
     root = tmp_path / "runs"
     env = dict(os.environ, DDP_NOTEBOOK_RUNS=str(root), DDP_NOTEBOOK_PROGRESS="0")
@@ -185,7 +186,7 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
     crash = "the notebook process ended (kernel restart or crash) at step 16 of 32 (epoch 2/4)"
     kernels = []
     try:
-        km, kc = start_new_kernel(kernel_name="python3", env=env)
+        km, kc = started_kernel(env=env)
         kernels.append((km, kc))
         first = json.loads(_execute(kc, KERNEL_FIT.format(tests=TESTS, hold=str(holds[0]))).splitlines()[-1])
         wait_until(lambda: _reached_step(root / first["run"], 16), timeout=180)
@@ -200,7 +201,7 @@ def test_a_run_cut_off_by_a_kernel_death_is_found_with_its_reason_after_the_rest
         _wait_gone(below)  # the ranks end with their kernel, before the held epoch could go on
         holds[0].unlink()
 
-        km, kc = start_new_kernel(kernel_name="python3", env=env)
+        km, kc = started_kernel(env=env)
         kernels.append((km, kc))
         out = _execute(kc, f"import json, sys, ddp_notebook\nsys.path.insert(0, {TESTS!r})\n%load_ext ddp_notebook\n"
                            "%ddp_runs")

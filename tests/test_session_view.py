@@ -275,13 +275,12 @@ def test_outside_a_notebook_a_session_shows_its_text(capsys):
 @pytest.mark.kernel
 @pytest.mark.processes
 def test_a_real_session_in_a_kernel_shows_its_runs_view_and_its_state_follows_the_cells():
-    from jupyter_client.manager import start_new_kernel
     from session_kernel import Kernel, _all_ended
 
-    from helpers import wait_until
+    from helpers import started_kernel, wait_until
 
     started = time.monotonic()
-    km, kc = start_new_kernel(kernel_name="python3")
+    km, kc = started_kernel()
     k, pids = Kernel(km, kc), []
     try:
         views = []

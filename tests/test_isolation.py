@@ -74,30 +74,37 @@ def test_workers_exit_when_the_notebook_process_dies():
 
 
 CUT_OFF_SCRIPT = textwrap.dedent("""
-    import sys, threading, ddp_notebook
+    import sys, threading, time, ddp_notebook
     sys.path.insert(0, {tests!r})
     import faults
-    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2")
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2", args=({honour},))
     seen = threading.Event()
     run.subscribe(lambda e: seen.set() if all((w.step or 0) >= 1 for w in run.state.workers.values()) else None)
     seen.wait(60)
+    if {stop}:  # asked to stop, by workers that take their time (the grace is long): the kernel dies first
+        run.stop(grace=600)
+        while run.state.stop_reason is None:
+            time.sleep(0.01)
     print(run.run_dir, flush=True)
     threading.Event().wait()
 """)
 
 
-def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason():
-    kernel = subprocess.Popen([sys.executable, "-c", CUT_OFF_SCRIPT.format(tests=os.path.dirname(__file__))],
-                              stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("stop", [False, True], ids=["running", "stopping"])
+def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason(stop):
+    script = CUT_OFF_SCRIPT.format(tests=os.path.dirname(__file__), honour=not stop, stop=stop)
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     run_dir = kernel.stdout.readline().strip()
     kernel.send_signal(signal.SIGKILL)
     kernel.wait()
     kernel.stdout.close()
     run = ddp_notebook.Run.load(run_dir)
     assert run.status == "stopped" and [w.status for w in run.workers] == ["stopped", "stopped"]
-    assert run.state.stop_reason.startswith("the notebook process ended (kernel restart or crash) at step ")
+    # The stop asked is said (it was lost: the reading said a crash alone), then the notebook's end.
+    asked = "stopped by the user, then " if stop else ""
+    assert run.state.stop_reason.startswith(f"{asked}the notebook process ended (kernel restart or crash) at step ")
     assert run.state.notebook_ended
-    with pytest.raises(ddp_notebook.errors.RunStoppedError, match=r"was stopped \(the notebook process ended \(kernel restart"):
+    with pytest.raises(ddp_notebook.errors.RunStoppedError, match=rf"was stopped \({asked}the notebook process ended \(kernel restart"):
         run.wait()
     from ddp_notebook.ui.text import format_run
 

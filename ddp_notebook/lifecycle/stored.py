@@ -207,7 +207,8 @@ def notebook_of(directory: RunDir) -> str:
 
 
 def notebook_ended_reason(state: RunState, exited: bool) -> str:
-    """Why a run ended with its notebook process, and where it was then.
+    """Why a run ended with its notebook process, and where it was then; after the stop asked
+    before it (``run.stop()``, an interrupt), when its workers had not left yet.
 
     >>> from ddp_notebook.core.state import WorkerState
     >>> s = RunState(status=RunStatus.RUNNING, workers={0: WorkerState(0, "cpu:0", step=31, total=400)})
@@ -215,6 +216,9 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
     'the notebook process ended (kernel restart or crash) at step 31 of 400'
     >>> notebook_ended_reason(RunState(workers={0: WorkerState(0, "cpu:0", epoch=4, epochs=40)}), exited=True)
     'the notebook process exited (kernel restart or shutdown) at epoch 5/40'
+    >>> s.stop_reason = "stopped by the user"
+    >>> notebook_ended_reason(s, exited=True)
+    'stopped by the user, then the notebook process exited (kernel restart or shutdown) at step 31 of 400'
     """
     what = "exited (kernel restart or shutdown)" if exited else "ended (kernel restart or crash)"
     stepped = [w for _, w in sorted(state.workers.items()) if w.step is not None]
@@ -233,7 +237,8 @@ def notebook_ended_reason(state: RunState, exited: bool) -> str:
         where = f"after {state.cells} cell{'' if state.cells == 1 else 's'}"
     else:
         where = "before any step was reported"
-    return f"the notebook process {what} {where}"
+    asked = f"{state.stop_reason}, then " if state.stop_reason and not state.notebook_ended else ""
+    return f"{asked}the notebook process {what} {where}"
 
 
 def end_with_notebook(stream: EventStream, exited: bool) -> None:

@@ -9,10 +9,12 @@ import json
 import os
 
 import pytest
+from IPython.core.error import UsageError
 
-from ddp_notebook.core.errors import LaunchOptionError
+from ddp_notebook.core.errors import DDPNotebookError, LaunchOptionError
 from ddp_notebook.core.rundir import RunDir, folder_bytes, runs_limits
 from ddp_notebook.lifecycle.options import RunSettings
+from ddp_notebook.lifecycle.run import Run
 from ddp_notebook.lifecycle.stored import (
     Notebook,
     keep_folder_bounded,
@@ -55,12 +57,22 @@ def _set_notebook(directory: RunDir, **changes) -> None:
 
 # ---- a run whose notebook process went away -------------------------------------------------------
 
-def test_a_log_without_its_end_is_running_while_its_notebook_lives_and_cut_off_once_it_is_gone(tmp_path):
+def test_a_log_without_its_end_is_running_while_its_notebook_lives_and_cut_off_once_it_is_gone(tmp_path, monkeypatch,
+                                                                                              ipython_shell):
     directory = RunDir.create(str(tmp_path))
     note_start(directory, RunSettings())
     _write_log(directory, finished=False)
     assert notebook_of(directory) == Notebook.ALIVE  # this process runs it
     assert read_run(directory.path).stream.state.status == "running"  # what the log says is true now
+
+    read_back = Run.load(directory.path)  # while "another" notebook process runs it: only that one can stop it
+    with pytest.raises(DDPNotebookError, match=rf"^run {directory.id} is running in another notebook process, which "
+                                               rf"alone can stop it: run.stop\(\) or %ddp_stop {directory.id} there$"):
+        read_back.stop()
+    monkeypatch.setenv("DDP_NOTEBOOK_RUNS", str(tmp_path))  # (it said "has already ended (running)")
+    ipython_shell.run_line_magic("load_ext", "ddp_notebook")
+    with pytest.raises(UsageError, match=rf"^%ddp_stop: run {directory.id} is running in another notebook process"):
+        ipython_shell.run_line_magic("ddp_stop", directory.id)
 
     _set_notebook(directory, started=0.0)  # the notebook died; its pid is another process's now
     assert notebook_of(directory) == Notebook.GONE

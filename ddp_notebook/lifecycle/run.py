@@ -586,10 +586,16 @@ class Run:
         ------
         LaunchOptionError
             ``grace`` is not a number of seconds >= 0, or ``wait`` is not True or False.
+        DDPNotebookError
+            The run was read back (``Run.load``) while another notebook process runs it: only that
+            one can stop it.
         """
         if grace is not None:
             check_seconds("grace", grace)  # a nan or negative grace would never end the stop
         check_flag("wait", wait)
+        if self._from_disk and not self.state.finished:  # its notebook process lives, and runs it
+            raise DDPNotebookError(f"run {self.id} is {self.state.status} in another notebook process, which alone "
+                                   f"can stop it: run.stop() or %ddp_stop {self.id} there")
         self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
         if wait:
             self._finished.wait()

@@ -641,13 +641,13 @@ class DDPMagics(Magics):
         """Ask the last run (or RUN) to stop (ctx.should_stop), forced after the grace period."""
         args = _parse(self.ddp_stop, line)
         run = _run("ddp_stop", args.run)
-        if run.done:
+        if run.state.finished:
             print(f"Run {run.id} has already ended ({run.status}): nothing to stop.")
             return
         grace = run.options.stop_grace if args.grace is None else args.grace
         try:
             run.stop(grace=grace)
-        except _USER_MISTAKES as e:
+        except DDPNotebookError as e:  # a bad grace, or a run another notebook process runs
             raise UsageError(f"%ddp_stop: {e}") from None
         print(f"Stopping run {run.id} on {','.join(run.state.devices)}: each worker sees ctx.should_stop and may "
               f"finish its step; those still running after {grace:g} s are ended.")

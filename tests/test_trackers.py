@@ -329,3 +329,62 @@ def test_a_notebook_without_torch_imported_survives_tensorboard_launches(tmp_pat
     done = subprocess.run([sys.executable, "-c", FRESH_NOTEBOOK.format(root=str(tmp_path))],
                           capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+EXITING_NOTEBOOK = """
+import os, sys, time, mlflow, ddp_notebook
+sys.path.insert(0, {tests!r})
+import test_trackers
+mlflow.set_tracking_uri({uri!r})
+experiment = mlflow.set_experiment("x")
+run = ddp_notebook.launch(test_trackers.steps_until_stopped, devices="cpu*2", run_root={root!r},
+                          report_to=["mlflow", "tensorboard"], name="cut")
+client = mlflow.MlflowClient()
+def taking():  # its tracker takes values: then the notebook exits
+    try:
+        return any(client.get_metric_history(r.info.run_id, "loss")
+                   for r in client.search_runs([experiment.experiment_id]))
+    except Exception:  # (a file store read as the run is made in it can fail)
+        return False
+deadline = time.monotonic() + 120
+while not taking():
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+print(run.run_dir, flush=True)
+"""
+
+
+def steps_until_stopped(ctx):
+    step = 0
+    while not ctx.should_stop:
+        step += 1
+        ctx.log(step=step, loss=1.0 / step)
+        time.sleep(0.02)
+
+
+def test_a_notebook_that_exits_mid_run_ends_its_tracker_runs_killed_with_the_values_its_log_holds(tmp_path,
+                                                                                                  monkeypatch):
+    # A kernel restarted (it exits on its own) mid-run: the MLflow run stayed RUNNING for ever, and
+    # the trackers took values the ranks sent after the run's end was written (the log's last step
+    # was behind theirs, 9 times in 10).
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store: no database to create (seconds)
+    uri = (tmp_path / "mlruns").as_uri()
+    script = EXITING_NOTEBOOK.format(tests=os.path.dirname(__file__), uri=uri, root=str(tmp_path / "runs"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = ddp_notebook.Run.load(done.stdout.strip().splitlines()[-1])
+    assert run.status == "stopped" and run.state.stop_reason.startswith(
+        "the notebook process exited (kernel restart or shutdown) at step ")
+    logged = [step for step, values in rank0_points(run) if "loss" in values]
+    assert logged and logged == list(range(1, len(logged) + 1))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    [ours] = client.search_runs([client.get_experiment_by_name("x").experiment_id])
+    assert ours.info.status == "KILLED"
+    assert [m.step for m in client.get_metric_history(ours.info.run_id, "loss")] == logged
+    acc = EventAccumulator(os.path.join(run.run_dir, "tb", "cut"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == logged

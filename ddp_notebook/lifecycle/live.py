@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -40,9 +41,12 @@ class Run(Protocol):
 
     def _held(self) -> list[str]: ...
 
-    def _leave_with_notebook(self) -> None: ...
+    def _leave_with_notebook(self, deadline: float) -> None: ...
 
 
+#: Seconds the notebook's exit waits, for every run still going together, for their trackers to
+#: take what is left and the run's end (a kernel restart kills a kernel still busy after 5 s).
+EXIT_WAIT = 3.0
 _live: weakref.WeakSet[Run] = weakref.WeakSet()
 # A run that ends notifies this: trials waiting for their devices look again (``trial_turn``).
 _runs_ended = threading.Condition(threading.Lock())
@@ -125,5 +129,6 @@ def _default_spec() -> DeviceSpec:
 def _end_live_runs() -> None:
     # The OS's death signal and the lifeline pipe already end orphans; this only makes a normal
     # exit tidy and quick.
+    deadline = time.monotonic() + EXIT_WAIT
     for run in going():
-        run._leave_with_notebook()
+        run._leave_with_notebook(deadline)

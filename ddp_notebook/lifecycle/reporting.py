@@ -119,7 +119,9 @@ class Reporter:
 
     # ---- the supervisor's thread: queue only -----------------------------------------------------
     def on_event(self, event: dict[str, Any]) -> None:
-        if event.get("kind") != EventKind.PROGRESS or event.get("rank") != 0:
+        # Once the run's end is told (``finish``), what still comes is not the run's (a notebook
+        # that exits ends its ranks after it wrote their end).
+        if event.get("kind") != EventKind.PROGRESS or event.get("rank") != 0 or self._ending.is_set():
             return
         raw = event.get("points")
         if not isinstance(raw, list) or not raw:

@@ -287,12 +287,17 @@ class Run:
         self._finished.set()
         live.run_ended()
 
-    def _leave_with_notebook(self) -> None:
+    def _leave_with_notebook(self, deadline: float) -> None:
         """The notebook process exits: the run's end is written and the log closed first (the ranks'
-        deaths after are the notebook's leaving, as a crash reads back), then every rank is ended."""
+        deaths after are the notebook's leaving, as a crash reads back), the trackers told until
+        ``deadline`` (``time.monotonic``'s: the tracker's run ends "killed" with the values the log
+        holds, not "running" for ever), then every rank is ended."""
         if self._supervisor is not None and not self.done:
             end_with_notebook(self.stream, exited=True)
-            self.stream.close()
+            self.stream.close()  # what the ranks send from now on is not the run's: its end is written
+            if self._reporter is not None:
+                wait = max(0.0, deadline - time.monotonic())
+                self._reporter.finish(str(RunStatus.STOPPED), self.state.metrics, wait=wait)
             self._supervisor.abandon()
 
     def _tell(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,

@@ -319,6 +319,19 @@ def test_lists_keep_the_end_of_a_long_value_and_large_numbers_read_right():
     rows = format_runs(runs)
     assert rows[1].rstrip().endswith("[lr=0.1]") and rows[2].rstrip().endswith("[lr=0.01]")
     assert format_metric(6.77e33) == "6.77e+33" and format_metric(2.3e17) == "2.3e+17"
+    # Beside runs of another function (every key differs between the two kinds): still told apart
+    # by what differs among their own kind (the lr was cut away, in the middle of every key).
+    fits = [feed(dict(START, run_id=f"20260101-00001{i}-bbbbb{i}", name=None,
+                      config={"function": "fit", "model": "mlp", "epochs": 3, "batch_size": 32, "seed": 0,
+                              "optimizer": f"lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9) [lr={lr}]"}))
+            for i, lr in enumerate((0.1, 0.01))]
+    loops = [feed(dict(START, run_id=f"20260101-00002{i}-ccccc{i}", name=None,
+                       config={"function": "train", "lr": lr, "steps": 300})) for i, lr in enumerate((0.5, 0.05))]
+    rows = format_runs([*fits, *loops])
+    assert [row.rstrip().endswith(end) for row, end in zip(rows[1:], ("[lr=0.1]", "[lr=0.01]", "lr=0.5", "lr=0.05"))] \
+        == [True] * 4, rows
+    alone = format_runs([*fits, loops[0]])  # a function with one run listed: its name
+    assert alone[3].rstrip().endswith("function=train"), alone
 
 
 @pytest.mark.parametrize("bad", ["a\rb", "a\u2028b", "a\x1bb"])

@@ -30,12 +30,15 @@ from .html import badge
 from .loss_plot import drawing
 from .text import format_duration, format_metric
 
-__all__ = ["compare", "Comparison", "PLOTS_SHOWN", "REFRESH_S"]
+__all__ = ["compare", "Comparison", "PLOTS_SHOWN", "REFRESH_S", "DRAW_SHARE"]
 
 PLOTS_SHOWN = 6
 """Metrics plotted when none are named (the first ones logged: losses first)."""
 REFRESH_S = 2.0
-"""Seconds between two redraws of a comparison holding a live run."""
+"""Seconds between two redraws of a comparison holding a live run, at least."""
+DRAW_SHARE = 0.05
+"""Of a core, what the redraws of a live comparison take at most: one of many runs (a redraw of
+200 runs costs about half a second) waits longer between redraws, leaving the ranks their CPU."""
 NOT_PLOTTED = ("samples_per_s",)  # (a rate, not a result: plotted only when named)
 FIRST = ("loss", "train_loss", "valid_loss", "val_loss")
 DRAWN_POINTS = 400  # per line: about the width of a plot in pixels
@@ -407,7 +410,8 @@ class Comparison:
 
     def _ipython_display_(self) -> None:
         """Shown with a display id, in the cell that showed it (whatever cell runs then): redrawn
-        every ``REFRESH_S`` while a run goes on, and as each run ends, before its ``wait()``
+        every ``REFRESH_S`` while a run goes on (less often when a redraw would take more than
+        ``DRAW_SHARE`` of a core), and as each run ends, before its ``wait()``
         returns (a notebook executed without a front end keeps the final state)."""
         from IPython.display import display
 
@@ -432,10 +436,13 @@ class Comparison:
             redraw(final=True)
 
         def follow() -> None:
+            pause = REFRESH_S
             while self.live:
-                time.sleep(REFRESH_S)
+                time.sleep(pause)
                 if self.live:
+                    used = time.thread_time()
                     redraw()
+                    pause = max(REFRESH_S, (time.thread_time() - used) / DRAW_SHARE)
 
         threading.Thread(target=follow, name="ddp-compare", daemon=True).start()
 

@@ -344,6 +344,27 @@ CONFIG_CHARS = 60
 """Characters a list of runs gives what sets a run apart (its head and its end when longer)."""
 
 
+def _apart_keys(states: Sequence[RunState]) -> dict[int, list[str]]:
+    """For each run (by ``id``), the config keys that set it apart from the runs of the same
+    function listed (``fit``'s runs differ from a loop's in every key: what sets the fits apart
+    would be lost among them); a function with one run listed among others: its name.
+
+    >>> fits, loop = [RunState(config={"function": "fit", "lr": lr, "seed": 0}) for lr in (0.1, 0.2)], RunState()
+    >>> loop.config = {"function": "train", "steps": 9}
+    >>> [v for v in _apart_keys([*fits, loop]).values()]
+    [['lr'], ['lr'], ['function']]
+    """
+    groups: dict[str, list[RunState]] = {}
+    for state in states:
+        groups.setdefault(repr(state.config.get("function")), []).append(state)
+    keys: dict[int, list[str]] = {}
+    for group in groups.values():
+        differ = [k for k in differing([s.config for s in group]) if k not in ("devices", "function")]
+        for state in group:
+            keys[id(state)] = differ or (["function"] if len(groups) > 1 and "function" in state.config else [])
+    return keys
+
+
 def _apart(state: RunState, keys: Sequence[str]) -> str:
     """What sets a run apart in a list: its differing config values; a session's cells."""
     if state.origin == "session":
@@ -380,8 +401,7 @@ def format_runs(states: Sequence[RunState], current: Optional[str] = None, now: 
     * 20261129-174217-5266c4  lr=0.1   succeeded  cpu:0   ...  15 s  lr=0.1
     """
     now = time.time() if now is None else now
-    keys = differing([s.config for s in states if s.origin not in ("session", "preflight")])
-    keys = [k for k in keys if k not in ("devices", "function")] or (["function"] if "function" in keys else [])
+    keys = _apart_keys([s for s in states if s.origin not in ("session", "preflight")])
     head = ["", "run", "name", "status", "devices", "started", "took", "config", "metric", "why it ended"]
     rows = []
     for state, retry in _grouped(states):
@@ -395,7 +415,8 @@ def format_runs(states: Sequence[RunState], current: Optional[str] = None, now: 
         metric = f"{headline[0]} {format_metric(headline[1])}" if headline is not None else ""
         mark = "*" if current == state.run_id else " "
         rows.append([mark, ("↳ " if retry else "") + state.run_id, _short(state.name or "", 30), str(state.status),
-                     devices if len(devices) <= 23 else devices[:22] + "…", start, length, _apart(state, keys),
+                     devices if len(devices) <= 23 else devices[:22] + "…", start, length,
+                     _apart(state, keys.get(id(state), [])),
                      metric, ended_because(state)])
     used = [i for i in range(len(head)) if i in (0, 1, 3, 4, 5, 6) or any(r[i] for r in rows)]  # no empty column
     widths = {i: max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i]) for i in used}

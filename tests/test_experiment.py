@@ -276,6 +276,25 @@ def test_values_past_the_pending_bound_are_counted_by_value(monkeypatch):
                for m in said), said  # 8 or more logs of 50 values left out, counted as values
 
 
+def test_a_tracker_that_fails_at_length_is_said_with_its_head_and_its_end():
+    from ddp_notebook.lifecycle.reporting import Reporter
+    from ddp_notebook.lifecycle.trackers import ObjectTracker, RunRecord
+
+    class Wordy:
+        def log(self, metrics, step):  # as MLflow's file store says it: the remedy last
+            raise RuntimeError("The filesystem backend is in maintenance mode. " + "x" * 900
+                               + " set `MLFLOW_ALLOW_FILE_STORE=true` to opt out")
+
+    notes = []
+    reporter = Reporter(RunRecord("r", "/nonexistent", None), [ObjectTracker(Wordy())], notes.append)
+    reporter.on_event({"kind": "progress", "rank": 0, "points": [[1.0, 1, 0, {"loss": 0.5}]]})
+    reporter.finish("succeeded", {}, wait=10)
+    [message] = [n["message"] for n in notes]
+    assert message.startswith("Wordy failed in log(): RuntimeError: The filesystem backend is in maintenance")
+    assert message.endswith("set `MLFLOW_ALLOW_FILE_STORE=true` to opt out; nothing more is sent to it")
+    assert len(message) < 700
+
+
 def test_an_epoch_a_stop_cut_short_is_no_epoch_of_the_history():
     from ddp_notebook.worker.loss_history import LossHistory
 
@@ -334,12 +353,20 @@ def test_lists_keep_the_end_of_a_long_value_and_large_numbers_read_right():
     assert alone[3].rstrip().endswith("function=train"), alone
 
 
-@pytest.mark.parametrize("bad", ["a\rb", "a\u2028b", "a\x1bb"])
+@pytest.mark.parametrize("bad", ["a\rb", "a\u2028b", "a\x1bb", "\u202eevil", "a\u2067b"])
 def test_names_and_tags_are_on_one_line(bad):
     with pytest.raises(LaunchOptionError, match="name must be"):
         check_name(bad)
     with pytest.raises(LaunchOptionError, match="tags\\['x'\\]"):
         check_tags({"x": bad})
+
+
+def test_tag_keys_of_any_script_and_booleans_as_a_command_line_writes_them():
+    from ddp_notebook.ui.magics import _tag
+
+    assert check_tags({"é": 1, "学习率": 0.1}) == {"é": 1, "学习率": 0.1}  # letters (it said so, and refused them)
+    assert [_tag(t) for t in ("debug=true", "b=FALSE", "c=True", "d=truth")] == [
+        ("debug", True), ("b", False), ("c", True), ("d", "truth")]
 
 
 def test_report_to_none_is_no_tracker_in_a_list_too():

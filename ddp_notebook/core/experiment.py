@@ -44,7 +44,10 @@ ITEMS_KEPT = 20
 MODES = ("min", "max")
 """Whether a lower or a higher monitored value is better."""
 
-_TAG_KEY = re.compile(r"[A-Za-z0-9_.\-/ :]+")
+_TAG_KEY = re.compile(r"[\w.\-/ :]+")  # (what MLflow takes as a key: letters of any script too)
+# The marks and overrides of text direction: a name that holds one shows other than it reads
+# ("\u202eevil" shows as "live"), and turns the rest of its line in a list of runs around.
+_DIRECTION_MARKS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def check_name(value: Any) -> Optional[str]:
@@ -64,13 +67,14 @@ def check_name(value: Any) -> Optional[str]:
     text = value.strip()
     if not text or len(text) > NAME_CHARS or not _one_line(text):
         raise LaunchOptionError(f"name must be 1 to {NAME_CHARS} characters on one line, with no control character "
-                                f"(a tab, a newline, an escape), not {cut(value, 80)!r}")
+                                f"(a tab, a newline, an escape, a mark of text direction), not {cut(value, 80)!r}")
     return text
 
 
 def _one_line(text: str) -> bool:
-    """Whether ``text`` shows on one line: no control character, no line or paragraph separator."""
-    return not any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in text)
+    """Whether ``text`` shows on one line as it reads: no control character, no line or
+    paragraph separator, no mark of text direction."""
+    return not any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _DIRECTION_MARKS for ch in text)
 
 
 def _short_scalar(value: Any) -> bool:
@@ -107,8 +111,8 @@ def check_tags(value: Any) -> dict[str, Any]:
                                     f"'_', '.', '-', '/', ':' and spaces, at most {TAG_CHARS} characters")
         if item is None or not _short_scalar(item):
             raise LaunchOptionError(f"tags[{key!r}] is {cut(repr(item), 80)}: a tag's value is short text (at most "
-                                    f"{TAG_CHARS} characters on one line, with no control character such as a tab "
-                                    "or an escape), a finite number or True/False")
+                                    f"{TAG_CHARS} characters on one line, with no control character such as a tab, "
+                                    "an escape or a mark of text direction), a finite number or True/False")
         out[key] = item
     return out
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from ..core.bounds import cut_middle
 from ..core.errors import LaunchOptionError
 from ..core.events import NOT_FINITE, EventKind
 from ..core.experiment import summarize
@@ -185,7 +186,8 @@ class Reporter:
         except BaseException as e:  # whatever a tracker raises (even SystemExit, on this thread), the run goes on
             self._drop(tracker)
             log.debug("tracker %s failed", tracker.label, exc_info=True)
-            self._note(tracker.label, f"{tracker.label} failed in {what}(): {type(e).__name__}: {e}"[:500]
+            # (its head and its end: a library's remedy is often said last)
+            self._note(tracker.label, cut_middle(f"{tracker.label} failed in {what}(): {type(e).__name__}: {e}", 600)
                        + "; nothing more is sent to it")
         finally:
             self._busy = None

@@ -218,10 +218,13 @@ def _at_least_one(text: str) -> int:
 
 
 def _tag(text: str) -> tuple[str, Any]:
-    """``--tag KEY=VALUE``: the value a number when it reads as one, True/False, else text."""
+    """``--tag KEY=VALUE``: the value a number when it reads as one, True/False (in any case:
+    ``debug=true`` too, as a command line writes it), else text."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (such as arch=cnn or lr=0.1)")
+    if value.strip().lower() in ("true", "false"):
+        return key.strip(), value.strip().lower() == "true"
     try:
         parsed: Any = ast.literal_eval(value.strip())
     except (ValueError, SyntaxError, MemoryError, RecursionError):

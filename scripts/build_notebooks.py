@@ -768,9 +768,8 @@ print("best:", study.best_params, f"validation loss {study.best_value:.3f}")
 """),
     md("""
 Each trial is a run: the last six runs of this folder are the study's. A pruned run shows as
-stopped, its curves cut short: the stop reaches the ranks a moment after the epoch it was pruned
-at (here, where an epoch takes a twentieth of a second, sometimes after one more), and an epoch
-it cuts short is not kept:
+stopped, its curves ending at the epoch it was pruned at: each epoch waits for the trial's verdict
+on the one before (a few milliseconds), so its record holds what the trial was told, and no more:
 """),
     code("""
 # NBVAL_IGNORE_OUTPUT

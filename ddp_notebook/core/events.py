@@ -137,6 +137,7 @@ class RankConfig(TypedDict, total=False):
     environ: dict[str, str]
     progress_interval: float
     resume_from: Optional[str]  # a checkpoint file to resume from (or a folder: its latest)
+    judged: bool  # each epoch's value is judged in the notebook (an Optuna trial): a verdict comes per epoch
     # "context": fn(ctx, ...); "spawn": fn(rank, ...) sets up its own group; "session": the rank
     # serves a session's requests (its call has no function; its args are the loop's)
     mode: str

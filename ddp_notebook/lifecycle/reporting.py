@@ -24,9 +24,12 @@ from ..core.bounds import cut_middle
 from ..core.errors import LaunchOptionError
 from ..core.events import NOT_FINITE, EventKind
 from ..core.experiment import summarize
-from .trackers import Point, RunRecord, Tracker
+from ..core.stream import EventStream
+from .options import RunSettings
+from .trackers import Point, RunRecord, Tracker, make_trackers
 
-__all__ = ["Reporter", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_VALUES", "CPU_SHARE"]
+__all__ = ["Reporter", "reporter_of", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_VALUES",
+           "CPU_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -84,18 +87,22 @@ class Reporter:
     ``trial`` from another (a tracker slow to start or to take values never holds the pruning back).
 
     ``on_event`` is the run stream's subscriber; ``emit`` says a tracker's trouble in the run's
-    events; ``prune(reason)`` stops the run when the trial's pruner says so.
+    events; ``prune(reason)`` stops the run when the trial's pruner says so; ``judged(epoch)``
+    tells the ranks an epoch's value was taken, and the run goes on (a fit waits for it before
+    its next epoch).
     """
 
     def __init__(self, record: RunRecord, trackers: Sequence[Tracker], emit: Callable[[dict[str, Any]], None],
                  trial: Any = None, monitor: Optional[str] = None,
-                 prune: Callable[[str], None] = lambda reason: None) -> None:
+                 prune: Callable[[str], None] = lambda reason: None,
+                 judged: Callable[[int], None] = lambda epoch: None) -> None:
         self.record = record
         self.trackers = list(trackers)
         self._emit = emit
         self.trial = trial if monitor is not None else None
         self.monitor = monitor
         self._prune = prune
+        self._judged = judged
         self.pruned = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ending = threading.Event()  # the run has ended: the trackers take what is left at once
@@ -262,16 +269,20 @@ class Reporter:
     def _report(self, batch: list[tuple[Point, Optional[int]]]) -> None:
         """The monitored value to the trial, at its epoch when logged in one (else its step), and
         the run pruned when the trial's pruner says so."""
-        if self.trial is None or self.monitor is None or self.pruned:
+        if self.monitor is None or self.pruned:
             return
         for (step, _t, values), epoch in batch:
             value = values.get(self.monitor)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 if len(self._names) < 100:
                     self._names.update(values)
+                if value is not None and epoch is not None:
+                    self._judged(epoch)  # (not a number: the fit itself says so)
                 continue
             at = epoch if epoch is not None else step
-            if at in self._reported:
+            if at in self._reported or self.trial is None:  # (a trial whose storage failed: the run goes on)
+                if epoch is not None:
+                    self._judged(epoch)
                 continue
             self._reported.add(at)
             try:
@@ -279,11 +290,27 @@ class Reporter:
                 prune = self.trial.should_prune()
             except Exception as e:  # noqa: BLE001 - a storage that fails: the run goes on, said once
                 self._note("trial", f"reporting to the Optuna trial failed: {type(e).__name__}: {e}"[:500])
-                self.trial = None
-                return
+                self.trial, prune = None, False
             if prune:
                 self.pruned = True
                 where = f"epoch {epoch + 1}" if epoch is not None else f"step {step}"
                 self._prune(f"pruned by Optuna (trial {getattr(self.trial, 'number', '?')}, at {where}: "
                             f"{self.monitor} {value:.4g})")
                 return
+            if epoch is not None:
+                self._judged(epoch)
+
+
+def reporter_of(stream: EventStream, report_to: Any, settings: RunSettings, ranks: int, tell: Callable[..., Any],
+                prune: Callable[[str], None]) -> Optional[Reporter]:
+    """The reporter of a run starting (None: no tracker and no trial), fed from its first report on:
+    ``tell(ranks, request)`` says each epoch the trial judged to the ranks (a fit's next epoch waits
+    for it; another loop's ranks drop it), ``prune(reason)`` stops the run."""
+    if not report_to and settings.trial is None:
+        return None
+    state = stream.state
+    record = RunRecord(state.run_id, state.run_dir or "", state.name, dict(state.tags), dict(state.config))
+    reporter = Reporter(record, make_trackers(report_to), stream.emit, trial=settings.trial, monitor=settings.monitor,
+                        prune=prune, judged=lambda epoch: tell(range(ranks), {"op": "verdict", "epoch": epoch}))
+    stream.subscribe(reporter.on_event)
+    return reporter

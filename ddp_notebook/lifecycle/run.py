@@ -58,7 +58,7 @@ from .options import (
     record_of,
 )
 from .provenance import GitLookup
-from .reporting import Reporter
+from .reporting import Reporter, reporter_of
 from .restarts import restart_after
 from .resume import KEEP_LIMIT, checkpoint_to_resume
 from .sending import send_data
@@ -66,7 +66,6 @@ from .store import LoopbackStore
 from .stored import delete_run_dir, end_with_notebook, keep_result, load_result, output_of, read_run
 from .supervisor import Outcome, Supervisor, SupervisorOptions
 from .torch_compat import WorkerProcess, echo_output, process_failure
-from .trackers import RunRecord, make_trackers
 from .watchdog import AUTO, DEFAULT_FLOOR, auto_floor
 
 __all__ = ["Run", "WorkerTraceback", "Restart", "restart_loaded_runs_with"]
@@ -188,16 +187,19 @@ class Run:
         floor = auto_floor() if self.options.stall_timeout == AUTO else DEFAULT_FLOOR
         n = len(self.devices)
         config: RankConfig = {"world_size": n, "backend": self.backend, "run_id": self.id, "run_dir": self.run_dir,
-                              "timeout": self.options.timeout, "sys_path": _sys_path(), "cwd": os.getcwd(),
+                              "timeout": self.options.timeout, "cwd": os.getcwd(),
+                              "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
                               "progress_interval": self.options.progress_interval,
-                              "resume_from": self._settings.resume_from, "mode": self._settings.mode}
+                              "resume_from": self._settings.resume_from, "mode": self._settings.mode,
+                              "judged": self._settings.trial is not None}
         self.stream.emit({"kind": EventKind.RUN_STARTED, "time": time.time(), "run_id": self.id,
                           "devices": [str(d) for d in self.devices], "backend": self.backend,
                           "run_dir": self.run_dir, "parent": self.parent.id if self.parent else None,
                           "places": self._executor.places(n), "hosts": self._executor.hosts(n),
                           "waiting": self._executor.waiting_note(),
                           **record_of(self.options, self._settings, self.devices)})
-        self._start_reporter()
+        self._reporter = reporter_of(self.stream, self.options.report_to, self._settings, len(self.devices), self._tell,
+                                     lambda reason: self._request_stop(self.options.stop_grace, reason, pruned=True))
         if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         store = LoopbackStore(n, needed=self._settings.mode == CallMode.SPAWN)  # where code making its own group meets
@@ -238,17 +240,6 @@ class Run:
                 self._end(None)
             raise
         return self
-
-    def _start_reporter(self) -> None:
-        """Forward rank 0's values to the run's trackers and trial, from the first report on."""
-        if not self.options.report_to and self._settings.trial is None:
-            return
-        state = self.state
-        record = RunRecord(self.id, self.run_dir, state.name, dict(state.tags), dict(state.config))
-        self._reporter = Reporter(record, make_trackers(self.options.report_to), self.stream.emit,
-                                  trial=self._settings.trial, monitor=self._settings.monitor,
-                                  prune=lambda reason: self._request_stop(self.options.stop_grace, reason, pruned=True))
-        self.stream.subscribe(self._reporter.on_event)
 
     def _supervise(self) -> None:
         assert self._supervisor is not None and self._executor is not None
@@ -805,7 +796,3 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
         finally:
             second()
     return release
-
-
-def _sys_path() -> list[str]:
-    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]

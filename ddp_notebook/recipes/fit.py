@@ -261,9 +261,10 @@ def fit(
         returns the ``Run`` at once, whose ``wait()`` then returns the ``FitResult``.
     trial : optuna.trial.Trial, optional
         Report ``monitor`` to this Optuna trial each epoch (``trial.report(value, epoch)``, epochs
-        from 0); when ``trial.should_prune()``, every rank stops at a batch of the next epoch,
-        which is not recorded (the last checkpoint is the last whole epoch's), and
-        ``optuna.TrialPruned`` is raised here. The run records the trial's
+        from 0), each epoch beginning once the trial has judged the one before; when
+        ``trial.should_prune()``, every rank stops there (the run's record and last checkpoint end
+        at the epoch the trial was pruned at), and ``optuna.TrialPruned`` is raised here. The run
+        records the trial's
         parameters in its config. Trials run at once (``study.optimize(n_jobs=...)``) wait for
         the devices: one run per device.
     **launch_options

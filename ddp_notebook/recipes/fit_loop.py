@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..core.errors import FitConfigError, NonFiniteLossError
+from ..worker.channel import take_answers
 
 __all__ = ["FitSpec", "fit_worker", "preflight_step", "build_model"]
 
@@ -42,6 +44,34 @@ class FitSpec:
     checkpoint: bool
     seed: int
     keep_checkpoints: Optional[int] = 2  # the last ones kept (None: every one), and the best with valid_data
+
+
+#: Seconds an epoch waits at most for the notebook's verdict on the one before (then it begins).
+VERDICT_WAIT = 60.0
+
+
+class _Verdicts:
+    """The notebook's verdicts on the epochs of a judged fit (``verdict`` requests, sent once the
+    trial took an epoch's value and did not prune): the next epoch begins once the last one was
+    judged, or the run was stopped (pruned), so that a pruned fit records no epoch after the one
+    it was pruned at (an epoch shorter than the verdict's way ended before the stop came)."""
+
+    def __init__(self) -> None:
+        self._judged = -1
+        self._changed = threading.Condition()
+
+    def told(self, frame: dict[str, Any]) -> None:
+        with self._changed:
+            self._judged = max(self._judged, int(frame.get("epoch", -1)))
+            self._changed.notify_all()
+
+    def wait(self, epoch: int, ctx: Any) -> None:
+        ctx._send_held()  # the epoch's values, held by the throttle, go now
+        deadline = time.monotonic() + VERDICT_WAIT
+        with self._changed:
+            # (a stop sets its own flag, not this condition: looked at every 10 ms)
+            while self._judged < epoch and not ctx.should_stop and time.monotonic() < deadline:
+                self._changed.wait(0.01)
 
 
 def build_model(model: Any) -> Any:
@@ -273,6 +303,9 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
                         drop_last=spec.drop_last, seed=spec.seed)
     if state is not None:
         _restore_rng(state.get("rng"), ctx)
+    verdicts = _Verdicts() if ctx._judged else None  # (a run with an Optuna trial)
+    if verdicts is not None and not take_answers("verdict", verdicts.told):  # (an engine the notebook cannot reach)
+        verdicts = None
     for epoch in ctx.epochs(spec.epochs, start=start):
         started = time.perf_counter()
         totals = torch.zeros(2, dtype=torch.float64)
@@ -321,6 +354,10 @@ def fit_worker(ctx: Any, spec: FitSpec) -> Optional[dict[str, Any]]:
                                 best=_is_best(history, spec))
         if stop:
             break
+        if verdicts is not None and epoch + 1 < spec.epochs:
+            verdicts.wait(epoch, ctx)
+    if verdicts is not None:
+        take_answers("verdict", None)
     in_sync = _ranks_in_sync(module, ctx)
     if not ctx.is_main:
         return None

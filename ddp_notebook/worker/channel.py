@@ -24,15 +24,16 @@ from ..core.events import Control, EventKind, FrameDecoder, encode, read_frame, 
 from .boot import EXIT_ORPHANED
 
 __all__ = ["Channel", "PipeChannel", "DataChannel", "watch_lifeline", "watch_requests", "obey", "rank_channel",
-           "take_requests", "take_queue_answers", "request_key"]
+           "take_requests", "take_answers", "request_key"]
 
 _channels: weakref.WeakSet[Channel] = weakref.WeakSet()
 _rank_channel: Optional[Channel] = None  # this worker's (one per worker process)
 # Who serves the notebook's requests on this rank (a session's loop): called on the lifeline's
 # thread with each request frame, its body under ``blob``.
 _requests: Optional[Callable[[dict[str, Any]], None]] = None
-# Who takes the notebook's answers about the call's queues (``transfer.queues``), likewise.
-_queue_answers: Optional[Callable[[dict[str, Any]], None]] = None
+# Who takes the notebook's frames of an ``op`` of their own, likewise: ``queue_answer``, its answers
+# about the call's queues (``transfer.queues``); ``verdict``, a trial's on an epoch (``recipes.fit_loop``).
+_takers: dict[str, Callable[[dict[str, Any]], None]] = {}
 
 
 def rank_channel() -> Channel:
@@ -64,11 +65,15 @@ def take_requests(handler: Optional[Callable[[dict[str, Any]], None]]) -> None:
     _requests = handler
 
 
-def take_queue_answers(handler: Optional[Callable[[dict[str, Any]], None]]) -> None:
-    """Hand the notebook's answers about the call's queues (``queue_answer`` requests) to
-    ``handler`` from now on."""
-    global _queue_answers
-    _queue_answers = handler
+def take_answers(op: str, handler: Optional[Callable[[dict[str, Any]], None]]) -> bool:
+    """Hand the notebook's ``op`` requests (``queue_answer``, ``verdict``) to ``handler`` from now
+    on (None: they are dropped again); whether they can reach this rank (not from a notebook whose
+    store an engine cannot reach)."""
+    if handler is None:
+        _takers.pop(op, None)
+    else:
+        _takers[op] = handler
+    return _rank_channel is None or not _rank_channel.unreachable
 
 
 def _after_fork_in_child() -> None:
@@ -186,9 +191,8 @@ def obey(frame: dict[str, Any], stop: threading.Event, release: threading.Event,
     elif kind == Control.REQUEST and frame.get("op") == "ping":  # the supervisor settles a failure
         if _rank_channel is not None:
             _rank_channel.send({"kind": EventKind.PONG})  # from this thread: a dying rank cannot
-    elif kind == Control.REQUEST and frame.get("op") == "queue_answer":
-        if _queue_answers is not None:
-            _queue_answers(frame)
+    elif kind == Control.REQUEST and (taker := _takers.get(str(frame.get("op")))) is not None:
+        taker(frame)
     elif kind == Control.REQUEST and _requests is not None:
         _requests(frame)
     return False

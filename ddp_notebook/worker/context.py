@@ -190,6 +190,7 @@ class WorkerContext:
         # The runner's, not the user's (set by the engine's runner):
         self._resume_data: Optional[bytes] = None  # on an engine: the checkpoint to resume from, as bytes
         self._checkpoints_to_notebook = False  # on an engine: checkpoints go to the notebook, which writes them
+        self._judged = False  # each epoch's value is judged in the notebook: fit's epochs wait for the verdicts
         #: The steps ``batches`` has counted (what ``log`` reports when not given a step).
         self.step = 0
         #: The current epoch of ``epochs`` (None outside it).
@@ -321,6 +322,15 @@ class WorkerContext:
                     else:
                         wait = max(due - now, FLUSHER_TICK)
             time.sleep(min(wait, FLUSHER_IDLE))
+
+    def _send_held(self) -> None:
+        """Send now the report throttling holds back (a fit judged each epoch: the epoch's values
+        go before the next epoch waits for their verdict), stamped with when it was logged."""
+        with self._lock:
+            event, self._pending = self._pending, None
+            if event is not None:
+                self._last_sent = time.monotonic()
+                self._send(event)
 
     def flush(self, held: bool = False) -> None:
         """Send a report held back by throttling (done when the function returns or fails).

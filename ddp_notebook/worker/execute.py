@@ -170,6 +170,7 @@ def execute(cfg: RankConfig, payload: bytes, send: Callable[..., None], stop: th
         )
         ctx._resume_data = cfg.get("resume_data")
         ctx._checkpoints_to_notebook = bool(cfg.get("checkpoints_to_notebook"))
+        ctx._judged = bool(cfg.get("judged"))
         context.set_current(ctx)
         send({"kind": EventKind.READY, **({"torch": torch.__version__} if rank == 0 else {})})
         where.phase = Phase.RUN

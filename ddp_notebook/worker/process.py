@@ -25,7 +25,7 @@ from ..core.rundir import RunDir
 from ..transfer.packing import Placement, pack
 from ..transfer.queues import Asker, ask_with, send_items_with
 from .boot import BOOT_ENV, EXIT_FAILED, EXIT_ORPHANED, dismiss_watcher, take_watcher
-from .channel import PipeChannel, take_queue_answers, watch_lifeline
+from .channel import PipeChannel, take_answers, watch_lifeline
 from .context import current_context, peak_memory
 from .execute import Where, execute, flush_std, install_stack_dump, warm_up
 from .failure_event import error_event
@@ -54,7 +54,7 @@ def _items_through(channel: PipeChannel) -> None:
     send_items_with(send)
     asker = Asker(channel.send)  # get, empty, qsize: asked of the notebook's queue, answered on the lifeline
     ask_with(asker.ask)
-    take_queue_answers(asker.answered)
+    take_answers("queue_answer", asker.answered)
 
 
 class _NoInput(io.TextIOBase):

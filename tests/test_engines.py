@@ -131,6 +131,23 @@ def test_the_same_fit_on_engines_as_on_local_workers(rc):
         assert torch.allclose(a, b, atol=1e-6)
 
 
+def test_a_fit_with_an_optuna_trial_on_engines_reports_each_epoch_and_is_pruned(rc):
+    # Engines take no request from the notebook outside a session: the trial's verdicts cannot come,
+    # and the fit's epochs must not wait for them (a minute each), nor the trial's thread fail.
+    optuna = pytest.importorskip("optuna")
+    x = torch.randn(64, 4)
+    y = x.sum(dim=1, keepdim=True)
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=0.0, n_warmup_steps=1))
+    trial = study.ask()
+    started = time.monotonic()
+    with pytest.raises(optuna.TrialPruned):
+        ddp_notebook.fit(torch.nn.Linear(4, 1), (x, y), loss=torch.nn.functional.mse_loss,
+                         optimizer=lambda p: torch.optim.SGD(p, lr=0.0), epochs=500, batch_size=16, engines=rc,
+                         trial=trial)
+    assert time.monotonic() - started < 50, "an epoch waited for a verdict that cannot come"
+    assert sorted(study.trials[0].intermediate_values)[:2] == [0, 1]
+
+
 def test_gloo_between_engines_listens_on_loopback_only(rc):
     run = ddp_notebook.launch(faults.wait_for_stop, engines=rc)
     try:

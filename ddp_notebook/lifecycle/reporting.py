@@ -310,7 +310,13 @@ def reporter_of(stream: EventStream, report_to: Any, settings: RunSettings, rank
         return None
     state = stream.state
     record = RunRecord(state.run_id, state.run_dir or "", state.name, dict(state.tags), dict(state.config))
+    def judged(epoch: int) -> None:
+        try:
+            tell(range(ranks), {"op": "verdict", "epoch": epoch})
+        except NotImplementedError:  # ranks that take no request (on engines, but a session's): none waits
+            pass
+
     reporter = Reporter(record, make_trackers(report_to), stream.emit, trial=settings.trial, monitor=settings.monitor,
-                        prune=prune, judged=lambda epoch: tell(range(ranks), {"op": "verdict", "epoch": epoch}))
+                        prune=prune, judged=judged)
     stream.subscribe(reporter.on_event)
     return reporter

@@ -146,7 +146,8 @@ def _take_requests(cfg: RankConfig, out: DataChannel, stop: threading.Event) -> 
     thread of its own (until the notebook says the run is over, or goes). An engine that cannot
     reach it says so to the session's loop (``DataChannel.unreachable``)."""
     where = cfg.get("requests")
-    if not where:
+    if not where:  # (only a session's ranks take requests on engines: a trial's verdicts do not come)
+        out.unreachable = f"rank {cfg['rank']}'s engine takes no requests from the notebook in this run"
         return
     try:
         requests = Meeting.join(str(where["address"]), int(where["port"]), cfg["meeting"]["secret"], cfg["timeout"],

@@ -227,10 +227,13 @@ class Run:
                                            if payload.queues else None),
                 functools.partial(changed_files, placement.table if placement else None))
             live.track(self)
-            thread.start()
+            # Before the thread that ends the run starts: a run that fails at once ends the lookup too.
             self._git = GitLookup(self.state.cwd or os.getcwd(), self.stream.emit)
+            thread.start()
         except BaseException:
             if thread.ident is None:  # interrupted before anyone watches the ranks: end them here
+                if self._git is not None:
+                    self._git.end(0.0)
                 live.forget(self)
                 transport.abandon()
                 transport.close()
@@ -287,8 +290,7 @@ class Run:
             end_with_notebook(self.stream, exited=True)
             self.stream.close()  # what the ranks send from now on is not the run's: its end is written
             if self._reporter is not None:
-                wait = max(0.0, deadline - time.monotonic())
-                self._reporter.finish(str(RunStatus.STOPPED), self.state.metrics, wait=wait)
+                self._reporter.finish(RunStatus.STOPPED, self.state.metrics, wait=max(0.0, deadline - time.monotonic()))
             self._supervisor.abandon()
 
     def _tell(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,

@@ -216,6 +216,11 @@ def test_bad_arguments_get_clear_errors():
         ddp_notebook.fit(model=models.linear, train_data="data.csv", loss=torch.nn.MSELoss())
     with pytest.raises(ddp_notebook.FitConfigError, match="monitor 'acc' is not recorded; choose one of train_loss"):
         ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), monitor="acc")
+    # A metric the record holds already would never be logged as itself (monitored, it reached no trial).
+    with pytest.raises(ddp_notebook.FitConfigError, match=r"^metrics has the name 'seconds', which the record of an "
+                                                          r"epoch holds already \(epoch, samples_per_s, seconds, "):
+        ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(),
+                         metrics={"seconds": lambda out, target: 0.0}, monitor="seconds")
     with pytest.raises(TypeError, match=r"fit\(\) got unexpected keyword argument\(s\) 'epoch'"):
         ddp_notebook.fit(model=models.linear, train_data=data, loss=torch.nn.MSELoss(), epoch=3)
 

@@ -111,6 +111,14 @@ def test_a_run_cut_off_by_the_kernels_death_reloads_as_stopped_with_the_reason(s
     assert format_run(run.state).startswith(f"Run {run.id} stopped after ")
 
 
+def test_a_run_read_back_in_the_notebook_process_that_runs_it_stops_it(tmp_path):
+    # Run.load(id).stop() here said the run was in "another notebook process, which alone can stop it".
+    run = ddp_notebook.launch(faults.wait_for_stop, devices="cpu*2", run_root=str(tmp_path))
+    wait_for(run, lambda s: all((w.step or 0) >= 1 for w in s.workers.values()))
+    ddp_notebook.Run.load(run.run_dir).stop(wait=True)
+    assert run.status == "stopped" and run.state.stop_reason == "stopped by the user"
+
+
 def test_workers_import_the_notebooks_copy_of_the_package_not_one_in_the_working_directory(tmp_path):
     # A clone of the package next to the notebook: `python -m` would have put it first in the workers.
     (tmp_path / "elsewhere" / "ddp_notebook").mkdir(parents=True)

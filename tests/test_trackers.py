@@ -337,6 +337,9 @@ sys.path.insert(0, {tests!r})
 import test_trackers
 mlflow.set_tracking_uri({uri!r})
 experiment = mlflow.set_experiment("x")
+# Runs whose tracker takes 5 s to finish, more than the exit's 3 s: they take no other run's time.
+slow = [ddp_notebook.launch(test_trackers.steps_until_stopped, devices="cpu:0", run_root={root!r},
+                            report_to=test_trackers.SlowFlush()) for _ in range(2)]
 run = ddp_notebook.launch(test_trackers.steps_until_stopped, devices="cpu*2", run_root={root!r},
                           report_to=["mlflow", "tensorboard"], name="cut")
 client = mlflow.MlflowClient()
@@ -352,6 +355,14 @@ while not taking():
     time.sleep(0.1)
 print(run.run_dir, flush=True)
 """
+
+
+class SlowFlush:
+    def log(self, metrics, step):
+        pass
+
+    def flush(self):
+        time.sleep(5)
 
 
 def steps_until_stopped(ctx):

@@ -23,10 +23,10 @@ def prunes_at_the_second_epoch():
     return optuna.pruners.ThresholdPruner(upper=0.0, n_warmup_steps=1)
 
 
-def valid_loss_loop(ctx, epochs, value):
+def valid_loss_loop(ctx, epochs, value, seconds=0.02):
     """A loop of the user's: one valid_loss an epoch, an epoch taking 20 ms."""
     for _epoch in ctx.epochs(epochs):
-        time.sleep(0.02)
+        time.sleep(seconds)
         ctx.log(valid_loss=value)
     return value
 
@@ -150,3 +150,36 @@ def test_a_trial_that_diverges_is_pruned_and_the_study_goes_on(tmp_path):
     [trial] = study.trials
     assert trial.state == optuna.trial.TrialState.PRUNED
     assert ddp_notebook.last_run().root_failure.exc_type == "NonFiniteLossError"
+
+
+def test_a_fit_pruned_at_its_last_epoch_raises_trial_pruned_and_a_failing_storage_holds_no_epoch_back(tmp_path):
+    x, y = models.regression_data(n=256)
+    fit_args = dict(model=models.linear, train_data=(x[:192], y[:192]), valid_data=(x[192:], y[192:]),
+                    loss=torch.nn.MSELoss(), optimizer=models.sgd(0.0), batch_size=64, devices="cpu*2",
+                    run_root=str(tmp_path))
+    # The pruner says so at the last epoch, once the ranks have left: the trial is pruned all the same
+    # (the run succeeded and wait() returned, 2 times in 10 for a loop faster than the pruner).
+    study = optuna.create_study(pruner=prunes_at_the_second_epoch())
+    for _ in range(3):
+        trial = study.ask()
+        with pytest.raises(optuna.TrialPruned, match=r"pruned by Optuna \(trial \d+, at epoch 2: valid_loss "):
+            ddp_notebook.fit(epochs=2, trial=trial, **fit_args)
+        assert [r["epoch"] for r in ddp_notebook.last_run().history] == [0, 1]
+
+    for _ in range(5):  # a loop of the user's, faster than the pruner: it has ended when it says so
+        trial = study.ask()
+        run = ddp_notebook.launch(valid_loss_loop, devices="cpu*2", args=(3, 1.0, 0.0), run_root=str(tmp_path),
+                                  trial=trial, monitor="valid_loss")
+        with pytest.raises(optuna.TrialPruned, match=r"pruned by Optuna \(trial \d+, at epoch 2: valid_loss "):
+            run.wait(timeout=60)
+
+    class Down(optuna.storages.InMemoryStorage):
+        def set_trial_intermediate_value(self, trial_id, step, value):
+            raise RuntimeError("storage down")
+
+    # A trial whose storage fails: the run goes on, each epoch still told to the ranks (they waited a
+    # minute for each verdict, which never came).
+    started = time.monotonic()
+    result = ddp_notebook.fit(epochs=4, trial=optuna.create_study(storage=Down()).ask(), **fit_args)
+    assert time.monotonic() - started < 50 and len(result.history) == 4
+    assert result.run.state.tracker_notes == ["reporting to the Optuna trial failed: RuntimeError: storage down"]

@@ -104,6 +104,8 @@ class Reporter:
         self._prune = prune
         self._judged = judged
         self.pruned = False
+        self.prune_reason = ""  # why, once pruned
+        self._judging = self.trial is not None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ending = threading.Event()  # the run has ended: the trackers take what is left at once
         self._background = threading.Event()  # its end no longer waits for them: back to their share
@@ -147,7 +149,7 @@ class Reporter:
                 values = {k: float(v) if v in NOT_FINITE else v for k, v in values.items()}
                 values_in += len(values)
                 points.append(((at, float(t), values), epoch if isinstance(epoch, int) else None))
-            if self.trial is not None:
+            if self._judging:  # (a trial whose storage failed is None: its epochs are still said to the ranks)
                 self._trial_queue.put(points)
             if not self.trackers:
                 return
@@ -174,6 +176,14 @@ class Reporter:
             self._background.set()  # from now on at its share of a core again: other runs may train
             what = " and ".join(busy)
             self._note(what, f"{what} still busy {wait:g} s after the run ended: it goes on in the background")
+
+    def check_pruned(self, run_id: str) -> None:
+        """``optuna.TrialPruned`` when the trial was pruned though the run ran to its end (the
+        pruner said so after the ranks had left: at the last epoch, or a loop faster than it)."""
+        if self.pruned:
+            import optuna  # the run had a trial: optuna is imported
+
+            raise optuna.TrialPruned(f"run {run_id} ran to its end, but its trial was {self.prune_reason}")
 
     # ---- the reporter's threads -----------------------------------------------------------------
     def _note(self, label: str, message: str) -> None:
@@ -294,8 +304,9 @@ class Reporter:
             if prune:
                 self.pruned = True
                 where = f"epoch {epoch + 1}" if epoch is not None else f"step {step}"
-                self._prune(f"pruned by Optuna (trial {getattr(self.trial, 'number', '?')}, at {where}: "
-                            f"{self.monitor} {value:.4g})")
+                self.prune_reason = (f"pruned by Optuna (trial {getattr(self.trial, 'number', '?')}, at {where}: "
+                                     f"{self.monitor} {value:.4g})")
+                self._prune(self.prune_reason)
                 return
             if epoch is not None:
                 self._judged(epoch)

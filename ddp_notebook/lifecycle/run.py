@@ -11,6 +11,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -203,11 +204,13 @@ class Run:
         if self._settings.echo:  # subscribed before any rank starts: no line is missed
             self.stream.subscribe(echo_output)
         store = LoopbackStore(n, needed=self._settings.mode == CallMode.SPAWN)  # where code making its own group meets
-        self._release_start = store.close
+        held = contextlib.ExitStack()  # closed once: each of what it holds released, the last first
+        held.callback(store.close)
+        self._release_start = held.close
         try:
             data, placement = send_data(payload, self._executor.maps_memory, self.stream.emit)
             if placement is not None:
-                self._release_start = _both(self._release_start, placement.release)
+                held.callback(placement.release)
             transport = self._executor.start(StartSpec(self.dir, self.devices, data, config,
                                                      threads_per_worker=self.options.threads_per_worker,
                                                      env={**self.options.env, **store.env},
@@ -544,6 +547,8 @@ class Run:
 
                 raise optuna.TrialPruned(f"run {self.id} diverged: {root.headline()}") from error
             raise error from WorkerTraceback(root.traceback or "\n".join(root.stderr_tail) or root.summary())
+        if self._reporter is not None and state.status == RunStatus.SUCCEEDED:
+            self._reporter.check_pruned(self.id)  # (pruned as its ranks left: pruned, as in an Optuna loop)
         if state.status == RunStatus.STOPPED and state.pruned:  # (whatever the function returned on its way out)
             import optuna  # the run had a trial: optuna is imported
 
@@ -592,6 +597,9 @@ class Run:
             check_seconds("grace", grace)  # a nan or negative grace would never end the stop
         check_flag("wait", wait)
         if self._from_disk and not self.state.finished:  # its notebook process lives, and runs it
+            here = next((r for r in live.going() if r.id == self.id), None)  # (Run.load in this one: it is here)
+            if isinstance(here, Run):
+                return here.stop(grace, wait)
             raise DDPNotebookError(f"run {self.id} is {self.state.status} in another notebook process, which alone "
                                    f"can stop it: run.stop() or %ddp_stop {self.id} there")
         self._request_stop(self.options.stop_grace if grace is None else grace, "stopped by the user")
@@ -789,12 +797,3 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status} on {format_devices(self.devices)}>"
-
-
-def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
-    def release() -> None:
-        try:
-            first()
-        finally:
-            second()
-    return release

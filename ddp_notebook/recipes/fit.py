@@ -30,6 +30,10 @@ from .fit_loop import FitSpec, build_model, fit_worker, preflight_step
 
 __all__ = ["fit", "FitResult"]
 
+# What the record of an epoch holds of its own (``fit_loop``): a metric of one of these names would
+# replace it, or never be logged (``monitor="seconds"`` was never reported to a trial).
+_RECORD_KEYS = frozenset({"epoch", "seconds", "samples_per_s", "train_loss", "valid_loss"})
+
 
 @dataclass
 class FitResult:
@@ -120,6 +124,10 @@ def _check_args(*, epochs: Any, batch_size: Any, grad_accum: Any, valid_batch_si
                                 or not all(isinstance(k, str) and callable(f) for k, f in metrics.items())):
         raise FitConfigError(f"metrics must be a dict of name -> function(prediction, target), "
                              f"not {reprlib.repr(metrics)}.")
+    taken = sorted(set(metrics or ()) & _RECORD_KEYS)
+    if taken:
+        raise FitConfigError(f"metrics has the name {', '.join(map(repr, taken))}, which the record of an epoch "
+                             f"holds already ({', '.join(sorted(_RECORD_KEYS))}): name the metric otherwise.")
     if monitor is not None and (not isinstance(monitor, str) or not monitor):
         raise FitConfigError(f"monitor must be the name of a recorded value, such as 'valid_loss', or None, "
                              f"not {monitor!r}.")

@@ -3,6 +3,7 @@
 rank 0's every value, its best, each rank's peak memory, the epochs as rows."""
 import functools
 import math
+import time
 
 import numpy as np
 import pytest
@@ -274,6 +275,33 @@ def test_values_past_the_pending_bound_are_counted_by_value(monkeypatch):
     said = [n["message"] for n in notes]
     assert any(m.startswith("the trackers fell behind: ") and int(m.split(": ")[1].split()[0]) >= 400
                for m in said), said  # 8 or more logs of 50 values left out, counted as values
+
+
+def test_as_the_notebook_exits_a_trackers_backlog_is_cut_so_that_it_is_told_the_end_in_time():
+    from ddp_notebook.lifecycle.reporting import Reporter
+    from ddp_notebook.lifecycle.trackers import ObjectTracker, RunRecord
+
+    class Slow:  # 1 ms a value: the backlog below takes 5 s
+        def __init__(self):
+            self.values, self.flushed = 0, 0
+
+        def log(self, metrics, step):
+            self.values += 1
+            time.sleep(0.001)
+
+        def flush(self):
+            self.flushed += 1
+
+    slow, notes = Slow(), []
+    reporter = Reporter(RunRecord("r", "/nonexistent", None), [ObjectTracker(slow)], notes.append)
+    for step in range(5000):
+        reporter.on_event({"kind": "progress", "rank": 0, "points": [[0.0, step + 1, None, {"loss": 1.0}]]})
+    started = time.monotonic()
+    reporter.finish("stopped", {}, wait=2.0, last=True)
+    assert time.monotonic() - started < 2.5 and slow.flushed == 1  # told the end (MLflow: KILLED, not RUNNING)
+    assert 0 < slow.values < 5000
+    assert [n["message"] for n in notes] == [f"the trackers fell behind: {5000 - slow.values} values were not sent "
+                                             "to them"]
 
 
 def test_a_tracker_that_fails_at_length_is_said_with_its_head_and_its_end():

@@ -29,11 +29,12 @@ from .options import RunSettings
 from .trackers import Point, RunRecord, Tracker, make_trackers
 
 __all__ = ["Reporter", "reporter_of", "check_trial", "trial_direction", "trial_config", "FINISH_WAIT", "PENDING_VALUES",
-           "CPU_SHARE"]
+           "CPU_SHARE", "PART"]
 
 log = logging.getLogger(__name__)
 
 FINISH_WAIT = 10.0
+PART = 500  # points a tracker is given in one call at most (the notebook's exit cuts a backlog between two)
 """Seconds the end of a run waits for its trackers to take the last values and its status."""
 PENDING_VALUES = 200_000
 """Values waiting for the trackers at most; past it, new ones are not sent (and the panel says so)."""
@@ -108,6 +109,7 @@ class Reporter:
         self._judging = self.trial is not None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ending = threading.Event()  # the run has ended: the trackers take what is left at once
+        self._cut_at = math.inf  # when the values still waiting are left out (the notebook exits)
         self._background = threading.Event()  # its end no longer waits for them: back to their share
         self._trial_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
@@ -159,11 +161,15 @@ class Reporter:
             self._pending += values_in
         self._queue.put((points, values_in))
 
-    def finish(self, status: str, summary: dict[str, Any], wait: Optional[float] = None) -> None:
+    def finish(self, status: str, summary: dict[str, Any], wait: Optional[float] = None, last: bool = False) -> None:
         """Tell the trackers the run ended (``status``, ``summary``: its final metrics), waiting at
         most ``wait`` seconds (default ``FINISH_WAIT``) for them and the trial; one still busy then
-        goes on in the background, said so."""
-        wait = FINISH_WAIT if wait is None else wait
+        goes on in the background, said so. ``last``: the notebook process exits, there is no
+        background: the values still waiting after half of ``wait`` are left out (counted), so that
+        the trackers are told the end in time."""
+        wait = FINISH_WAIT if wait is None else max(0.0, wait)
+        if last:
+            self._cut_at = time.monotonic() + wait / 2
         self._ending.set()
         self._queue.put((_END, status, summary))
         self._trial_queue.put((_END, status, summary))
@@ -243,8 +249,14 @@ class Reporter:
                     self._pending -= taken
                 points = [p for p, _epoch in batch]
                 used = time.thread_time()
-                for tracker in list(self.trackers):
-                    self._call(tracker, "log", points)
+                # In parts: as the notebook exits, once half its time is spent, the rest is left out
+                # (counted): the end must not wait behind a backlog.
+                for at in range(0, len(points), PART):
+                    if time.monotonic() >= self._cut_at:
+                        self._dropped += sum(len(values) for _step, _t, values in points[at:])
+                        break
+                    for tracker in list(self.trackers):
+                        self._call(tracker, "log", points[at:at + PART])
                 self._rest(time.thread_time() - used)
             if end is not None:
                 _, status, summary = end

@@ -293,7 +293,7 @@ class Run:
             end_with_notebook(self.stream, exited=True)
             self.stream.close()  # what the ranks send from now on is not the run's: its end is written
             if self._reporter is not None:
-                self._reporter.finish(RunStatus.STOPPED, self.state.metrics, wait=max(0.0, deadline - time.monotonic()))
+                self._reporter.finish(RunStatus.STOPPED, self.state.metrics, deadline - time.monotonic(), last=True)
             self._supervisor.abandon()
 
     def _tell(self, ranks: Sequence[int], request: dict[str, Any], body: Optional[bytes] = None,

@@ -34,8 +34,9 @@ __all__ = ["Reporter", "reporter_of", "check_trial", "trial_direction", "trial_c
 log = logging.getLogger(__name__)
 
 FINISH_WAIT = 10.0
-PART = 500  # points a tracker is given in one call at most (the notebook's exit cuts a backlog between two)
 """Seconds the end of a run waits for its trackers to take the last values and its status."""
+PART = 500
+"""Points a tracker is given in one call at most (the notebook's exit cuts a backlog between two)."""
 PENDING_VALUES = 200_000
 """Values waiting for the trackers at most; past it, new ones are not sent (and the panel says so)."""
 CPU_SHARE = 0.02
@@ -88,7 +89,7 @@ class Reporter:
     ``trial`` from another (a tracker slow to start or to take values never holds the pruning back).
 
     ``on_event`` is the run stream's subscriber; ``emit`` says a tracker's trouble in the run's
-    events; ``prune(reason)`` stops the run when the trial's pruner says so; ``judged(epoch)``
+    events; ``prune(reason)`` stops the run when the trial's pruner says so; ``verdict(epoch)``
     tells the ranks an epoch's value was taken, and the run goes on (a fit waits for it before
     its next epoch).
     """
@@ -96,14 +97,14 @@ class Reporter:
     def __init__(self, record: RunRecord, trackers: Sequence[Tracker], emit: Callable[[dict[str, Any]], None],
                  trial: Any = None, monitor: Optional[str] = None,
                  prune: Callable[[str], None] = lambda reason: None,
-                 judged: Callable[[int], None] = lambda epoch: None) -> None:
+                 verdict: Callable[[int], None] = lambda epoch: None) -> None:
         self.record = record
         self.trackers = list(trackers)
         self._emit = emit
         self.trial = trial if monitor is not None else None
         self.monitor = monitor
         self._prune = prune
-        self._judged = judged
+        self._verdict = verdict
         self.pruned = False
         self.prune_reason = ""  # why, once pruned
         self._judging = self.trial is not None
@@ -295,33 +296,31 @@ class Reporter:
             return
         for (step, _t, values), epoch in batch:
             value = values.get(self.monitor)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                if len(self._names) < 100:
-                    self._names.update(values)
-                if value is not None and epoch is not None:
-                    self._judged(epoch)  # (not a number: the fit itself says so)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number and len(self._names) < 100:
+                self._names.update(values)
+            if value is None:
                 continue
             at = epoch if epoch is not None else step
-            if at in self._reported or self.trial is None:  # (a trial whose storage failed: the run goes on)
-                if epoch is not None:
-                    self._judged(epoch)
-                continue
-            self._reported.add(at)
-            try:
-                self.trial.report(float(value), at)
-                prune = self.trial.should_prune()
-            except Exception as e:  # noqa: BLE001 - a storage that fails: the run goes on, said once
-                self._note("trial", f"reporting to the Optuna trial failed: {type(e).__name__}: {e}"[:500])
-                self.trial, prune = None, False
-            if prune:
-                self.pruned = True
-                where = f"epoch {epoch + 1}" if epoch is not None else f"step {step}"
-                self.prune_reason = (f"pruned by Optuna (trial {getattr(self.trial, 'number', '?')}, at {where}: "
-                                     f"{self.monitor} {value:.4g})")
-                self._prune(self.prune_reason)
-                return
+            # Reported once a step; not a number (the fit itself says so), or a trial whose storage
+            # failed: the run goes on all the same.
+            if number and self.trial is not None and at not in self._reported:
+                self._reported.add(at)
+                try:
+                    self.trial.report(float(value), at)
+                    prune = self.trial.should_prune()
+                except Exception as e:  # noqa: BLE001 - a storage that fails: the run goes on, said once
+                    self._note("trial", f"reporting to the Optuna trial failed: {type(e).__name__}: {e}"[:500])
+                    self.trial, prune = None, False
+                if prune:
+                    self.pruned = True
+                    where = f"epoch {epoch + 1}" if epoch is not None else f"step {step}"
+                    self.prune_reason = (f"pruned by Optuna (trial {getattr(self.trial, 'number', '?')}, at "
+                                         f"{where}: {self.monitor} {value:.4g})")
+                    self._prune(self.prune_reason)
+                    return
             if epoch is not None:
-                self._judged(epoch)
+                self._verdict(epoch)
 
 
 def reporter_of(stream: EventStream, report_to: Any, settings: RunSettings, ranks: int, tell: Callable[..., Any],
@@ -333,13 +332,14 @@ def reporter_of(stream: EventStream, report_to: Any, settings: RunSettings, rank
         return None
     state = stream.state
     record = RunRecord(state.run_id, state.run_dir or "", state.name, dict(state.tags), dict(state.config))
-    def judged(epoch: int) -> None:
+
+    def verdict(epoch: int) -> None:
         try:
             tell(range(ranks), {"op": "verdict", "epoch": epoch})
         except NotImplementedError:  # ranks that take no request (on engines, but a session's): none waits
             pass
 
     reporter = Reporter(record, make_trackers(report_to), stream.emit, trial=settings.trial, monitor=settings.monitor,
-                        prune=prune, judged=judged)
+                        prune=prune, verdict=verdict)
     stream.subscribe(reporter.on_event)
     return reporter

@@ -649,7 +649,7 @@ class Exchange:
 
 
 def answered(answers: Answers, between: BetweenCells, exchanging: threading.Event, rank: int, event: dict[str, Any],
-              attachment: Any) -> None:
+             attachment: Any) -> None:
     """What a session's rank sent the session (on the run's supervising thread): to the request in
     flight, which shows its output; what a rank prints while none is, to ``between``."""
     if event.get("kind") == EventKind.OUTPUT and event.get("cell") is None and not exchanging.is_set():

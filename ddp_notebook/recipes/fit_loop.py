@@ -57,12 +57,12 @@ class _Verdicts:
     it was pruned at (an epoch shorter than the verdict's way ended before the stop came)."""
 
     def __init__(self) -> None:
-        self._judged = -1
+        self._last = -1  # the last epoch judged
         self._changed = threading.Condition()
 
     def told(self, frame: dict[str, Any]) -> None:
         with self._changed:
-            self._judged = max(self._judged, int(frame.get("epoch", -1)))
+            self._last = max(self._last, int(frame.get("epoch", -1)))
             self._changed.notify_all()
 
     def wait(self, epoch: int, ctx: Any) -> None:
@@ -70,7 +70,7 @@ class _Verdicts:
         deadline = time.monotonic() + VERDICT_WAIT
         with self._changed:
             # (a stop sets its own flag, not this condition: looked at every 10 ms)
-            while self._judged < epoch and not ctx.should_stop and time.monotonic() < deadline:
+            while self._last < epoch and not ctx.should_stop and time.monotonic() < deadline:
                 self._changed.wait(0.01)
 
 

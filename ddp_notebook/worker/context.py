@@ -315,9 +315,7 @@ class WorkerContext:
                     idle_since = now
                     due = self._last_sent + self._interval
                     if now >= due:
-                        event, self._pending = self._pending, None
-                        self._last_sent = now
-                        self._send(event)
+                        self._send_pending()
                         wait = max(self._interval, FLUSHER_TICK)
                     else:
                         wait = max(due - now, FLUSHER_TICK)
@@ -327,10 +325,14 @@ class WorkerContext:
         """Send now the report throttling holds back (a fit judged each epoch: the epoch's values
         go before the next epoch waits for their verdict), stamped with when it was logged."""
         with self._lock:
-            event, self._pending = self._pending, None
-            if event is not None:
-                self._last_sent = time.monotonic()
-                self._send(event)
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        """The held report sent (``_lock`` held), stamped with when it was logged: progress made then."""
+        event, self._pending = self._pending, None
+        if event is not None:
+            self._last_sent = time.monotonic()
+            self._send(event)
 
     def flush(self, held: bool = False) -> None:
         """Send a report held back by throttling (done when the function returns or fails).
